@@ -1,0 +1,13 @@
+# pacer_test(NAME SOURCES... LIBS... LABELS...): a GoogleTest binary registered with ctest.
+# Each test gets its own TEST_TMPDIR under the build tree (tests create temp dirs inside it).
+function(pacer_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "PACER_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+endfunction()

@@ -1,0 +1,148 @@
+// pacerctl: the operator's command line for a running pacerd.
+//
+//   pacerctl [--addr HOST:PORT] [--token T | --token-file F | --data-dir D] [--json] COMMAND
+//   COMMAND: status | datasets | checkpoint save TAG | checkpoint restore TAG
+//
+// Human tables by default, --json for machines. Exits 1 with the server's message on an RPC
+// error, 2 on bad usage.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "common/auth.h"
+#include "common/flags.h"
+#include "proto/pacer/sharding.grpc.pb.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+[[noreturn]] void Fail(const grpc::Status& s) {
+  std::cerr << "pacerctl: " << s.error_message() << " (gRPC code " << s.error_code() << ")"
+            << std::endl;
+  std::exit(1);
+}
+
+std::string Source(const pacer::DatasetSpec& spec) {
+  switch (spec.source_case()) {
+    case pacer::DatasetSpec::kNumRecords: return "records";
+    case pacer::DatasetSpec::kFiles: return std::to_string(spec.files().files_size()) + " files";
+    case pacer::DatasetSpec::kStream:
+      return "stream/" + std::to_string(spec.stream().partitions_size());
+    default: return "?";
+  }
+}
+
+void PrintDatasets(const pacer::ListDatasetsResponse& r) {
+  std::cout << std::left << std::setw(20) << "DATASET" << std::setw(12) << "SOURCE"
+            << std::setw(14) << "RECORDS/EPOCH" << std::setw(8) << "EPOCH" << std::setw(10)
+            << "DONE%" << std::setw(8) << "LEASES" << std::setw(10) << "REQUEUES"
+            << std::setw(12) << "QUARANTINED" << "STATE\n";
+  for (const auto& d : r.datasets()) {
+    std::ostringstream pct;
+    if (d.records_per_epoch() > 0) {
+      pct << std::fixed << std::setprecision(1)
+          << 100.0 * d.records_done_current_epoch() / d.records_per_epoch();
+    } else {
+      pct << "-";
+    }
+    std::string epoch = std::to_string(d.current_epoch());
+    if (d.spec().num_epochs() > 0) epoch += "/" + std::to_string(d.spec().num_epochs());
+    std::string state = d.failed() ? "FAILED: " + d.failure() : d.finished() ? "finished" : "active";
+    std::cout << std::left << std::setw(20) << d.spec().name() << std::setw(12)
+              << Source(d.spec()) << std::setw(14) << d.records_per_epoch() << std::setw(8)
+              << epoch << std::setw(10) << pct.str() << std::setw(8) << d.active_leases()
+              << std::setw(10) << d.requeues_total() << std::setw(12) << d.quarantined_size()
+              << state << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string addr = "127.0.0.1:7070", token, token_file, data_dir = "pacer-data";
+  bool json = false;
+  po::options_description desc("Options");
+  desc.add_options()
+      ("addr", po::value(&addr)->default_value(addr), "pacerd address")
+      ("token", po::value(&token), "admin token (or env PACER_ADMIN_TOKEN)")
+      ("token-file", po::value(&token_file), "file holding the admin token")
+      ("data-dir", po::value(&data_dir)->default_value(data_dir), "pacerd's data dir: its admin.token is used when no token is given")
+      ("json", po::bool_switch(&json), "print JSON");
+  auto flags = pacer::ParseFlagsOrExit(
+      argc, argv,
+      "Usage: pacerctl [options] COMMAND\n\nCommands:\n"
+      "  status                    job summary\n"
+      "  datasets                  datasets, epochs, progress, quarantined ranges\n"
+      "  checkpoint save TAG       pin the data position to model checkpoint TAG\n"
+      "  checkpoint restore TAG    go back to the data position of TAG",
+      desc, /*allow_positional=*/true);
+  const auto& args = flags.positional;
+  if (args.empty()) pacer::ExitWithError("pacerctl", "missing command (see --help)");
+  if (token.empty() && std::getenv("PACER_ADMIN_TOKEN")) token = std::getenv("PACER_ADMIN_TOKEN");
+  if (token.empty()) {
+    auto t = pacer::LoadToken(token_file.empty() ? data_dir + "/admin.token" : token_file, false);
+    if (!t.ok()) {
+      pacer::ExitWithError("pacerctl", std::string(t.status().message()) +
+                                           "; give --token, --token-file or --data-dir");
+    }
+    token = *t;
+  }
+  auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  auto stub = pacer::ShardingService::NewStub(channel);
+  auto context = [&]() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    pacer::AttachToken(ctx.get(), token);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ctx;
+  };
+
+  const std::string& cmd = args[0];
+  if (cmd == "datasets" || cmd == "status") {
+    pacer::ListDatasetsResponse resp;
+    auto ctx = context();
+    grpc::Status s = stub->ListDatasets(ctx.get(), pacer::ListDatasetsRequest(), &resp);
+    if (!s.ok()) Fail(s);
+    if (json) {
+      std::cout << ToJson(resp) << std::endl;
+    } else if (cmd == "status") {
+      uint64_t leases = 0;
+      for (const auto& d : resp.datasets()) leases += d.active_leases();
+      std::cout << "pacerd " << addr << ": " << resp.datasets_size() << " datasets, " << leases
+                << " active leases, journal at update " << resp.journal_seq() << "\n";
+    } else {
+      PrintDatasets(resp);
+    }
+    return 0;
+  }
+  if (cmd == "checkpoint") {
+    if (args.size() != 3 || (args[1] != "save" && args[1] != "restore")) {
+      pacer::ExitWithError("pacerctl", "usage: checkpoint save|restore TAG");
+    }
+    pacer::CheckpointRequest req;
+    req.set_tag(args[2]);
+    pacer::CheckpointResponse resp;
+    auto ctx = context();
+    grpc::Status s = args[1] == "save" ? stub->SaveCheckpoint(ctx.get(), req, &resp)
+                                       : stub->RestoreCheckpoint(ctx.get(), req, &resp);
+    if (!s.ok()) Fail(s);
+    std::cout << (json ? "{\"ok\": true}" : "ok") << std::endl;
+    return 0;
+  }
+  pacer::ExitWithError("pacerctl", "unknown command '" + cmd + "' (see --help)");
+}

@@ -1,0 +1,86 @@
+// pacerd: one per job. Serves the sharding service (and, as they land, the monitor and
+// controller) over gRPC, with its state journaled in --data-dir.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cmd/pacerd/pacerd.h"
+#include "common/flags.h"
+#include "common/log.h"
+
+namespace po = boost::program_options;
+
+int main(int argc, char** argv) {
+  pacer::SetLogProgramName("pacerd");
+  pacer::PacerdOptions o;
+  std::string port_file, job_token_file, admin_token_file;
+  po::options_description desc("Options");
+  desc.add_options()
+      ("data-dir", po::value(&o.data_dir)->default_value(o.data_dir),
+       "durable state (journal, snapshots, tokens)")
+      ("listen", po::value(&o.listen)->default_value(o.listen), "gRPC address HOST:PORT (port 0: any)")
+      ("metrics-listen", po::value(&o.metrics_listen)->default_value(o.metrics_listen),
+       "Prometheus /metrics address HOST:PORT; empty to disable")
+      ("policy", po::value<std::string>(), "controller policy file (YAML)")
+      ("job-token-file", po::value(&job_token_file), "job token (workers, agents); default DATA_DIR/job.token")
+      ("admin-token-file", po::value(&admin_token_file), "admin token (pacerctl); default DATA_DIR/admin.token")
+      ("tls-cert", po::value(&o.tls_cert), "server certificate (PEM); enables TLS")
+      ("tls-key", po::value(&o.tls_key), "server private key (PEM)")
+      ("tls-client-ca", po::value(&o.tls_client_ca), "CA for client certificates (mTLS)")
+      ("allow-insecure", po::bool_switch(&o.allow_insecure), "allow plaintext on a non-loopback address")
+      ("lease-timeout-ms", po::value(&o.sharding.lease_timeout_ms)->default_value(o.sharding.lease_timeout_ms),
+       "a worker silent this long loses its leases")
+      ("worker-timeout-ms", po::value(&o.sharding.worker_timeout_ms)->default_value(o.sharding.worker_timeout_ms),
+       "a worker silent this long is declared lost")
+      ("heartbeat-interval-ms", po::value(&o.sharding.heartbeat_interval_ms)->default_value(o.sharding.heartbeat_interval_ms),
+       "heartbeat interval suggested to workers")
+      ("snapshot-every", po::value(&o.sharding.snapshot_every)->default_value(o.sharding.snapshot_every),
+       "journal updates between snapshots")
+      ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving");
+  auto flags = pacer::ParseFlagsOrExit(
+      argc, argv, "Usage: pacerd [options]\n\nThe Pacer control plane of one training job.", desc);
+  if (flags.vm.count("policy")) {
+    const std::string policy = flags.vm["policy"].as<std::string>();
+    if (!std::filesystem::exists(policy)) pacer::ExitWithError("pacerd", "policy file '" + policy + "' not found");
+  }
+  if (o.sharding.snapshot_every == 0) pacer::ExitWithError("pacerd", "--snapshot-every must be > 0");
+  if (!job_token_file.empty()) {
+    auto t = pacer::LoadToken(job_token_file, false);
+    if (!t.ok()) pacer::ExitWithError("pacerd", std::string(t.status().message()));
+    o.job_token = *t;
+  }
+  if (!admin_token_file.empty()) {
+    auto t = pacer::LoadToken(admin_token_file, false);
+    if (!t.ok()) pacer::ExitWithError("pacerd", std::string(t.status().message()));
+    o.admin_token = *t;
+  }
+
+  // Signals are taken by sigwait below, in this thread only.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto pacerd = pacer::Pacerd::Start(o);
+  if (!pacerd.ok()) pacer::ExitWithError("pacerd", std::string(pacerd.status().message()), 1);
+  PACER_LOG(INFO) << "serving on " << (*pacerd)->address() << ", metrics on port "
+                  << (*pacerd)->metrics_port() << ", data dir " << o.data_dir;
+  if (!port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << "{\"port\":" << (*pacerd)->port() << ",\"metrics_port\":" << (*pacerd)->metrics_port()
+          << "}\n";
+    }
+    std::filesystem::rename(tmp, port_file);
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  PACER_LOG(INFO) << "signal " << sig << ": shutting down";
+  (*pacerd)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,123 @@
+#include "cmd/pacerd/pacerd.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "common/status.h"
+
+namespace pacer {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, const Clock* clock) {
+  std::unique_ptr<Pacerd> d(new Pacerd());
+  d->options_ = options;
+  d->clock_ = clock;
+  ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options.listen));
+  d->host_ = listen.host;
+
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::UnavailableError("cannot create data dir '" + options.data_dir +
+                                  "': " + ec.message());
+  }
+  d->job_token_ = options.job_token;
+  if (d->job_token_.empty()) {
+    ASSIGN_OR_RETURN(d->job_token_, LoadToken(options.data_dir + "/job.token", true));
+  }
+  d->admin_token_ = options.admin_token;
+  if (d->admin_token_.empty()) {
+    ASSIGN_OR_RETURN(d->admin_token_, LoadToken(options.data_dir + "/admin.token", true));
+  }
+  d->auth_ = std::make_unique<Authenticator>(d->job_token_, d->admin_token_);
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ASSIGN_OR_RETURN(std::string cert, ReadFile(options.tls_cert));
+    ASSIGN_OR_RETURN(std::string key, ReadFile(options.tls_key));
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    if (!options.tls_client_ca.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.tls_client_ca));
+      ssl.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    if (!IsLoopbackHost(listen.host) && !options.allow_insecure) {
+      return absl::InvalidArgumentError(
+          "refusing plaintext on non-loopback address '" + options.listen +
+          "': give --tls-cert/--tls-key, or --allow-insecure");
+    }
+    creds = grpc::InsecureServerCredentials();
+    PACER_LOG(WARNING) << "serving plaintext gRPC on " << options.listen
+                       << (IsLoopbackHost(listen.host) ? " (loopback only)" : " (INSECURE)");
+  }
+
+  if (!options.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(d->metrics_port_, d->metrics_.Serve(options.metrics_listen));
+  }
+  options.sharding.data_dir = options.data_dir + "/journal";
+  ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
+  d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen.ToString(), creds, &d->port_);
+  builder.RegisterService(d->sharding_grpc_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  d->server_ = builder.BuildAndStart();
+  if (!d->server_ || d->port_ == 0) {
+    return absl::UnavailableError("cannot listen on '" + options.listen + "'");
+  }
+  d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
+  return d;
+}
+
+Pacerd::~Pacerd() { Shutdown(); }
+
+std::string Pacerd::address() const { return HostPort{host_, port_}.ToString(); }
+
+void Pacerd::Housekeeping() {
+  const auto period =
+      std::chrono::milliseconds(std::max<int64_t>(50, options_.sharding.lease_timeout_ms / 8));
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stopping_) {
+    cv_.wait_for(l, period);  // a timer, not synchronisation: wakes early on Shutdown()
+    if (stopping_) break;
+    l.unlock();
+    sharding_->ExpireOverdue();
+    l.lock();
+  }
+}
+
+void Pacerd::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (housekeeping_.joinable()) housekeeping_.join();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (sharding_) (void)sharding_->Flush();
+}
+
+void Pacerd::Wait() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return stopping_; });
+}
+
+}  // namespace pacer

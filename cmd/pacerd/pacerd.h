@@ -1,0 +1,75 @@
+// Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
+//
+// Owns the sharding service, its gRPC server, the metrics endpoint and a housekeeping thread
+// that expires silent workers' leases. Start() binds (port 0 = the OS picks) and returns once
+// serving; Shutdown() (or the destructor) stops accepting, finishes in-flight calls and flushes
+// the journal.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/auth.h"
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "sharding_service/grpc_sharding_service.h"
+#include "sharding_service/sharding_service.h"
+
+namespace pacer {
+
+struct PacerdOptions {
+  std::string data_dir = "pacer-data";
+  std::string listen = "127.0.0.1:7070";
+  std::string metrics_listen = "127.0.0.1:9470";  // empty: no metrics endpoint
+  std::string job_token;    // empty: read or create <data_dir>/job.token
+  std::string admin_token;  // empty: read or create <data_dir>/admin.token
+  std::string tls_cert, tls_key, tls_client_ca;  // TLS when cert+key are set; mTLS with a CA
+  bool allow_insecure = false;  // plaintext on a non-loopback address
+  ShardingServiceOptions sharding;
+};
+
+class Pacerd {
+ public:
+  static absl::StatusOr<std::unique_ptr<Pacerd>> Start(PacerdOptions options,
+                                                       const Clock* clock = RealClock::Get());
+  ~Pacerd();
+
+  void Shutdown();
+  void Wait();  // until Shutdown()
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string address() const;
+  const std::string& job_token() const { return job_token_; }
+  const std::string& admin_token() const { return admin_token_; }
+  ShardingServiceImpl* sharding() { return sharding_.get(); }
+  MetricsRegistry* metrics() { return &metrics_; }
+
+ private:
+  Pacerd() = default;
+  void Housekeeping();
+
+  PacerdOptions options_;
+  const Clock* clock_ = nullptr;
+  MetricsRegistry metrics_;
+  std::string job_token_, admin_token_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<ShardingServiceImpl> sharding_;
+  std::unique_ptr<GrpcShardingService> sharding_grpc_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string host_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::thread housekeeping_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,55 @@
+#include "common/flags.h"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace po = boost::program_options;
+
+namespace pacer {
+
+void ExitWithError(const std::string& program, const std::string& message, int code) {
+  std::cerr << program << ": " << message << std::endl;
+  std::exit(code);
+}
+
+ParsedFlags ParseFlagsOrExit(int argc, char** argv, const std::string& usage,
+                             const po::options_description& options, bool allow_positional) {
+  std::string program = argc > 0 ? argv[0] : "pacer";
+  if (auto slash = program.rfind('/'); slash != std::string::npos) program = program.substr(slash + 1);
+
+  ParsedFlags out;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (int j = i + 1; j < argc; ++j) out.passthrough.emplace_back(argv[j]);
+      break;
+    }
+    args.push_back(std::move(a));
+  }
+  po::options_description all;
+  all.add(options);
+  all.add_options()("help,h", "print this help and exit");
+  all.add_options()("pacer-positional", po::value<std::vector<std::string>>(), "");
+  po::positional_options_description pos;
+  pos.add("pacer-positional", -1);
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), out.vm);
+    if (out.vm.count("help")) {
+      std::cout << usage << "\n\n" << options << std::endl;
+      std::exit(0);
+    }
+    po::notify(out.vm);
+  } catch (const po::error& e) {
+    ExitWithError(program, std::string(e.what()) + " (see --help)");
+  }
+  if (out.vm.count("pacer-positional")) {
+    out.positional = out.vm["pacer-positional"].as<std::vector<std::string>>();
+  }
+  if (!allow_positional && !out.positional.empty()) {
+    ExitWithError(program, "unexpected argument '" + out.positional.front() + "' (see --help)");
+  }
+  return out;
+}
+
+}  // namespace pacer

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 machine (idempotently), builds, and runs every test (ctest; labels unit,
+# integration, chaos). Usage: scripts/test.sh [ctest args...], e.g. scripts/test.sh -L unit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh --torch
+scripts/build.sh
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure --timeout 600 -j 2 "$@"

@@ -1,0 +1,42 @@
+// GrpcShardingService: the gRPC adapter of the sharding service (callback API).
+//
+// Each handler authenticates the caller's role and hands the request to ShardingServiceImpl;
+// the RPC finishes when the impl's `done` runs (after the journal made the update durable), so
+// no server thread blocks on an fsync. Data-plane calls, checkpoints and listing need the job
+// token (or the admin token); SetAllocation and SetTailBackup need the admin token.
+#pragma once
+
+#include "common/auth.h"
+#include "proto/pacer/sharding.grpc.pb.h"
+#include "sharding_service/sharding_service.h"
+
+namespace pacer {
+
+class GrpcShardingService final : public ShardingService::CallbackService {
+ public:
+  GrpcShardingService(ShardingServiceImpl* impl, const Authenticator* auth)
+      : impl_(impl), auth_(auth) {}
+
+#define PACER_SHARDING_RPC(Method, Request, Response)                               \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const Request* req, \
+                                   Response* resp) override;
+  PACER_SHARDING_RPC(RegisterDataset, RegisterDatasetRequest, RegisterDatasetResponse)
+  PACER_SHARDING_RPC(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse)
+  PACER_SHARDING_RPC(FetchShard, FetchShardRequest, FetchShardResponse)
+  PACER_SHARDING_RPC(ReportProgress, ProgressRequest, ProgressResponse)
+  PACER_SHARDING_RPC(CompleteShard, CompleteShardRequest, CompleteShardResponse)
+  PACER_SHARDING_RPC(ReleaseShard, ReleaseShardRequest, ReleaseShardResponse)
+  PACER_SHARDING_RPC(Heartbeat, HeartbeatRequest, HeartbeatResponse)
+  PACER_SHARDING_RPC(SaveCheckpoint, CheckpointRequest, CheckpointResponse)
+  PACER_SHARDING_RPC(RestoreCheckpoint, CheckpointRequest, CheckpointResponse)
+  PACER_SHARDING_RPC(ListDatasets, ListDatasetsRequest, ListDatasetsResponse)
+  PACER_SHARDING_RPC(SetAllocation, SetAllocationRequest, SetAllocationResponse)
+  PACER_SHARDING_RPC(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse)
+#undef PACER_SHARDING_RPC
+
+ private:
+  ShardingServiceImpl* impl_;
+  const Authenticator* auth_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,539 @@
+#include "sharding_service/sharding_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace pacer {
+namespace {
+
+constexpr size_t kMaxDetail = 1024;
+constexpr size_t kMaxCancelledPerWorker = 256;
+constexpr int kMaxProgressPerHeartbeat = 1024;
+constexpr int64_t kWaitRetryMs = 200;
+
+}  // namespace
+
+ShardingServiceImpl::Metrics ShardingServiceImpl::MakeMetrics(MetricsRegistry* r) {
+  return Metrics{
+      r->Counter("pacer_sharding_leases_granted_total", "Leases handed out"),
+      r->Counter("pacer_sharding_backup_leases_total", "Tail backup leases handed out"),
+      r->Counter("pacer_sharding_records_done_total", "Records counted done"),
+      r->Counter("pacer_sharding_requeues_total", "Unconsumed suffixes put back in the queue"),
+      r->Counter("pacer_sharding_leases_expired_total", "Leases ended by a silent worker"),
+      r->Counter("pacer_sharding_rejected_reports_total",
+                 "Reports refused (stale fencing token, ended lease, old incarnation)"),
+      r->Counter("pacer_sharding_updates_total", "State updates applied and journaled"),
+      r->Gauge("pacer_sharding_leases_active", "Leases currently held"),
+      r->Gauge("pacer_sharding_workers", "Registered workers"),
+      r->Gauge("pacer_sharding_quarantined_ranges", "Poison ranges quarantined"),
+      r->Gauge("pacer_sharding_journal_fsyncs_total", "Journal write batches (one fsync each)"),
+      r->Gauge("pacer_sharding_journal_bytes_total", "Bytes written to the journal"),
+      r->Gauge("pacer_sharding_snapshots_total", "Snapshots written"),
+      r->Gauge("pacer_sharding_recovery_seconds", "Time the last start spent recovering state"),
+  };
+}
+
+ShardingServiceImpl::ShardingServiceImpl(const ShardingServiceOptions& options, const Clock* clock,
+                                         MetricsRegistry* metrics)
+    : options_(options),
+      clock_(clock),
+      own_metrics_(metrics ? nullptr : std::make_unique<MetricsRegistry>()),
+      metrics_(MakeMetrics(metrics ? metrics : own_metrics_.get())) {}
+
+ShardingServiceImpl::~ShardingServiceImpl() {
+  if (journal_) (void)journal_->Flush();
+}
+
+absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
+    const ShardingServiceOptions& options, const Clock* clock, MetricsRegistry* metrics) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
+  if (options.lease_timeout_ms <= 0 || options.worker_timeout_ms < options.lease_timeout_ms) {
+    return absl::InvalidArgumentError(
+        "lease_timeout_ms must be > 0 and worker_timeout_ms >= lease_timeout_ms");
+  }
+  std::unique_ptr<ShardingServiceImpl> svc(new ShardingServiceImpl(options, clock, metrics));
+  Stopwatch watch(RealClock::Get());
+  ShardingState state;
+  uint64_t replayed = 0;
+  JournalOptions jo;
+  jo.dir = options.data_dir;
+  jo.sync = options.sync;
+  auto journal = Journal::Open(
+      jo,
+      [&](const ShardingSnapshot& snap) -> absl::Status {
+        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap));
+        return absl::OkStatus();
+      },
+      [&](const Update& u) {
+        ++replayed;
+        return state.Apply(u);
+      });
+  if (!journal.ok()) return journal.status();
+  svc->journal_ = std::move(*journal);
+  absl::MutexLock l(&svc->mu_);
+  svc->state_ = std::move(state);
+  svc->state_.TakeCancelledLeases();  // history: nobody to notify
+  svc->last_snapshot_seq_ = svc->state_.last_seq() - replayed;
+  svc->stats_.recovery_seconds = watch.ElapsedSeconds();
+  svc->stats_.recovered_updates = replayed;
+  svc->metrics_.recovery_seconds.Set(svc->stats_.recovery_seconds);
+  const int64_t now = clock->NowMs();
+  for (const auto& [id, w] : svc->state_.workers()) svc->last_seen_ms_[id] = now;  // grace
+  for (const auto& [name, ds] : svc->state_.datasets()) {
+    svc->counted_done_ += ds.records_done_total;
+    svc->counted_requeues_ += ds.requeues_total;
+  }
+  svc->UpdateGauges();
+  if (svc->state_.last_seq() > 0) {
+    PACER_LOG(INFO) << "sharding: recovered " << svc->state_.datasets().size() << " datasets, "
+                    << svc->state_.leases().size() << " leases at seq " << svc->state_.last_seq()
+                    << " (" << replayed << " updates replayed) in "
+                    << svc->stats_.recovery_seconds << " s";
+  }
+  return svc;
+}
+
+absl::Status ShardingServiceImpl::Ready() const {
+  return Annotate(journal_->health(), "sharding service unavailable");
+}
+
+absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
+  update.set_seq(state_.last_seq() + 1);
+  update.set_time_ms(clock_->NowMs());
+  if (absl::Status s = state_.Apply(update); !s.ok()) {
+    // Validation let through an update that does not apply: a bug, not bad input. Nothing
+    // changed (Apply checks before it mutates), so report it and carry on.
+    PACER_LOG(ERROR) << "update rejected after validation: " << s << " ("
+                     << update.ShortDebugString() << ")";
+    return absl::InternalError(absl::StrCat("internal error: ", s.message()));
+  }
+  journal_->Append(update);
+  stats_.updates++;
+  metrics_.updates.Increment();
+  DrainCancelled();
+  if (update.seq() - last_snapshot_seq_ >= options_.snapshot_every) {
+    journal_->WriteSnapshot(state_.ToSnapshot());
+    last_snapshot_seq_ = update.seq();
+  }
+  return update.seq();
+}
+
+void ShardingServiceImpl::Reply(absl::StatusOr<uint64_t> seq, Done done) {
+  if (!seq.ok()) {
+    if (seq.status().code() == absl::StatusCode::kFailedPrecondition) metrics_.rejected.Increment();
+    done(seq.status());
+    return;
+  }
+  journal_->WhenDurable(*seq, std::move(done));
+}
+
+void ShardingServiceImpl::Touch(const std::string& worker) {
+  last_seen_ms_[worker] = clock_->NowMs();
+}
+
+void ShardingServiceImpl::DrainCancelled() {
+  for (auto& [worker, lease] : state_.TakeCancelledLeases()) {
+    auto& v = cancelled_[worker];
+    if (v.size() < kMaxCancelledPerWorker) v.push_back(lease);
+  }
+}
+
+void ShardingServiceImpl::UpdateGauges() {
+  metrics_.leases_active.Set(static_cast<double>(state_.leases().size()));
+  metrics_.workers.Set(static_cast<double>(state_.workers().size()));
+  uint64_t quarantined = 0, done = 0, requeues = 0;
+  for (const auto& [name, ds] : state_.datasets()) {
+    quarantined += ds.quarantined.size();
+    done += ds.records_done_total;
+    requeues += ds.requeues_total;
+  }
+  metrics_.quarantined_ranges.Set(static_cast<double>(quarantined));
+  if (done > counted_done_) metrics_.records_done.Increment(static_cast<double>(done - counted_done_));
+  if (requeues > counted_requeues_) {
+    metrics_.requeues.Increment(static_cast<double>(requeues - counted_requeues_));
+  }
+  counted_done_ = std::max(counted_done_, done);
+  counted_requeues_ = std::max(counted_requeues_, requeues);
+  const JournalStats js = journal_->stats();
+  metrics_.journal_fsyncs.Set(static_cast<double>(js.batches));
+  metrics_.journal_bytes.Set(static_cast<double>(js.bytes));
+  metrics_.snapshots.Set(static_cast<double>(js.snapshots));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
+                                          RegisterDatasetResponse* resp, Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
+      if (const auto* existing = state_.FindDataset(spec.name())) {
+        if (existing->spec.SerializeAsString() != spec.SerializeAsString()) {
+          return absl::AlreadyExistsError("dataset '" + spec.name() +
+                                          "' already exists with a different spec");
+        }
+        resp->set_created(false);
+        return state_.last_seq();
+      }
+      Update u;
+      *u.mutable_register_dataset()->mutable_spec() = req.spec();
+      resp->set_created(true);
+      return Commit(std::move(u));
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
+                                         RegisterWorkerResponse* resp, Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      Update u;
+      u.mutable_register_worker()->set_worker_id(req.worker_id());
+      u.mutable_register_worker()->set_node(req.node());
+      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+      const auto* w = state_.FindWorker(req.worker_id());
+      resp->set_incarnation(w->incarnation);
+      for (const auto& e : w->recent_ended) *resp->add_previous_leases() = e;
+      resp->set_lease_timeout_ms(options_.lease_timeout_ms);
+      resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+      cancelled_.erase(req.worker_id());  // the new process never held those leases
+      Touch(req.worker_id());
+      UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
+                                     Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
+      Touch(req.worker_id());
+      ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(req.worker_id(), req.dataset()));
+      if (plan.kind == FetchPlan::kWait) {
+        resp->set_outcome(FetchShardResponse::WAIT);
+        resp->set_retry_after_ms(kWaitRetryMs);
+        resp->set_reason(plan.reason);
+        return state_.last_seq();
+      }
+      if (plan.kind == FetchPlan::kEndOfData) {
+        resp->set_outcome(FetchShardResponse::END_OF_DATA);
+        return state_.last_seq();
+      }
+      Update u;
+      u.mutable_create_lease()->set_worker_id(req.worker_id());
+      u.mutable_create_lease()->set_dataset(req.dataset());
+      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+      const auto* lease = state_.FindLease(state_.last_lease_id());
+      resp->set_outcome(FetchShardResponse::LEASED);
+      *resp->mutable_lease() = state_.DescribeLease(*lease);
+      resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+      metrics_.leases_granted.Increment();
+      if (lease->backup) metrics_.backups_granted.Increment();
+      UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& req,
+                                                         ProgressResponse* resp) {
+  RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                    req.fencing_token()));
+  Touch(req.worker_id());
+  const auto* lease = state_.FindLease(req.lease_id());
+  const uint64_t len = lease->end - lease->begin;
+  if (req.records_done() > len) {
+    return absl::InvalidArgumentError(absl::StrCat("records_done ", req.records_done(),
+                                                   " exceeds the lease's ", len, " records"));
+  }
+  if (req.records_done() <= lease->done) {  // a retry, or behind a backup partner: no change
+    if (resp) resp->set_records_done(lease->done);
+    return state_.last_seq();
+  }
+  Update u;
+  u.mutable_progress()->set_lease_id(req.lease_id());
+  u.mutable_progress()->set_records_done(req.records_done());
+  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+  if (resp) resp->set_records_done(state_.FindLease(req.lease_id())->done);
+  return s;
+}
+
+void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressResponse* resp,
+                                         Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      auto s = DoProgress(req, resp);
+      if (s.ok()) UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
+                                        CompleteShardResponse* resp, Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                        req.fencing_token()));
+      Touch(req.worker_id());
+      const auto* lease = state_.FindLease(req.lease_id());
+      Update u;
+      u.mutable_end_lease()->set_lease_id(req.lease_id());
+      u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+      u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
+      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+      UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp,
+                                       Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                        req.fencing_token()));
+      Touch(req.worker_id());
+      const auto* lease = state_.FindLease(req.lease_id());
+      if (req.records_done() > lease->end - lease->begin) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "records_done ", req.records_done(), " exceeds the lease's ",
+            lease->end - lease->begin, " records"));
+      }
+      if (req.detail().size() > kMaxDetail) {
+        return absl::InvalidArgumentError("detail: at most 1024 characters");
+      }
+      Update u;
+      auto* e = u.mutable_end_lease();
+      e->set_lease_id(req.lease_id());
+      e->set_reason(req.failed() ? LEASE_FAILED : LEASE_RELEASED);
+      e->set_records_done(std::max(req.records_done(), lease->done));
+      e->set_detail(req.detail());
+      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+      UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp,
+                                    Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
+      if (req.progress_size() > kMaxProgressPerHeartbeat) {
+        return absl::InvalidArgumentError("progress: at most 1024 reports per heartbeat");
+      }
+      Touch(req.worker_id());
+      uint64_t last = state_.last_seq();
+      for (const auto& p : req.progress()) {
+        if (p.worker_id() != req.worker_id() || p.incarnation() != req.incarnation()) {
+          return absl::InvalidArgumentError("progress: every report must name this worker");
+        }
+      }
+      for (const auto& p : req.progress()) {
+        auto s = DoProgress(p, nullptr);
+        if (s.ok()) {
+          last = *s;
+        } else if (s.status().code() == absl::StatusCode::kFailedPrecondition) {
+          // The lease ended (expired, fenced): tell the worker, keep the rest of the batch.
+          resp->add_cancelled_leases(p.lease_id());
+          metrics_.rejected.Increment();
+        } else {
+          return s.status();
+        }
+      }
+      if (auto it = cancelled_.find(req.worker_id()); it != cancelled_.end()) {
+        for (uint64_t id : it->second) resp->add_cancelled_leases(id);
+        cancelled_.erase(it);
+      }
+      resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+      UpdateGauges();
+      return last;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
+                                         Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      Update u;
+      u.mutable_save_checkpoint()->set_tag(req.tag());
+      return Commit(std::move(u));
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
+                                            Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      if (!state_.HasCheckpoint(req.tag())) {
+        return absl::NotFoundError("unknown checkpoint '" + req.tag() + "'");
+      }
+      Update u;
+      u.mutable_restore_checkpoint()->set_tag(req.tag());
+      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+      UpdateGauges();
+      return s;
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp,
+                                       Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [name, ds] : state_.datasets()) *resp->add_datasets() = state_.DescribeDataset(ds);
+    resp->set_journal_seq(state_.last_seq());
+    seq = state_.last_seq();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
+                                        SetAllocationResponse* resp, Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      const auto& a = req.allocation();
+      if (state_.FindWorker(a.worker_id()) == nullptr) {
+        return absl::NotFoundError("unknown worker '" + a.worker_id() + "'");
+      }
+      if (!(a.weight() >= 0.0 && a.weight() <= 1000.0)) {
+        return absl::InvalidArgumentError("allocation.weight: must be in [0, 1000]");
+      }
+      if (a.shard_size() > kMaxShardSize) {
+        return absl::InvalidArgumentError("allocation.shard_size: at most 2^32");
+      }
+      if (a.max_leases() > 1024) {
+        return absl::InvalidArgumentError("allocation.max_leases: at most 1024");
+      }
+      Update u;
+      *u.mutable_set_allocation() = a;
+      return Commit(std::move(u));
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
+                                        SetTailBackupResponse* resp, Done done) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = [&]() -> absl::StatusOr<uint64_t> {
+      RETURN_IF_ERROR(Ready());
+      if (state_.FindDataset(req.dataset()) == nullptr) {
+        return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
+      }
+      Update u;
+      u.mutable_set_tail_backup()->set_dataset(req.dataset());
+      u.mutable_set_tail_backup()->set_enabled(req.enabled());
+      return Commit(std::move(u));
+    }();
+  }
+  Reply(seq, std::move(done));
+}
+
+int ShardingServiceImpl::ExpireOverdue() {
+  absl::MutexLock l(&mu_);
+  if (!Ready().ok()) return 0;
+  const int64_t now = clock_->NowMs();
+  int expired = 0;
+  std::vector<std::string> workers;
+  for (const auto& [id, w] : state_.workers()) workers.push_back(id);
+  for (const std::string& id : workers) {
+    const auto* w = state_.FindWorker(id);
+    auto seen = last_seen_ms_.find(id);
+    const int64_t silent = seen == last_seen_ms_.end() ? 0 : now - seen->second;
+    if (silent > options_.lease_timeout_ms && !w->leases.empty()) {
+      const std::vector<uint64_t> held(w->leases.begin(), w->leases.end());
+      for (uint64_t lease : held) {
+        Update u;
+        u.mutable_end_lease()->set_lease_id(lease);
+        u.mutable_end_lease()->set_reason(LEASE_EXPIRED);
+        u.mutable_end_lease()->set_records_done(state_.FindLease(lease)->done);
+        u.mutable_end_lease()->set_detail(absl::StrCat("worker silent for ", silent, " ms"));
+        if (Commit(std::move(u)).ok()) {
+          ++expired;
+          metrics_.expired.Increment();
+        }
+      }
+    }
+    w = state_.FindWorker(id);
+    if (silent > options_.worker_timeout_ms && !w->lost) {
+      Update u;
+      u.mutable_worker_lost()->set_worker_id(id);
+      (void)Commit(std::move(u));
+      PACER_LOG(WARNING) << "worker '" << id << "' lost: silent for " << silent << " ms";
+    }
+  }
+  if (expired > 0) {
+    PACER_LOG(INFO) << "expired " << expired << " leases";
+    UpdateGauges();
+  }
+  return expired;
+}
+
+absl::Status ShardingServiceImpl::Flush() { return journal_->Flush(); }
+
+ShardingServiceStats ShardingServiceImpl::stats() const {
+  absl::MutexLock l(&mu_);
+  ShardingServiceStats s = stats_;
+  s.journal = journal_->stats();
+  return s;
+}
+
+ShardingSnapshot ShardingServiceImpl::SnapshotForTest() const {
+  absl::MutexLock l(&mu_);
+  return state_.ToSnapshot();
+}
+
+}  // namespace pacer

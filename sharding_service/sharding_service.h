@@ -1,0 +1,132 @@
+// ShardingServiceImpl: the service layer of the sharding service (DESIGN.md §2).
+//
+// Between the thin gRPC adapter (grpc_sharding_service.h) and the pure ShardingState. For each
+// request it: authenticates nothing (the adapter did), validates against the state under mu_,
+// turns the request into an Update, applies it and queues it in the journal (still under mu_,
+// so journal order == apply order), releases mu_, and replies once the update is durable
+// (Journal::WhenDurable). Requests that change nothing still wait for the latest update to be
+// durable, so no reply reveals state a crash could take back.
+//
+// Soft state kept here, not journaled: when each worker was last heard from. A worker silent
+// for lease_timeout loses its leases (EXPIRED, unconsumed suffix requeued); silent for
+// worker_timeout it is declared lost. After a restart every worker gets a fresh grace period.
+//
+// Thread-safe; every method may be called concurrently. Callbacks (`done`) run on the journal's
+// writer thread or inline, never under mu_.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "proto/pacer/sharding.pb.h"
+#include "sharding_service/journal.h"
+#include "sharding_service/sharding_state.h"
+
+namespace pacer {
+
+struct ShardingServiceOptions {
+  std::string data_dir;                 // RocksDB journal lives here
+  int64_t lease_timeout_ms = 30'000;    // silent worker -> its leases expire
+  int64_t worker_timeout_ms = 60'000;   // silent worker -> declared lost
+  int64_t heartbeat_interval_ms = 1'000;
+  uint64_t snapshot_every = 10'000;     // updates between snapshots
+  bool sync = true;                     // fsync the journal (always, outside benchmarks)
+};
+
+struct ShardingServiceStats {
+  uint64_t updates = 0;
+  double recovery_seconds = 0;
+  uint64_t recovered_updates = 0;  // replayed from the journal tail
+  JournalStats journal;
+};
+
+class ShardingServiceImpl {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  static absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> Open(
+      const ShardingServiceOptions& options, const Clock* clock, MetricsRegistry* metrics);
+  ~ShardingServiceImpl();
+
+  void RegisterDataset(const RegisterDatasetRequest& req, RegisterDatasetResponse* resp, Done done);
+  void RegisterWorker(const RegisterWorkerRequest& req, RegisterWorkerResponse* resp, Done done);
+  void FetchShard(const FetchShardRequest& req, FetchShardResponse* resp, Done done);
+  void ReportProgress(const ProgressRequest& req, ProgressResponse* resp, Done done);
+  void CompleteShard(const CompleteShardRequest& req, CompleteShardResponse* resp, Done done);
+  void ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp, Done done);
+  void Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, Done done);
+  void SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done);
+  void RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done);
+  void ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp, Done done);
+  void SetAllocation(const SetAllocationRequest& req, SetAllocationResponse* resp, Done done);
+  void SetTailBackup(const SetTailBackupRequest& req, SetTailBackupResponse* resp, Done done);
+
+  // Expires leases and workers past their deadlines (call periodically). Returns how many
+  // leases expired.
+  int ExpireOverdue();
+  // Blocks until every update so far is durable.
+  absl::Status Flush();
+
+  ShardingServiceStats stats() const;
+  // A copy of the state (tests compare it with a replay).
+  ShardingSnapshot SnapshotForTest() const;
+
+ private:
+  ShardingServiceImpl(const ShardingServiceOptions& options, const Clock* clock,
+                      MetricsRegistry* metrics);
+  // Applies `update` (stamped with seq and time) and queues it. Returns the seq to wait for.
+  absl::StatusOr<uint64_t> Commit(Update update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Touch(const std::string& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainCancelled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replies: waits for durability of `seq` (or fails at once with `status`).
+  void Reply(absl::StatusOr<uint64_t> seq, Done done);
+  absl::StatusOr<uint64_t> DoProgress(const ProgressRequest& req, ProgressResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Metrics {
+    prometheus::Counter& leases_granted;
+    prometheus::Counter& backups_granted;
+    prometheus::Counter& records_done;
+    prometheus::Counter& requeues;
+    prometheus::Counter& expired;
+    prometheus::Counter& rejected;
+    prometheus::Counter& updates;
+    prometheus::Gauge& leases_active;
+    prometheus::Gauge& workers;
+    prometheus::Gauge& quarantined_ranges;
+    prometheus::Gauge& journal_fsyncs;
+    prometheus::Gauge& journal_bytes;
+    prometheus::Gauge& snapshots;
+    prometheus::Gauge& recovery_seconds;
+  };
+  static Metrics MakeMetrics(MetricsRegistry* registry);
+
+  const ShardingServiceOptions options_;
+  const Clock* clock_;
+  std::unique_ptr<MetricsRegistry> own_metrics_;
+  Metrics metrics_;
+  std::unique_ptr<Journal> journal_;
+
+  mutable absl::Mutex mu_;
+  ShardingState state_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_snapshot_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> last_seen_ms_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<uint64_t>> cancelled_ ABSL_GUARDED_BY(mu_);
+  uint64_t counted_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t counted_requeues_ ABSL_GUARDED_BY(mu_) = 0;
+  ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pacer

@@ -1,0 +1,199 @@
+// ShardingState: every piece of the sharding service's durable state, as a pure state machine.
+//
+// Owns: datasets (spec, open epochs, pending position ranges, done/quarantined counters),
+// leases, workers and checkpoints. Changed only by Apply(const Update&), which does no I/O,
+// reads no clock and draws no random numbers: ids and tokens come from counters in the state
+// and time from the update, so replaying the journal rebuilds the exact state (STYLE.md §1).
+//
+// Invariants (checked by the tests after every update):
+//  * Within an epoch, the positions of a domain are partitioned into: done, quarantined, pending
+//    (requeue ranges and [frontier, limit)), and the undone suffixes of active leases. A backup
+//    pair shares one suffix. Hence no position is both done and handed out elsewhere, and
+//    done + quarantined == size exactly when the epoch is finished.
+//  * A lease's records_done only grows; counted done records of a backup pair are the max of
+//    the two prefixes, so a record is counted once.
+//  * Requeued ranges go to the front of their domain's queue.
+//
+// Memory is O(datasets + leases + workers + requeued ranges + checkpoints), independent of the
+// number of records: pending work is ranges, never one object per shard.
+//
+// Thread-compatible: the service layer guards it with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/pacer/sharding.pb.h"
+
+namespace pacer {
+
+// Limits on what a request may ask for (validated before any update is made).
+inline constexpr uint64_t kMaxRecordsPerDataset = uint64_t{1} << 50;
+inline constexpr uint64_t kMaxShardSize = uint64_t{1} << 32;
+inline constexpr uint64_t kMaxRecordsShuffleShardSize = 65536;  // leases list record ids
+inline constexpr int kMaxFiles = 1'000'000;
+inline constexpr int kMaxPartitions = 65'536;
+inline constexpr size_t kMaxNameLength = 128;
+inline constexpr size_t kMaxWorkerIdLength = 256;
+inline constexpr uint32_t kDefaultMaxAttempts = 3;
+inline constexpr uint32_t kDefaultMaxLeasesPerWorker = 4;  // per worker and dataset
+inline constexpr size_t kMaxOpenEpochs = 2;                // without a barrier
+inline constexpr size_t kRecentEndedPerWorker = 8;
+inline constexpr size_t kMaxCheckpoints = 64;
+inline constexpr uint64_t kDefaultShardSize = 1024;
+
+// What a FetchShard by `worker` on `dataset` would get now.
+struct FetchPlan {
+  enum Kind { kLease, kBackup, kWait, kEndOfData };
+  Kind kind = kWait;
+  std::string reason;  // for kWait
+  // kLease: where the range comes from.
+  size_t epoch_index = 0;  // index into the dataset's open epochs; == size() opens a new epoch
+  uint32_t domain = 0;
+  bool from_requeue = false;
+  uint64_t begin = 0, end = 0;
+  uint32_t attempts = 0;
+  // kBackup: the lease whose suffix is leased again.
+  uint64_t backup_of = 0;
+};
+
+class ShardingState {
+ public:
+  struct Pending {
+    uint64_t begin, end;
+    uint32_t attempts;
+  };
+  struct Domain {
+    uint64_t start = 0, frontier = 0, limit = 0;
+    std::deque<Pending> requeue;
+    uint64_t done = 0, quarantined = 0;
+    bool HasPending() const { return !requeue.empty() || frontier < limit; }
+  };
+  struct Epoch {
+    uint32_t epoch = 0;
+    std::vector<Domain> domains;
+    uint32_t active_leases = 0;
+  };
+  struct Dataset {
+    DatasetSpec spec;  // normalised: defaults filled in
+    uint64_t records_per_epoch = 0;  // 0 for a stream
+    std::deque<Epoch> open;          // ascending epoch numbers
+    uint32_t next_epoch = 0;
+    uint32_t completed_epochs = 0;
+    bool tail_backup = false;
+    std::vector<QuarantinedRange> quarantined;
+    bool failed = false;
+    std::string failure;
+    uint64_t records_done_total = 0;
+    uint64_t requeues_total = 0;
+    bool is_stream() const { return spec.source_case() == DatasetSpec::kStream; }
+    bool Finished() const;
+  };
+  struct LeaseRec {
+    uint64_t id = 0, token = 0;
+    std::string worker, dataset;
+    uint32_t epoch = 0, partition = 0;
+    uint64_t begin = 0, end = 0, done = 0;
+    uint32_t attempts = 0;
+    uint64_t partner = 0;
+    bool backup = false;
+    int64_t created_ms = 0, progress_ms = 0;
+    uint64_t done_pos() const { return begin + done; }
+  };
+  struct WorkerRec {
+    std::string id, node;
+    uint64_t incarnation = 0;
+    double weight = 1.0;
+    uint64_t shard_size = 0;
+    uint32_t max_leases = 0;
+    bool lost = false;
+    std::set<uint64_t> leases;
+    std::deque<EndedLease> recent_ended;
+  };
+
+  ShardingState() = default;
+
+  // Applies one update. Returns INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION without
+  // changing anything if the update does not fit the state (the service validates first, so on
+  // the live path this never fails; on replay it means a corrupt journal).
+  absl::Status Apply(const Update& update);
+
+  // ---- Validation helpers for the service (pure reads) ----
+  // Checks a dataset spec and returns it with defaults filled in.
+  static absl::StatusOr<DatasetSpec> NormalizeSpec(const DatasetSpec& spec);
+  // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
+  // the dataset or worker is unknown.
+  absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
+  // OK if `worker`'s `incarnation` holds lease `lease_id` with `token`; FAILED_PRECONDITION
+  // (stale token, ended lease, old incarnation) otherwise.
+  absl::Status CheckLease(const std::string& worker, uint64_t incarnation, uint64_t lease_id,
+                          uint64_t token) const;
+  absl::Status CheckWorker(const std::string& worker, uint64_t incarnation) const;
+
+  // ---- Reads ----
+  const Dataset* FindDataset(const std::string& name) const;
+  const LeaseRec* FindLease(uint64_t id) const;
+  const WorkerRec* FindWorker(const std::string& id) const;
+  const std::map<uint64_t, LeaseRec>& leases() const { return leases_; }
+  const std::map<std::string, Dataset>& datasets() const { return datasets_; }
+  const std::map<std::string, WorkerRec>& workers() const { return workers_; }
+  bool HasCheckpoint(const std::string& tag) const { return checkpoints_.count(tag) > 0; }
+  uint64_t last_seq() const { return last_seq_; }
+  uint64_t last_lease_id() const { return next_lease_id_ - 1; }
+  // Leases ended since the last call (drained by the service to notify workers).
+  std::vector<std::pair<std::string, uint64_t>> TakeCancelledLeases();
+
+  // Fills a Lease message for an active lease (record ids included).
+  Lease DescribeLease(const LeaseRec& lease) const;
+  DatasetInfo DescribeDataset(const Dataset& ds) const;
+
+  // ---- Snapshots ----
+  ShardingSnapshot ToSnapshot() const;
+  static absl::StatusOr<ShardingState> FromSnapshot(const ShardingSnapshot& snapshot);
+
+ private:
+  absl::Status ApplyRegisterDataset(const RegisterDatasetUpdate& u);
+  absl::Status ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t time_ms);
+  absl::Status ApplyCreateLease(const CreateLeaseUpdate& u, int64_t time_ms);
+  absl::Status ApplyProgress(const ProgressUpdate& u, int64_t time_ms);
+  absl::Status ApplyEndLease(const EndLeaseUpdate& u, int64_t time_ms);
+  absl::Status ApplyWorkerLost(const WorkerLostUpdate& u, int64_t time_ms);
+  absl::Status ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t time_ms);
+  absl::Status ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t time_ms);
+  absl::Status ApplySetAllocation(const SetAllocationUpdate& u);
+
+  // Adds done records of `lease` up to prefix `new_done`, counting only what neither it nor its
+  // backup partner had counted.
+  void AdvanceDone(LeaseRec& lease, uint64_t new_done, int64_t time_ms);
+  // Ends a lease: requeues the unconsumed suffix (unless a partner lives on or `requeue` is
+  // false), counts failures toward quarantine, and closes finished epochs.
+  void EndLease(uint64_t lease_id, LeaseEndReason reason, const std::string& detail,
+                int64_t time_ms, bool requeue);
+  void CloseFinishedEpochs(Dataset& ds);
+  Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
+  Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
+  uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;
+  Checkpoint CapturePosition(const std::string& tag, int64_t time_ms) const;
+
+  std::map<std::string, Dataset> datasets_;
+  std::map<uint64_t, LeaseRec> leases_;
+  std::map<std::string, WorkerRec> workers_;
+  std::map<std::string, Checkpoint> checkpoints_;
+  uint64_t next_lease_id_ = 1;
+  uint64_t next_token_ = 1;
+  uint64_t next_incarnation_ = 1;
+  uint64_t last_seq_ = 0;
+  // Not part of the snapshot: a notification queue for the live service only.
+  std::vector<std::pair<std::string, uint64_t>> cancelled_;
+};
+
+const char* LeaseEndReasonName(LeaseEndReason reason);
+
+}  // namespace pacer
