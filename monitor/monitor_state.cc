@@ -1,0 +1,411 @@
+#include "monitor/monitor_state.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "monitor/robust_stats.h"
+
+namespace pacer {
+namespace {
+
+constexpr uint64_t kDedupSpan = 64;
+constexpr uint64_t kRestartJump = 4096;
+
+bool ValidId(absl::string_view id, uint32_t max_len) {
+  if (id.empty() || id.size() > max_len) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 127; });
+}
+
+}  // namespace
+
+ReportIssue MonitorState::StepDedup::Accept(uint64_t step) {
+  if (!any || (step < newest && newest - step > kRestartJump)) {
+    any = true;
+    newest = step;
+    seen = 1;
+    return ReportIssue::kNone;
+  }
+  if (step > newest) {
+    const uint64_t shift = step - newest;
+    seen = shift >= kDedupSpan ? 1 : (seen << shift) | 1;
+    newest = step;
+    return ReportIssue::kNone;
+  }
+  const uint64_t d = newest - step;
+  if (d >= kDedupSpan) return ReportIssue::kStale;
+  const uint64_t bit = uint64_t{1} << d;
+  if (seen & bit) return ReportIssue::kDuplicateStep;
+  seen |= bit;
+  return ReportIssue::kNone;
+}
+
+absl::StatusOr<std::unique_ptr<MonitorState>> MonitorState::Create(const MonitorOptions& options,
+                                                                   const Clock* clock) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (clock == nullptr) return absl::InvalidArgumentError("monitor: clock is required");
+  return std::unique_ptr<MonitorState>(new MonitorState(options, clock));
+}
+
+MonitorState::MonitorState(const MonitorOptions& options, const Clock* clock)
+    : options_(options),
+      clock_(clock),
+      open_window_(clock->NowMs() / options.window_ms),
+      speed_(options),
+      node_signals_(options),
+      server_latency_(options),
+      worker_classifier_(options, ENTITY_WORKER),
+      server_classifier_(options, ENTITY_SERVER) {}
+
+absl::StatusOr<uint32_t> MonitorState::NodeIndex(absl::string_view node) {
+  if (node.empty()) return StragglerClassifier::kNoNode;
+  if (!ValidId(node, options_.max_id_length)) {
+    return absl::InvalidArgumentError("monitor: node name is empty, too long or not printable");
+  }
+  auto it = node_index_.find(node);
+  if (it != node_index_.end()) return it->second;
+  if (node_names_.size() >= options_.max_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat("monitor: more than ", options_.max_nodes, " nodes"));
+  }
+  const uint32_t index = node_signals_.AddNode();
+  node_names_.emplace_back(node);
+  node_index_.emplace(std::string(node), index);
+  return index;
+}
+
+absl::StatusOr<uint32_t> MonitorState::AddWorker(absl::string_view worker_id, uint32_t node) {
+  if (workers_.size() >= options_.max_workers) {
+    return absl::ResourceExhaustedError(absl::StrCat("monitor: more than ", options_.max_workers, " workers"));
+  }
+  const uint32_t index = speed_.AddWorker();
+  worker_classifier_.AddEntity(node);  // same index as the estimator's
+  WorkerRecord rec;
+  rec.id = std::string(worker_id);
+  rec.node = node;
+  rec.model = StepTimeModel(options_.model_forgetting);
+  workers_.push_back(std::move(rec));
+  worker_index_.emplace(std::string(worker_id), index);
+  return index;
+}
+
+absl::Status MonitorState::RegisterWorker(absl::string_view worker_id, absl::string_view node) {
+  if (!ValidId(worker_id, options_.max_id_length)) {
+    return absl::InvalidArgumentError("monitor: worker_id is empty, too long or not printable");
+  }
+  ASSIGN_OR_RETURN(uint32_t node_index, NodeIndex(node));
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return AddWorker(worker_id, node_index).status();
+  WorkerRecord& rec = workers_[it->second];
+  rec.node = node_index;
+  rec.dedup = StepDedup();
+  worker_classifier_.SetNode(it->second, node_index);
+  return absl::OkStatus();
+}
+
+ReportIssue MonitorState::IngestStep(StepReport report) {
+  const int64_t now = clock_->NowMs();
+  ReportIssue issue = CheckStepReport(options_, now, &report, &issues_);
+  uint32_t index = 0;
+  if (issue == ReportIssue::kNone) {
+    auto it = worker_index_.find(report.worker_id());
+    if (it != worker_index_.end()) {
+      index = it->second;
+    } else if (!options_.admit_unknown_workers) {
+      issue = ReportIssue::kUnknownWorker;
+    } else if (!ValidId(report.worker_id(), options_.max_id_length)) {
+      issue = ReportIssue::kMissingId;
+    } else if (auto added = AddWorker(report.worker_id(), StragglerClassifier::kNoNode); added.ok()) {
+      index = *added;
+    } else {
+      issue = ReportIssue::kTooManyEntities;
+    }
+  }
+  if (issue == ReportIssue::kNone) {
+    // The flood check first, so a flood does not fill the de-duplication window.
+    if (!speed_.HasRoom(index)) {
+      issue = ReportIssue::kFlood;
+    } else {
+      issue = workers_[index].dedup.Accept(report.step());
+    }
+  }
+  if (issue != ReportIssue::kNone) {
+    issues_.Add(issue);
+    return issue;
+  }
+  speed_.Add(index, report.samples(), report.compute_s(), report.comm_s(), report.data_wait_s(),
+             report.wall_s());
+  WorkerRecord& rec = workers_[index];
+  rec.model.Add(report.local_batch(), report.compute_s());
+  rec.last_batch = report.local_batch();
+  rec.last_report_ms = now;
+  ++rec.reports;
+  ++accepted_;
+  return ReportIssue::kNone;
+}
+
+ReportIssue MonitorState::IngestServerLatency(const ServerLatency& sample) {
+  const int64_t now = clock_->NowMs();
+  ReportIssue issue = CheckServerLatency(options_, now, sample);
+  if (issue == ReportIssue::kNone && !sample.reporter().empty() && !options_.admit_unknown_workers &&
+      !worker_index_.contains(sample.reporter())) {
+    issue = ReportIssue::kUnknownWorker;
+  }
+  if (issue == ReportIssue::kNone && !ValidId(sample.server_id(), options_.max_id_length)) {
+    issue = ReportIssue::kMissingId;
+  }
+  uint32_t index = 0;
+  if (issue == ReportIssue::kNone) {
+    auto it = server_index_.find(sample.server_id());
+    if (it != server_index_.end()) {
+      index = it->second;
+    } else if (servers_.size() >= options_.max_servers) {
+      issue = ReportIssue::kTooManyEntities;
+    } else {
+      index = server_latency_.AddServer();
+      server_classifier_.AddEntity();
+      servers_.push_back(ServerRecord{sample.server_id()});
+      server_index_.emplace(sample.server_id(), index);
+    }
+  }
+  if (issue != ReportIssue::kNone) {
+    issues_.Add(issue);
+    return issue;
+  }
+  server_latency_.Add(index, sample.mean_latency_ms());
+  servers_[index].last_report_ms = now;
+  ++servers_[index].reports;
+  ++accepted_;
+  return ReportIssue::kNone;
+}
+
+ReportIssue MonitorState::IngestNodeMetrics(const NodeMetrics& metrics) {
+  const int64_t now = clock_->NowMs();
+  ReportIssue issue = CheckNodeMetrics(options_, now, metrics);
+  if (issue == ReportIssue::kNone && !ValidId(metrics.node(), options_.max_id_length)) {
+    issue = ReportIssue::kMissingId;
+  }
+  uint32_t index = 0;
+  if (issue == ReportIssue::kNone) {
+    // Agents report nodes that workers named; an unknown node is admitted only while the node
+    // table has room (an agent may start before its workers register).
+    auto found = NodeIndex(metrics.node());
+    if (!found.ok()) issue = ReportIssue::kTooManyEntities;
+    else index = *found;
+  }
+  if (issue != ReportIssue::kNone) {
+    issues_.Add(issue);
+    return issue;
+  }
+  node_signals_.Update(index, metrics, now);
+  ++accepted_;
+  return ReportIssue::kNone;
+}
+
+int MonitorState::AdvanceWindows(std::vector<ClassificationEvent>* events) {
+  const int64_t now_window = clock_->NowMs() / options_.window_ms;
+  int closed = 0;
+  // After a long silence, closing every empty window one by one is pointless: enough of them to
+  // mark everyone stale is the same result.
+  const int64_t max_empty = options_.stale_after_windows + 1;
+  if (now_window - open_window_ > max_empty + 1) {
+    CloseWindow(open_window_, events);
+    ++closed;
+    open_window_ = now_window - max_empty;
+  }
+  while (open_window_ < now_window) {
+    CloseWindow(open_window_, events);
+    ++open_window_;
+    ++closed;
+  }
+  return closed;
+}
+
+void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>* events) {
+  const int64_t end_ms = (window + 1) * options_.window_ms;
+  SpeedEstimator::Closed closed = speed_.CloseWindow(window);
+  median_speed_ = closed.median_speed;
+  last_closed_ = window;
+
+  std::vector<Contention> contention(node_names_.size());
+  for (uint32_t n = 0; n < node_names_.size(); ++n) contention[n] = node_signals_.Assess(n, end_ms);
+
+  std::vector<StragglerClassifier::Observation> observed;
+  if (closed.median_speed > 0) {
+    observed.reserve(closed.estimated.size());
+    for (uint32_t w : closed.estimated) observed.push_back({w, speed_.Last(w)->relative});
+  }
+  std::vector<StragglerClassifier::Change> changes;
+  worker_classifier_.Classify(observed, contention, &changes);
+  for (uint32_t w : closed.estimated) {
+    const Classification& c = worker_classifier_.Get(w);
+    WindowSummary* s = speed_.Last(w);
+    s->worker_class = static_cast<uint8_t>(c.worker_class());
+    s->persistence = static_cast<uint8_t>(c.persistence());
+  }
+  for (const auto& change : changes) {
+    workers_[change.entity].class_since_ms = end_ms;
+    Emit(window, ENTITY_WORKER, workers_[change.entity].id, change, events);
+  }
+
+  ServerLatencyTracker::Closed servers = server_latency_.CloseWindow();
+  std::vector<StragglerClassifier::Observation> server_obs;
+  if (servers.median_latency_ms > 0) {
+    for (const auto& sw : servers.servers) {
+      // Below the absolute floor no server is hot, whatever the ratio.
+      const double r = sw.latency_ms < options_.hot_server_min_latency_ms ? std::max(sw.relative, 1.0)
+                                                                           : sw.relative;
+      server_obs.push_back({sw.server, r});
+    }
+  }
+  changes.clear();
+  server_classifier_.Classify(server_obs, {}, &changes);
+  for (const auto& change : changes) {
+    servers_[change.entity].class_since_ms = end_ms;
+    Emit(window, ENTITY_SERVER, servers_[change.entity].id, change, events);
+  }
+}
+
+void MonitorState::Emit(int64_t window, EntityKind kind, const std::string& id,
+                        const StragglerClassifier::Change& change,
+                        std::vector<ClassificationEvent>* events) {
+  ClassificationEvent ev;
+  ev.set_seq(next_event_seq_++);
+  ev.set_time_ms((window + 1) * options_.window_ms);
+  ev.set_window(window);
+  ev.set_id(id);
+  ev.set_kind(kind);
+  *ev.mutable_previous() = change.previous;
+  *ev.mutable_current() = change.current;
+  ev.set_relative_speed(change.relative);
+  if (events != nullptr) events->push_back(ev);
+  events_.push_back(std::move(ev));
+  while (events_.size() > options_.events_kept) events_.pop_front();
+}
+
+WorkerStatus MonitorState::StatusOf(uint32_t w) const {
+  const WorkerRecord& rec = workers_[w];
+  WorkerStatus st;
+  st.set_id(rec.id);
+  st.set_kind(ENTITY_WORKER);
+  if (rec.node != StragglerClassifier::kNoNode) st.set_node(node_names_[rec.node]);
+  *st.mutable_classification() = worker_classifier_.Get(w);
+  if (const WindowSummary* s = speed_.Last(w)) {
+    st.set_speed(s->speed);
+    st.set_relative_speed(s->relative);
+    st.set_compute_s(s->compute_s);
+    st.set_comm_s(s->comm_s);
+    st.set_data_wait_s(s->data_wait_s);
+    st.set_wall_s(s->wall_s);
+  }
+  st.set_windows_flagged(worker_classifier_.WindowsFlagged(w));
+  st.set_local_batch(rec.last_batch);
+  const StepTimeModel::Fit fit = rec.model.Current();
+  st.set_model_fixed_s(fit.fixed_s);
+  st.set_model_per_sample_s(fit.per_sample_s);
+  st.set_last_report_ms(rec.last_report_ms);
+  st.set_reports(rec.reports);
+  st.set_class_since_ms(rec.class_since_ms);
+  return st;
+}
+
+absl::StatusOr<WorkerStatus> MonitorState::Worker(absl::string_view worker_id) const {
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return absl::NotFoundError(absl::StrCat("monitor: unknown worker '", worker_id, "'"));
+  return StatusOf(it->second);
+}
+
+std::vector<WorkerStatus> MonitorState::Workers() const {
+  std::vector<WorkerStatus> out;
+  out.reserve(workers_.size());
+  for (uint32_t w = 0; w < workers_.size(); ++w) out.push_back(StatusOf(w));
+  return out;
+}
+
+std::vector<WorkerStatus> MonitorState::Servers() const {
+  std::vector<WorkerStatus> out;
+  for (uint32_t s = 0; s < servers_.size(); ++s) {
+    WorkerStatus st;
+    st.set_id(servers_[s].id);
+    st.set_kind(ENTITY_SERVER);
+    *st.mutable_classification() = server_classifier_.Get(s);
+    st.set_latency_ms(server_latency_.LastLatency(s));
+    st.set_windows_flagged(server_classifier_.WindowsFlagged(s));
+    st.set_last_report_ms(servers_[s].last_report_ms);
+    st.set_reports(servers_[s].reports);
+    st.set_class_since_ms(servers_[s].class_since_ms);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+std::vector<NodeStatus> MonitorState::Nodes() const {
+  std::vector<NodeStatus> out(node_names_.size());
+  std::vector<std::vector<double>> rel(node_names_.size());
+  for (uint32_t n = 0; n < node_names_.size(); ++n) out[n].set_node(node_names_[n]);
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    const uint32_t n = workers_[w].node;
+    if (n == StragglerClassifier::kNoNode) continue;
+    NodeStatus& ns = out[n];
+    ns.set_workers(ns.workers() + 1);
+    if (worker_classifier_.Get(w).worker_class() == WORKER_CLASS_STRAGGLER) ns.set_stragglers(ns.stragglers() + 1);
+    if (const WindowSummary* s = speed_.Last(w); s != nullptr && s->window == last_closed_) {
+      ns.set_total_speed(ns.total_speed() + s->speed);
+      if (s->relative > 0) rel[n].push_back(s->relative);
+    }
+  }
+  const int64_t now = clock_->NowMs();
+  for (uint32_t n = 0; n < node_names_.size(); ++n) {
+    out[n].set_median_relative_speed(MedianInPlace(rel[n]));
+    const Contention c = node_signals_.Assess(n, now);
+    out[n].set_contention_score(c.score);
+    out[n].set_contention_evidence(c.evidence);
+    *out[n].mutable_last_metrics() = node_signals_.Latest(n);
+  }
+  return out;
+}
+
+std::vector<ClassificationEvent> MonitorState::EventsAfter(uint64_t seq, size_t max) const {
+  std::vector<ClassificationEvent> out;
+  auto it = std::upper_bound(events_.begin(), events_.end(), seq,
+                             [](uint64_t s, const ClassificationEvent& e) { return s < e.seq(); });
+  for (; it != events_.end() && out.size() < max; ++it) out.push_back(*it);
+  return out;
+}
+
+absl::StatusOr<std::vector<WindowSummary>> MonitorState::History(absl::string_view worker_id) const {
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return absl::NotFoundError(absl::StrCat("monitor: unknown worker '", worker_id, "'"));
+  return speed_.History(it->second);
+}
+
+absl::StatusOr<StepTimeModel::Fit> MonitorState::StepModel(absl::string_view worker_id) const {
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return absl::NotFoundError(absl::StrCat("monitor: unknown worker '", worker_id, "'"));
+  return workers_[it->second].model.Current();
+}
+
+absl::StatusOr<double> MonitorState::PredictStepSeconds(absl::string_view worker_id, uint32_t batch) const {
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return absl::NotFoundError(absl::StrCat("monitor: unknown worker '", worker_id, "'"));
+  const StepTimeModel& model = workers_[it->second].model;
+  if (model.Current().observations == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("monitor: no step reports from '", worker_id, "' yet"));
+  }
+  return model.Predict(batch);
+}
+
+size_t MonitorState::MemoryBytes() const {
+  size_t bytes = sizeof(*this) + speed_.MemoryBytes() + node_signals_.MemoryBytes() +
+                 server_latency_.MemoryBytes() + worker_classifier_.MemoryBytes() +
+                 server_classifier_.MemoryBytes();
+  bytes += workers_.capacity() * sizeof(WorkerRecord) + servers_.capacity() * sizeof(ServerRecord);
+  for (const WorkerRecord& w : workers_) bytes += w.id.capacity();
+  // flat_hash_map: one slot (key + value) plus a control byte per bucket.
+  bytes += worker_index_.bucket_count() * (sizeof(std::pair<std::string, uint32_t>) + 1);
+  bytes += server_index_.bucket_count() * (sizeof(std::pair<std::string, uint32_t>) + 1);
+  bytes += node_index_.bucket_count() * (sizeof(std::pair<std::string, uint32_t>) + 1);
+  for (const ClassificationEvent& e : events_) bytes += e.SpaceUsedLong();
+  return bytes;
+}
+
+}  // namespace pacer

@@ -1,0 +1,155 @@
+// MonitorState: everything the monitor knows, driven by an injected Clock (DESIGN.md §3).
+//
+// Owns the roster (workers and their nodes, PS servers, nodes), the per-worker step
+// de-duplication and step-time models, the SpeedEstimator (windows and history), NodeSignals,
+// the ServerLatencyTracker, one StragglerClassifier for workers and one for servers, the
+// event ring, and the reason->count map of refused or repaired input.
+//
+// Time: windows are aligned on the clock, window k = [k*window_ms, (k+1)*window_ms). A report
+// counts in the window open when it is *received* (worker clocks may be skewed; the report's
+// own time_ms is only checked for staleness / future). AdvanceWindows() closes every window
+// that has ended by the clock's now, classifies, and returns the events; callers invoke it
+// before ingesting and periodically (pacerd's housekeeping), and the simulator after each clock
+// step. Nothing here sleeps or reads the real clock.
+//
+// Input handling (each refusal/repair counted by ReportIssue):
+//  * field checks: CheckStepReport / CheckServerLatency / CheckNodeMetrics;
+//  * unknown worker (unless admit_unknown_workers), roster full;
+//  * out-of-order steps are fine; a step seen before is a duplicate; a step more than 64 below
+//    the newest is stale, except a jump back of more than 4096 steps, taken as a restarted
+//    counter (RegisterWorker again also resets it);
+//  * a worker's reports beyond max_reports_per_worker_per_window are a flood.
+// A refused report changes nothing; one worker's reports only ever change that worker's
+// estimate (and its single vote in the job median).
+//
+// Invariants: every worker index is valid in the estimator and the classifier; events have
+// strictly increasing seq. Memory: O(workers x HistoryWindows()) plus O(servers + nodes).
+//
+// Thread-compatible: MonitorServiceImpl guards it with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "monitor/monitor_options.h"
+#include "monitor/node_signals.h"
+#include "monitor/report_validator.h"
+#include "monitor/server_latency.h"
+#include "monitor/speed_estimator.h"
+#include "monitor/step_time_model.h"
+#include "monitor/straggler_classifier.h"
+#include "proto/pacer/monitor.pb.h"
+
+namespace pacer {
+
+class MonitorState {
+ public:
+  // Validates `options`; `clock` must outlive the state.
+  static absl::StatusOr<std::unique_ptr<MonitorState>> Create(const MonitorOptions& options,
+                                                              const Clock* clock);
+
+  // Declares (or re-declares, e.g. after a restart) a worker on `node`. Re-declaring keeps the
+  // history and resets the step de-duplication. INVALID_ARGUMENT for a bad id,
+  // RESOURCE_EXHAUSTED when max_workers / max_nodes are reached.
+  absl::Status RegisterWorker(absl::string_view worker_id, absl::string_view node);
+
+  // Each returns kNone when used (possibly repaired), else the reason it was refused.
+  ReportIssue IngestStep(StepReport report);
+  ReportIssue IngestServerLatency(const ServerLatency& sample);
+  ReportIssue IngestNodeMetrics(const NodeMetrics& metrics);
+  // Counts refusals decided outside (e.g. a request over max_reports_per_request).
+  void CountIssue(ReportIssue issue, uint64_t n = 1) { issues_.Add(issue, n); }
+
+  // Closes every window that ended by now, classifies, appends the events to `events` (may be
+  // null) and keeps them in the ring. Returns the number of windows closed.
+  int AdvanceWindows(std::vector<ClassificationEvent>* events);
+
+  // ---- views ----
+  absl::StatusOr<WorkerStatus> Worker(absl::string_view worker_id) const;
+  std::vector<WorkerStatus> Workers() const;
+  std::vector<WorkerStatus> Servers() const;
+  std::vector<NodeStatus> Nodes() const;
+  std::vector<ClassificationEvent> EventsAfter(uint64_t seq, size_t max) const;
+  absl::StatusOr<std::vector<WindowSummary>> History(absl::string_view worker_id) const;
+  // Predicted compute seconds of one step of `batch` samples on the worker (its fitted
+  // fixed + per-sample model). NOT_FOUND for an unknown worker, FAILED_PRECONDITION before
+  // any report.
+  absl::StatusOr<double> PredictStepSeconds(absl::string_view worker_id, uint32_t batch) const;
+  absl::StatusOr<StepTimeModel::Fit> StepModel(absl::string_view worker_id) const;
+
+  const RejectionCounts& issues() const { return issues_; }
+  uint64_t accepted() const { return accepted_; }
+  int64_t last_closed_window() const { return last_closed_; }
+  double median_speed() const { return median_speed_; }
+  const MonitorOptions& options() const { return options_; }
+  size_t num_workers() const { return workers_.size(); }
+  // Approximate bytes held by the state (buffers' capacities).
+  size_t MemoryBytes() const;
+
+ private:
+  MonitorState(const MonitorOptions& options, const Clock* clock);
+
+  struct StepDedup {
+    bool any = false;
+    uint64_t newest = 0;
+    uint64_t seen = 0;  // bit d: step newest - d was seen
+    ReportIssue Accept(uint64_t step);
+  };
+  struct WorkerRecord {
+    std::string id;
+    uint32_t node = StragglerClassifier::kNoNode;
+    StepDedup dedup;
+    StepTimeModel model;
+    uint32_t last_batch = 0;
+    int64_t last_report_ms = 0;
+    uint64_t reports = 0;
+    int64_t class_since_ms = 0;
+  };
+  struct ServerRecord {
+    std::string id;
+    int64_t last_report_ms = 0;
+    uint64_t reports = 0;
+    int64_t class_since_ms = 0;
+  };
+
+  absl::StatusOr<uint32_t> NodeIndex(absl::string_view node);
+  absl::StatusOr<uint32_t> AddWorker(absl::string_view worker_id, uint32_t node);
+  void CloseWindow(int64_t window, std::vector<ClassificationEvent>* events);
+  void Emit(int64_t window, EntityKind kind, const std::string& id,
+            const StragglerClassifier::Change& change, std::vector<ClassificationEvent>* events);
+  WorkerStatus StatusOf(uint32_t worker) const;
+
+  const MonitorOptions options_;
+  const Clock* clock_;
+  int64_t open_window_;
+  int64_t last_closed_ = -1;
+  double median_speed_ = 0;
+
+  absl::flat_hash_map<std::string, uint32_t> worker_index_;
+  std::vector<WorkerRecord> workers_;
+  absl::flat_hash_map<std::string, uint32_t> node_index_;
+  std::vector<std::string> node_names_;
+  absl::flat_hash_map<std::string, uint32_t> server_index_;
+  std::vector<ServerRecord> servers_;
+
+  SpeedEstimator speed_;
+  NodeSignals node_signals_;
+  ServerLatencyTracker server_latency_;
+  StragglerClassifier worker_classifier_;
+  StragglerClassifier server_classifier_;
+
+  std::deque<ClassificationEvent> events_;
+  uint64_t next_event_seq_ = 1;
+  RejectionCounts issues_;
+  uint64_t accepted_ = 0;
+};
+
+}  // namespace pacer

@@ -1,0 +1,189 @@
+#include "monitor/straggler_classifier.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "monitor/robust_stats.h"
+
+namespace pacer {
+namespace {
+
+bool SameClass(const Classification& a, const Classification& b) {
+  return a.worker_class() == b.worker_class() && a.persistence() == b.persistence() &&
+         a.cause() == b.cause() && a.scope() == b.scope();
+}
+
+double Clamp01(double v) { return std::clamp(v, 0.0, 1.0); }
+
+}  // namespace
+
+StragglerClassifier::Thresholds StragglerClassifier::WorkerThresholds(const MonitorOptions& o) {
+  return {o.straggler_threshold, o.leader_threshold, o.hysteresis};
+}
+
+StragglerClassifier::Thresholds StragglerClassifier::ServerThresholds(const MonitorOptions& o) {
+  return {1.0 / o.hot_server_ratio, std::numeric_limits<double>::infinity(), o.hysteresis};
+}
+
+StragglerClassifier::StragglerClassifier(const MonitorOptions& options, EntityKind kind)
+    : options_(options),
+      kind_(kind),
+      thresholds_(kind == ENTITY_SERVER ? ServerThresholds(options) : WorkerThresholds(options)),
+      window_mask_(options.persistent_w >= 64 ? ~uint64_t{0}
+                                              : (uint64_t{1} << options.persistent_w) - 1) {}
+
+uint32_t StragglerClassifier::AddEntity(uint32_t node) {
+  Track t;
+  t.node = node;
+  t.current.set_worker_class(WORKER_CLASS_UNKNOWN);
+  t.current.set_evidence("no window closed with data yet");
+  tracks_.push_back(std::move(t));
+  return static_cast<uint32_t>(tracks_.size() - 1);
+}
+
+uint32_t StragglerClassifier::WindowsFlagged(uint32_t entity) const {
+  const Track& t = tracks_[entity];
+  const uint64_t bits = t.current.worker_class() == WORKER_CLASS_LEADER ? t.leader_bits : t.straggler_bits;
+  return static_cast<uint32_t>(std::popcount(bits & window_mask_));
+}
+
+uint32_t StragglerClassifier::NodeStragglers(uint32_t node) const {
+  return node < node_stragglers_.size() ? node_stragglers_[node] : 0;
+}
+
+void StragglerClassifier::Classify(const std::vector<Observation>& observed,
+                                   const std::vector<Contention>& contention,
+                                   std::vector<Change>* changes) {
+  // 1. This window's flags, and per node how many observed workers straggle.
+  flags_scratch_.assign(tracks_.size(), 0);  // bit 0 observed, 1 straggling, 2 leading
+  std::fill(node_observed_.begin(), node_observed_.end(), 0);
+  std::fill(node_stragglers_.begin(), node_stragglers_.end(), 0);
+  for (const Observation& ob : observed) {
+    const Track& t = tracks_[ob.entity];
+    const WorkerClass cur = t.current.worker_class();
+    const double s_line = thresholds_.straggler + (cur == WORKER_CLASS_STRAGGLER ? thresholds_.hysteresis : 0);
+    const double l_line = thresholds_.leader - (cur == WORKER_CLASS_LEADER ? thresholds_.hysteresis : 0);
+    uint8_t f = 1;
+    if (ob.relative < s_line) f |= 2;
+    else if (ob.relative > l_line) f |= 4;
+    flags_scratch_[ob.entity] = f;
+    if (t.node != kNoNode) {
+      if (t.node >= node_observed_.size()) {
+        node_observed_.resize(t.node + 1, 0);
+        node_stragglers_.resize(t.node + 1, 0);
+      }
+      ++node_observed_[t.node];
+      if (f & 2) ++node_stragglers_[t.node];
+    }
+  }
+
+  // 2. Classify the observed entities.
+  for (const Observation& ob : observed) {
+    Track& t = tracks_[ob.entity];
+    const uint8_t f = flags_scratch_[ob.entity];
+    t.straggler_bits = (t.straggler_bits << 1) | ((f & 2) ? 1 : 0);
+    t.leader_bits = (t.leader_bits << 1) | ((f & 4) ? 1 : 0);
+    t.recent_r[t.observed % 64] = static_cast<float>(ob.relative);
+    ++t.observed;
+    t.missed = 0;
+    bool node_level = false;
+    if ((f & 2) && t.node != kNoNode && kind_ == ENTITY_WORKER) {
+      const uint32_t n = node_observed_[t.node];
+      node_level = n >= options_.node_level_min_workers &&
+                   node_stragglers_[t.node] >= options_.node_level_fraction * n;
+    }
+    Classification next;
+    Decide(t, ob.relative, f & 2, f & 4, contention, node_level, &next);
+    if (!SameClass(next, t.current)) changes->push_back({ob.entity, t.current, next, ob.relative});
+    t.current = std::move(next);
+  }
+
+  // 3. Entities that went quiet.
+  for (uint32_t e = 0; e < tracks_.size(); ++e) {
+    if (flags_scratch_[e] & 1) continue;
+    Track& t = tracks_[e];
+    ++t.missed;
+    if (t.missed >= options_.stale_after_windows && t.current.worker_class() != WORKER_CLASS_UNKNOWN) {
+      Classification next;
+      next.set_worker_class(WORKER_CLASS_UNKNOWN);
+      next.set_evidence(absl::StrFormat("no estimate for %u windows", t.missed));
+      changes->push_back({e, t.current, next, 0});
+      t.current = std::move(next);
+    }
+  }
+}
+
+void StragglerClassifier::Decide(Track& t, double r, bool straggling, bool leading,
+                                 const std::vector<Contention>& contention, bool node_level,
+                                 Classification* out) const {
+  const uint32_t w = options_.persistent_w;
+  if (!straggling && !leading) {
+    out->set_worker_class(WORKER_CLASS_NORMAL);
+    const double to_line = std::min(std::abs(std::log(r / thresholds_.straggler)),
+                                    std::isfinite(thresholds_.leader)
+                                        ? std::abs(std::log(r / thresholds_.leader))
+                                        : std::numeric_limits<double>::infinity());
+    out->set_confidence(0.5 + 0.5 * Clamp01(to_line / std::log(1.15)));
+    out->set_evidence(absl::StrFormat("r=%.3f within [%.2f, %.2f]", r, thresholds_.straggler,
+                                      thresholds_.leader));
+    return;
+  }
+  const uint64_t bits = (straggling ? t.straggler_bits : t.leader_bits) & window_mask_;
+  const uint32_t flagged = static_cast<uint32_t>(std::popcount(bits));
+  const bool persistent = flagged >= options_.persistent_k;
+  const double line = straggling ? thresholds_.straggler : thresholds_.leader;
+  out->set_worker_class(straggling ? WORKER_CLASS_STRAGGLER : WORKER_CLASS_LEADER);
+  out->set_persistence(persistent ? PERSISTENCE_PERSISTENT : PERSISTENCE_TRANSIENT);
+  const double margin = Clamp01(std::abs(std::log(r / line)) / std::log(1.5));
+  out->set_confidence(0.4 + 0.3 * margin + 0.3 * Clamp01(static_cast<double>(flagged) / w));
+  std::string evidence = absl::StrFormat("r=%.3f %s %.2f in %u/%u windows", r,
+                                         straggling ? "<" : ">", line, flagged, w);
+  if (kind_ == ENTITY_SERVER) {
+    out->set_scope(SCOPE_SERVER);
+    absl::StrAppend(&evidence, "; latency above ", options_.hot_server_ratio, "x the median server");
+    out->set_evidence(std::move(evidence));
+    return;
+  }
+  if (!straggling) {
+    out->set_scope(SCOPE_WORKER);
+    out->set_evidence(std::move(evidence));
+    return;
+  }
+  out->set_scope(node_level ? SCOPE_NODE : SCOPE_WORKER);
+  if (node_level) {
+    absl::StrAppend(&evidence, absl::StrFormat("; node-level: %u/%u workers of its node slow",
+                                               node_stragglers_[t.node], node_observed_[t.node]));
+  }
+  const Contention* c =
+      t.node != kNoNode && t.node < contention.size() ? &contention[t.node] : nullptr;
+  if (c != nullptr && c->contended()) {
+    out->set_cause(CAUSE_CONTENTION);
+    absl::StrAppend(&evidence, absl::StrFormat("; contention score %.2f: ", c->score), c->evidence);
+  } else if (persistent) {
+    // r over the flagged windows among the last W.
+    std::vector<double> rs;
+    for (uint32_t i = 0; i < static_cast<uint32_t>(std::min<uint64_t>(w, std::min<uint64_t>(t.observed, 64))); ++i) {
+      if (bits & (uint64_t{1} << i)) rs.push_back(t.recent_r[(t.observed - 1 - i) % 64]);
+    }
+    const double cv = CoefficientOfVariation(rs);
+    if (cv <= options_.deterministic_max_cv) {
+      out->set_cause(CAUSE_DETERMINISTIC);
+      absl::StrAppend(&evidence, absl::StrFormat("; stable (cv %.3f <= %.3f), no node contention "
+                                                 "signal: likely hardware",
+                                                 cv, options_.deterministic_max_cv));
+    } else {
+      absl::StrAppend(&evidence, absl::StrFormat("; unstable (cv %.3f), no node contention signal", cv));
+    }
+  }
+  out->set_evidence(std::move(evidence));
+}
+
+size_t StragglerClassifier::MemoryBytes() const {
+  size_t bytes = tracks_.capacity() * sizeof(Track);
+  for (const Track& t : tracks_) bytes += t.current.evidence().capacity();
+  return bytes + (node_observed_.capacity() + node_stragglers_.capacity()) * sizeof(uint32_t);
+}
+
+}  // namespace pacer

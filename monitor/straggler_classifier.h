@@ -1,0 +1,103 @@
+// StragglerClassifier: turns each closed window's relative speeds into a classification per
+// entity (worker or PS server), following AntDT (DESIGN.md §3):
+//
+//   class        straggler when r < straggler_threshold, leader when r > leader_threshold,
+//                else normal; a flagged entity clears only once r is `hysteresis` past the
+//                threshold, so a worker sitting on the line does not flap.
+//   persistence  persistent when flagged (same class) in >= K of its last W observed windows,
+//                else transient.
+//   cause        (stragglers) contention when its node's signals are over threshold
+//                (NodeSignals); deterministic when persistent, no contention, and its r over
+//                the flagged windows varies by at most deterministic_max_cv (a stable,
+//                hardware-like slowdown); otherwise unknown.
+//   scope        node-level when >= node_level_fraction of the node's observed workers (at
+//                least node_level_min_workers) straggle this window; server for PS servers;
+//                else worker.
+//
+// Only observed windows move the K-of-W history (a worker whose steps are longer than a window
+// is not "recovered" by a window without reports). An entity not observed for
+// stale_after_windows windows becomes UNKNOWN. Confidence combines the margin past the
+// threshold and the share of flagged windows. Every change of (class, persistence, cause,
+// scope) is returned as a Change; confidence and evidence alone changing is not a change.
+//
+// Entities are dense indices handed out by AddEntity(). Pure (no clock); thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "monitor/monitor_options.h"
+#include "monitor/node_signals.h"
+#include "proto/pacer/monitor.pb.h"
+
+namespace pacer {
+
+class StragglerClassifier {
+ public:
+  static constexpr uint32_t kNoNode = std::numeric_limits<uint32_t>::max();
+
+  struct Thresholds {
+    double straggler;
+    double leader;  // +infinity: no leaders (servers)
+    double hysteresis;
+  };
+  static Thresholds WorkerThresholds(const MonitorOptions& options);
+  static Thresholds ServerThresholds(const MonitorOptions& options);
+
+  StragglerClassifier(const MonitorOptions& options, EntityKind kind);
+
+  uint32_t AddEntity(uint32_t node = kNoNode);
+  void SetNode(uint32_t entity, uint32_t node) { tracks_[entity].node = node; }
+  size_t num_entities() const { return tracks_.size(); }
+
+  // One entity's measurement in the closed window.
+  struct Observation {
+    uint32_t entity;
+    double relative;  // r (servers: median latency / latency)
+  };
+  struct Change {
+    uint32_t entity;
+    Classification previous;
+    Classification current;
+    double relative;
+  };
+
+  // Classifies one closed window. `observed` lists the entities with an estimate;
+  // `contention[n]` is node n's assessment (may be shorter than the node count: no signal).
+  // Appends every change to `changes`.
+  void Classify(const std::vector<Observation>& observed, const std::vector<Contention>& contention,
+                std::vector<Change>* changes);
+
+  const Classification& Get(uint32_t entity) const { return tracks_[entity].current; }
+  uint32_t WindowsFlagged(uint32_t entity) const;
+  // Straggler count / observed workers per node in the last classified window.
+  uint32_t NodeStragglers(uint32_t node) const;
+
+  size_t MemoryBytes() const;
+
+ private:
+  struct Track {
+    uint32_t node = kNoNode;
+    uint64_t straggler_bits = 0;  // bit 0: latest observed window
+    uint64_t leader_bits = 0;
+    uint64_t observed = 0;        // observed windows so far
+    uint32_t missed = 0;          // consecutive windows without an observation
+    float recent_r[64] = {};      // r of the last observed windows, ring by `observed`
+    Classification current;
+  };
+
+  void Decide(Track& t, double r, bool straggling, bool leading, const std::vector<Contention>& contention,
+              bool node_level, Classification* out) const;
+
+  const MonitorOptions options_;
+  const EntityKind kind_;
+  const Thresholds thresholds_;
+  const uint64_t window_mask_;
+  std::vector<Track> tracks_;
+  std::vector<uint32_t> node_observed_, node_stragglers_;
+  std::vector<uint8_t> flags_scratch_;
+};
+
+}  // namespace pacer
