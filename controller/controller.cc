@@ -1,0 +1,198 @@
+#include "controller/controller.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "controller/batch_planner.h"
+#include "controller/safety_gate.h"
+
+namespace pacer {
+namespace {
+
+bool Reversible(ActionKind kind) {
+  return kind == ActionKind::kAdjustBatch || kind == ActionKind::kReallocate ||
+         kind == ActionKind::kExcludeWorkers;
+}
+
+// Speed shares v_i / Σv of the live workers now: the hysteresis basis of a restored plan, so
+// that the policy does not re-propose the plan just rolled back on the same speeds.
+std::map<std::string, double> SpeedShares(const ClusterView& view) {
+  std::map<std::string, double> shares;
+  double sum = 0;
+  for (const auto& w : view.workers)
+    if (w.alive && !w.restarting && w.speed > 0) sum += w.speed;
+  for (const auto& w : view.workers)
+    if (w.alive && !w.restarting && w.speed > 0) shares[w.id] = w.speed / sum;
+  return shares;
+}
+
+}  // namespace
+
+std::string SummarizeView(const ClusterView& view) {
+  std::string s = absl::StrFormat("%s job, live %d/%zu, B=%d, step %d, throughput %.1f/s",
+                                  JobModeName(view.job.mode), view.LiveWorkers(),
+                                  view.workers.size(), view.job.global_batch,
+                                  view.job.current_step, view.job.throughput);
+  int shown = 0;
+  for (const auto& w : view.workers) {
+    if (!w.straggler && !w.leader) continue;
+    if (shown++ == 8) {
+      absl::StrAppend(&s, " …");
+      break;
+    }
+    absl::StrAppendFormat(&s, "; %s@%s r=%.2f %s %s %s %s conf=%.2f", w.id, w.node,
+                          w.relative_speed, w.straggler ? "straggler" : "leader",
+                          w.persistent ? "persistent" : "transient",
+                          w.contention ? "contention" : "deterministic", SlowLevelName(w.level),
+                          w.confidence);
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const PolicyConfig& config) {
+  if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
+  absl::StatusOr<DecideFn> decide = FindPolicy(config.policy);
+  if (!decide.ok()) return decide.status();
+  return std::unique_ptr<Controller>(new Controller(config, *decide));
+}
+
+absl::Status Controller::ApplyPolicy(const PolicyConfig& config, int64_t now_ms) {
+  if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
+  absl::StatusOr<DecideFn> decide = FindPolicy(config.policy);
+  if (!decide.ok()) return decide.status();
+  AuditRecord r;
+  r.time_ms = now_ms;
+  r.policy = config.name;
+  r.outcome = AuditRecord::Outcome::kPolicy;
+  r.action.reason = absl::StrFormat("policy '%s' (%s) replaces '%s' (%s)%s", config.name,
+                                    config.policy, config_.name, config_.policy,
+                                    config.dry_run ? ", dry run" : "");
+  config_ = config;
+  decide_ = *decide;
+  history_.Record(std::move(r), config_.audit.max_records);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
+  if (absl::Status s = ValidateClusterView(view); !s.ok()) return s;
+  ReconcileResult result;
+  const std::string inputs = SummarizeView(view);
+  MeasureAndRollBack(view, inputs, result);
+
+  std::vector<Action> proposals = decide_(view, history_, config_);
+  std::vector<Action> admitted;
+  for (Action& action : proposals) {
+    const SafetyVerdict verdict = ReviewAction(action, view, history_, config_.safety, admitted);
+    if (verdict.admitted && !config_.dry_run) {
+      admitted.push_back(action);
+      Execute(std::move(action), view, inputs, result);
+      continue;
+    }
+    AuditRecord r;
+    r.time_ms = view.now_ms;
+    r.policy = config_.name;
+    r.outcome = verdict.admitted ? AuditRecord::Outcome::kDryRun : AuditRecord::Outcome::kVetoed;
+    r.veto_reason = verdict.reason;
+    r.inputs = inputs;
+    r.baseline_throughput = view.job.throughput;
+    r.action = std::move(action);
+    result.audit_ids.push_back(history_.Record(std::move(r), config_.audit.max_records));
+  }
+  return result;
+}
+
+void Controller::Execute(Action action, const ClusterView& view, const std::string& inputs,
+                         ReconcileResult& result) {
+  AuditRecord r;
+  r.time_ms = view.now_ms;
+  r.policy = config_.name;
+  r.outcome = AuditRecord::Outcome::kExecuted;
+  r.inputs = inputs;
+  r.baseline_throughput = view.job.throughput;
+  switch (action.kind) {
+    case ActionKind::kAdjustBatch:
+      r.previous_plan = history_.plan() ? *history_.plan()
+                                        : BatchPlanner::InForce(view, config_.adjust_batch);
+      history_.SetPlan(*action.plan);
+      break;
+    case ActionKind::kReallocate:
+      r.previous_allocations = history_.allocations();
+      r.previous_tail_backups = history_.tail_backups();
+      history_.SetAllocations(action.allocations);
+      if (action.tail_backups) history_.SetTailBackups(*action.tail_backups);
+      break;
+    case ActionKind::kExcludeWorkers:
+      r.previous_excluded = history_.excluded_workers();
+      history_.SetExcluded(action.excluded_workers);
+      break;
+    case ActionKind::kRestart:
+    case ActionKind::kMigrate:
+      if (!action.node.empty()) history_.AddNodeIncident(action.node, view.now_ms);
+      break;
+    case ActionKind::kRestartServer:
+    case ActionKind::kRelieveServer:
+      break;
+  }
+  r.action = std::move(action);
+  const uint64_t id = history_.Record(std::move(r), config_.audit.max_records);
+  result.audit_ids.push_back(id);
+  result.dispatch.push_back(history_.FindRecord(id)->action);
+}
+
+void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& inputs,
+                                    ReconcileResult& result) {
+  const RollbackConfig& rb = config_.safety.rollback;
+  const int64_t after_ms = static_cast<int64_t>(rb.evaluate_after_s * 1000);
+  std::vector<uint64_t> due;
+  for (const auto& r : history_.audit()) {
+    if (r.outcome == AuditRecord::Outcome::kExecuted && !r.measured_gain &&
+        view.now_ms - r.time_ms >= after_ms && r.baseline_throughput > 0 &&
+        view.job.throughput > 0)
+      due.push_back(r.id);
+  }
+  for (uint64_t id : due) {
+    const double gain = view.job.throughput / history_.FindRecord(id)->baseline_throughput - 1;
+    history_.SetMeasuredGain(id, gain, view.now_ms);
+    const AuditRecord rec = *history_.FindRecord(id);  // copy: Execute() may drop old records
+    if (!rb.enabled || !Reversible(rec.action.kind) || rec.action.rollback_of != 0 ||
+        rec.action.mandatory || rec.action.predicted_gain <= 0 ||
+        gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
+      continue;
+    Action undo;
+    undo.kind = rec.action.kind;
+    undo.target = rec.action.target;
+    undo.rollback_of = rec.id;
+    undo.reason = absl::StrFormat(
+        "rollback of #%d: measured gain %.3f < %.2f × predicted %.3f", rec.id, gain,
+        rb.min_fraction_of_predicted, rec.action.predicted_gain);
+    if (rec.action.kind == ActionKind::kAdjustBatch) {
+      // Only when the plan to restore still fits the job (same workers, same B) and the plan
+      // being undone is still the one in force.
+      if (!rec.previous_plan || !rec.action.plan || !history_.plan() ||
+          history_.plan()->version != rec.action.plan->version)
+        continue;
+      BatchPlan restore = *rec.previous_plan;
+      bool fits = restore.global_batch == view.job.global_batch;
+      for (const auto& wb : restore.workers) {
+        const WorkerView* w = view.FindWorker(wb.worker_id);
+        fits = fits && w && w->alive && !w->restarting;
+      }
+      if (!fits || static_cast<int>(restore.workers.size()) != view.LiveWorkers()) continue;
+      restore.version = history_.plan()->version + 1;
+      restore.effective_step = BatchPlanner::EffectiveStep(view, config_.adjust_batch,
+                                                           restore.predicted_step_s);
+      restore.basis_share = SpeedShares(view);
+      undo.plan = std::move(restore);
+    } else if (rec.action.kind == ActionKind::kReallocate) {
+      undo.allocations = rec.previous_allocations;
+      undo.tail_backups = rec.previous_tail_backups;
+    } else {
+      undo.excluded_workers = rec.previous_excluded;
+    }
+    history_.MarkRolledBack(rec.id);
+    Execute(std::move(undo), view, inputs, result);
+  }
+}
+
+}  // namespace pacer

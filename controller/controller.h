@@ -1,0 +1,76 @@
+// Controller: runs the operator's policy on a ClusterView, passes every proposal through the
+// safety layer, audits every decision and returns the actions to dispatch.
+//
+// One Reconcile(view), in order:
+//  1. validate the view;
+//  2. measure: for each executed action older than rollback.evaluate_after_s without a
+//     measurement, measured gain = job throughput now / throughput when it acted − 1; when a
+//     reversible action (ADJUST_BS, REALLOCATE, EXCLUDE_WORKERS) fell short of
+//     min_fraction_of_predicted × its predicted gain, issue its rollback (restores the plan /
+//     allocation / exclusion in force before it);
+//  3. run the policy (a pure function, policies/policy.h) on (view, history, config);
+//  4. review each proposal with the SafetyGate (safety_gate.h);
+//  5. audit every proposal — executed, dry-run or vetoed (identical repeats fold into one
+//     record) — and, for executed ones, update the history (plan / allocation in force, node
+//     incidents for bad-node memory);
+//  6. return the executed actions, with their audit ids, for the caller to dispatch.
+// In dry_run nothing but the audit log changes: no plan, allocation, cooldown or incident.
+//
+// The caller owns dispatch: ADJUST_BS plans go to workers in heartbeat replies (switch at
+// plan.effective_step), REALLOCATE to the sharding service's allocation, RESTART / MIGRATE /
+// server actions to node agents. The caller also owns time: view.now_ms is the clock.
+//
+// Owns its PolicyConfig and History. Thread-compatible: pacerd calls it from one reconcile
+// thread (or under its mutex); it does no I/O and never blocks.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/action.h"
+#include "controller/cluster_view.h"
+#include "controller/history.h"
+#include "controller/policies/policy.h"
+#include "controller/policy_config.h"
+
+namespace pacer {
+
+struct ReconcileResult {
+  std::vector<Action> dispatch;  // executed actions (rollbacks first), Action::id set
+  std::vector<uint64_t> audit_ids;  // records written or folded into by this reconcile
+};
+
+class Controller {
+ public:
+  // INVALID_ARGUMENT when `config` fails ValidatePolicyConfig, NOT_FOUND for an unknown policy.
+  static absl::StatusOr<std::unique_ptr<Controller>> Create(const PolicyConfig& config);
+
+  // INVALID_ARGUMENT when the view is malformed (nothing changes then).
+  absl::StatusOr<ReconcileResult> Reconcile(const ClusterView& view);
+
+  // Hot reload: validates `config` first; on error the running policy stays in force.
+  // Audited as a kPolicy record at `now_ms`.
+  absl::Status ApplyPolicy(const PolicyConfig& config, int64_t now_ms);
+
+  const PolicyConfig& policy() const { return config_; }
+  const History& history() const { return history_; }
+
+ private:
+  Controller(const PolicyConfig& config, DecideFn decide) : config_(config), decide_(decide) {}
+
+  void MeasureAndRollBack(const ClusterView& view, const std::string& inputs,
+                          ReconcileResult& result);
+  void Execute(Action action, const ClusterView& view, const std::string& inputs,
+               ReconcileResult& result);
+
+  PolicyConfig config_;
+  DecideFn decide_;
+  History history_;
+};
+
+// One line summarising what a decision saw (live workers, B, throughput, flagged workers).
+std::string SummarizeView(const ClusterView& view);
+
+}  // namespace pacer

@@ -1,0 +1,113 @@
+#include "controller/history.h"
+
+namespace pacer {
+
+const char* AuditOutcomeName(AuditRecord::Outcome outcome) {
+  switch (outcome) {
+    case AuditRecord::Outcome::kExecuted: return "executed";
+    case AuditRecord::Outcome::kDryRun: return "dry-run";
+    case AuditRecord::Outcome::kVetoed: return "vetoed";
+    case AuditRecord::Outcome::kPolicy: return "policy";
+  }
+  return "?";
+}
+
+const AuditRecord* History::FindRecord(uint64_t id) const {
+  for (const auto& r : audit_)
+    if (r.id == id) return &r;
+  return nullptr;
+}
+
+AuditRecord* History::MutableRecord(uint64_t id) {
+  for (auto& r : audit_)
+    if (r.id == id) return &r;
+  return nullptr;
+}
+
+const AuditRecord* History::LastExecuted(ActionKind kind, const std::string& target) const {
+  for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
+    if (it->outcome == AuditRecord::Outcome::kExecuted && it->action.kind == kind &&
+        it->action.target == target)
+      return &*it;
+  }
+  return nullptr;
+}
+
+int64_t History::ExecutedSince(int64_t since_ms, bool disruptive_only) const {
+  int64_t n = 0;
+  for (auto it = audit_.rbegin(); it != audit_.rend() && it->time_ms > since_ms; ++it) {
+    if (it->outcome != AuditRecord::Outcome::kExecuted) continue;
+    if (disruptive_only && !IsDisruptive(it->action.kind)) continue;
+    ++n;
+  }
+  return n;
+}
+
+std::optional<int64_t> History::LastRollbackOf(ActionKind kind) const {
+  for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
+    if (it->outcome == AuditRecord::Outcome::kExecuted && it->action.kind == kind &&
+        it->action.rollback_of != 0)
+      return it->time_ms;
+  }
+  return std::nullopt;
+}
+
+bool History::IsBadNode(const std::string& node, int64_t now_ms, const RestartConfig& cfg) const {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return false;
+  return it->second.incidents >= cfg.bad_node_threshold &&
+         static_cast<double>(now_ms - it->second.last_ms) <= cfg.bad_node_ttl_s * 1000;
+}
+
+std::vector<std::string> History::BadNodes(int64_t now_ms, const RestartConfig& cfg) const {
+  std::vector<std::string> bad;
+  for (const auto& [node, rec] : nodes_)
+    if (IsBadNode(node, now_ms, cfg)) bad.push_back(node);
+  return bad;
+}
+
+int64_t History::NodeIncidents(const std::string& node) const {
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? 0 : it->second.incidents;
+}
+
+uint64_t History::Record(AuditRecord record, int64_t max_records) {
+  if (record.outcome == AuditRecord::Outcome::kVetoed ||
+      record.outcome == AuditRecord::Outcome::kDryRun) {
+    for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
+      if (it->action.kind != record.action.kind || it->action.target != record.action.target)
+        continue;
+      if (it->outcome == record.outcome && it->veto_reason == record.veto_reason) {
+        it->last_seen_ms = record.time_ms;
+        ++it->repeats;
+        return it->id;
+      }
+      break;  // only the newest record of this kind and target may absorb it
+    }
+  }
+  record.id = next_id_++;
+  record.action.id = record.id;
+  record.last_seen_ms = record.time_ms;
+  audit_.push_back(std::move(record));
+  while (static_cast<int64_t>(audit_.size()) > max_records) audit_.pop_front();
+  return audit_.back().id;
+}
+
+void History::SetMeasuredGain(uint64_t id, double gain, int64_t now_ms) {
+  if (AuditRecord* r = MutableRecord(id)) {
+    r->measured_gain = gain;
+    r->measured_at_ms = now_ms;
+  }
+}
+
+void History::MarkRolledBack(uint64_t id) {
+  if (AuditRecord* r = MutableRecord(id)) r->rolled_back = true;
+}
+
+void History::AddNodeIncident(const std::string& node, int64_t now_ms) {
+  NodeRecord& rec = nodes_[node];
+  ++rec.incidents;
+  rec.last_ms = now_ms;
+}
+
+}  // namespace pacer

@@ -1,0 +1,106 @@
+// History: what the controller remembers between reconciles — the audit log, the plan and
+// allocation in force, and the nodes that keep producing stragglers.
+//
+// Policies read it (const); only the Controller changes it, and only through the methods
+// below, each deterministic in its arguments (time comes from the caller), so the sequence of
+// calls can be journaled and replayed (the journal encoding is left to pacerd's integration).
+//
+// Invariants: audit ids are unique and increasing; at most `max_records` records are kept
+// (the oldest are dropped, never the ones awaiting measurement while room remains).
+// Thread-compatible: the Controller's owner serialises access.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "controller/action.h"
+#include "controller/batch_plan.h"
+#include "controller/policy_config.h"
+
+namespace pacer {
+
+struct AuditRecord {
+  enum class Outcome {
+    kExecuted,  // admitted and handed out for dispatch
+    kDryRun,    // admitted, but dry_run: logged only
+    kVetoed,    // refused by the safety layer (veto_reason says why)
+    kPolicy,    // a policy change (hot reload), not an action
+  };
+  uint64_t id = 0;
+  int64_t time_ms = 0;
+  int64_t last_seen_ms = 0;  // repeated identical vetoes / dry-runs fold into one record
+  int64_t repeats = 0;
+  std::string policy;  // policy name (file's `name`) that decided
+  Outcome outcome = Outcome::kExecuted;
+  std::string veto_reason;
+  std::string inputs;  // summary of the view the decision was made on
+  Action action;       // kind, target, reason, predicted gain, payload
+  double baseline_throughput = 0;  // job samples/s when the action was taken
+  // Filled in later, `evaluate_after_s` after execution.
+  std::optional<double> measured_gain;
+  int64_t measured_at_ms = 0;
+  bool rolled_back = false;  // a rollback of this action was issued
+  std::optional<BatchPlan> previous_plan;                // ADJUST_BS: what a rollback restores
+  std::vector<WorkerAllocation> previous_allocations;    // REALLOCATE
+  std::optional<bool> previous_tail_backups;
+  std::vector<std::string> previous_excluded;            // EXCLUDE
+};
+
+const char* AuditOutcomeName(AuditRecord::Outcome outcome);
+
+class History {
+ public:
+  // ---- Queries (policies and the safety layer) ----
+  const std::deque<AuditRecord>& audit() const { return audit_; }
+  const AuditRecord* FindRecord(uint64_t id) const;
+  // The newest executed record of this kind and target ("" = job-wide), or nullptr.
+  const AuditRecord* LastExecuted(ActionKind kind, const std::string& target) const;
+  // Executed records with time in (since_ms, ∞); disruptive_only counts RESTART/MIGRATE/server.
+  int64_t ExecutedSince(int64_t since_ms, bool disruptive_only) const;
+  // Time of the newest rollback issued against an action of this kind, or nullopt.
+  std::optional<int64_t> LastRollbackOf(ActionKind kind) const;
+
+  const std::optional<BatchPlan>& plan() const { return plan_; }
+  const std::vector<WorkerAllocation>& allocations() const { return allocations_; }
+  bool tail_backups() const { return tail_backups_; }
+  const std::vector<std::string>& excluded_workers() const { return excluded_; }
+
+  // A node with ≥ bad_node_threshold incidents, the last within bad_node_ttl_s.
+  bool IsBadNode(const std::string& node, int64_t now_ms, const RestartConfig& cfg) const;
+  std::vector<std::string> BadNodes(int64_t now_ms, const RestartConfig& cfg) const;
+  int64_t NodeIncidents(const std::string& node) const;
+
+  // ---- Changes (the Controller only) ----
+  // Appends a record (assigning its id) or, when it repeats the newest record of the same kind
+  // and target with the same outcome and veto reason (not kExecuted), folds into it. Returns
+  // the id of the record written or folded into.
+  uint64_t Record(AuditRecord record, int64_t max_records);
+  void SetMeasuredGain(uint64_t id, double gain, int64_t now_ms);
+  void MarkRolledBack(uint64_t id);
+  void SetPlan(const BatchPlan& plan) { plan_ = plan; }
+  void SetAllocations(std::vector<WorkerAllocation> a) { allocations_ = std::move(a); }
+  void SetTailBackups(bool on) { tail_backups_ = on; }
+  void SetExcluded(std::vector<std::string> workers) { excluded_ = std::move(workers); }
+  void AddNodeIncident(const std::string& node, int64_t now_ms);
+
+ private:
+  struct NodeRecord {
+    int64_t incidents = 0;
+    int64_t last_ms = 0;
+  };
+  AuditRecord* MutableRecord(uint64_t id);
+
+  std::deque<AuditRecord> audit_;
+  uint64_t next_id_ = 1;
+  std::optional<BatchPlan> plan_;
+  std::vector<WorkerAllocation> allocations_;
+  bool tail_backups_ = false;
+  std::vector<std::string> excluded_;
+  std::map<std::string, NodeRecord> nodes_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,163 @@
+#include "controller/policies/action_rules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "controller/batch_planner.h"
+#include "controller/relaunch_cost_model.h"
+
+namespace pacer {
+
+bool BatchesBalanced(const ClusterView& view, const History& history) {
+  if (!history.plan()) return false;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting) continue;
+    if (!history.plan()->Find(w.id)) return false;
+  }
+  return true;
+}
+
+std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
+                                       const AdjustBatchConfig& cfg) {
+  if (view.job.mode != JobMode::kSync) return std::nullopt;
+  const BatchPlan* current = history.plan() ? &*history.plan() : nullptr;
+  absl::StatusOr<std::optional<BatchProposal>> proposal =
+      BatchPlanner::Propose(view, current, cfg);
+  if (!proposal.ok() || !proposal->has_value()) return std::nullopt;
+  BatchProposal& p = **proposal;
+  Action a;
+  a.kind = ActionKind::kAdjustBatch;
+  a.reason = p.reason;
+  a.predicted_gain = p.predicted_gain;
+  a.mandatory = p.membership_changed;
+  a.plan = std::move(p.plan);
+  return a;
+}
+
+std::optional<Action> ProposeReallocation(const ClusterView& view, const History& history,
+                                          const ReallocateConfig& cfg) {
+  if (view.job.mode != JobMode::kAsync) return std::nullopt;
+  std::vector<const WorkerView*> live;
+  double sum = 0;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting || !(w.speed > 0)) continue;
+    live.push_back(&w);
+    sum += w.speed;
+  }
+  if (live.empty()) return std::nullopt;
+  std::sort(live.begin(), live.end(),
+            [](const WorkerView* a, const WorkerView* b) { return a->id < b->id; });
+  const double mean = sum / static_cast<double>(live.size());
+  std::map<std::string, double> in_force;
+  for (const auto& a : history.allocations()) in_force[a.worker_id] = a.weight;
+
+  Action a;
+  a.kind = ActionKind::kReallocate;
+  double drift = 0;
+  bool any_straggler = false;
+  std::string who;
+  for (const WorkerView* w : live) {
+    WorkerAllocation alloc;
+    alloc.worker_id = w->id;
+    alloc.weight = w->speed / mean;
+    alloc.shard_scale = std::min(1.0, w->relative_speed > 0 ? w->relative_speed : 1.0);
+    auto it = in_force.find(w->id);
+    const double before = it == in_force.end() ? 1.0 : it->second;
+    const double d = std::fabs(alloc.weight / before - 1);
+    if (d > drift) {
+      drift = d;
+      who = absl::StrFormat("%s weight %.2f→%.2f", w->id, before, alloc.weight);
+    }
+    any_straggler = any_straggler || w->straggler;
+    a.allocations.push_back(alloc);
+  }
+  const bool want_tail = cfg.tail_backups && any_straggler &&
+                         view.job.epoch_progress >= cfg.tail_backup_progress;
+  const bool reweigh = drift > cfg.hysteresis;
+  if (!reweigh && want_tail == history.tail_backups()) return std::nullopt;
+  if (want_tail != history.tail_backups()) a.tail_backups = want_tail;
+  if (!reweigh) a.allocations = history.allocations();  // keep weights, toggle backups only
+  // Pull-based fetching already balances an async job; reweighting mostly trims the tail, so
+  // the predicted gain is the share of throughput the slowest worker's tail wastes.
+  double min_rel = 1;
+  for (const WorkerView* w : live) min_rel = std::min(min_rel, w->speed / mean);
+  a.predicted_gain = reweigh ? std::max(0.0, (1 - min_rel) / static_cast<double>(live.size())) : 0;
+  a.mandatory = !reweigh;  // toggling tail backups has no throughput prediction of its own
+  a.reason = reweigh ? absl::StrFormat("weights drifted %.0f%% (%s)", 100 * drift, who)
+                     : absl::StrFormat("tail backups %s at epoch progress %.2f",
+                                       want_tail ? "on" : "off", view.job.epoch_progress);
+  if (reweigh && a.tail_backups) a.reason += want_tail ? "; tail backups on" : "; tail backups off";
+  return a;
+}
+
+std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& history,
+                                      const PolicyConfig& cfg) {
+  std::vector<Action> out;
+  if (!cfg.restart.enabled) return out;
+  const bool balanced = view.job.mode == JobMode::kAsync || BatchesBalanced(view, history);
+  std::vector<const WorkerView*> candidates;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting || !w.straggler || !w.persistent) continue;
+    if (w.confidence < cfg.detection.min_confidence) continue;
+    if (w.level == SlowLevel::kServer) continue;  // the server is the cause, not the worker
+    candidates.push_back(&w);
+  }
+  // Slowest first, so the limits of the safety layer go to the biggest wins.
+  std::sort(candidates.begin(), candidates.end(), [](const WorkerView* a, const WorkerView* b) {
+    return a->relative_speed != b->relative_speed ? a->relative_speed < b->relative_speed
+                                                  : a->id < b->id;
+  });
+  for (const WorkerView* w : candidates) {
+    const bool bad_node = history.IsBadNode(w->node, view.now_ms, cfg.restart);
+    std::optional<RelaunchEstimate> best;
+    if (!bad_node) best = EstimateRelaunch(view, *w, ActionKind::kRestart, balanced, cfg.restart);
+    if (cfg.restart.migrate) {
+      RelaunchEstimate m = EstimateRelaunch(view, *w, ActionKind::kMigrate, balanced, cfg.restart);
+      if (!best || (m.pays && (!best->pays || m.saved_s - m.cost_s > best->saved_s - best->cost_s)))
+        best = m;
+    }
+    if (!best || !best->pays) continue;
+    Action a;
+    a.kind = best->kind;
+    a.target = w->id;
+    a.node = w->node;
+    a.predicted_gain = best->predicted_gain;
+    a.cost_s = best->cost_s;
+    a.saved_s = best->saved_s;
+    a.reason = absl::StrFormat("persistent %s straggler (r=%.2f, %s)%s; %s",
+                               SlowLevelName(w->level), w->relative_speed,
+                               w->contention ? "contention" : "deterministic",
+                               bad_node ? ", node remembered as bad" : "", best->reason);
+    if (a.kind == ActionKind::kMigrate) {
+      a.avoid_nodes = history.BadNodes(view.now_ms, cfg.restart);
+      if (std::find(a.avoid_nodes.begin(), a.avoid_nodes.end(), w->node) == a.avoid_nodes.end())
+        a.avoid_nodes.push_back(w->node);
+      std::sort(a.avoid_nodes.begin(), a.avoid_nodes.end());
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::vector<Action> ProposeServerActions(const ClusterView& view, const History& history,
+                                         const PolicyConfig& cfg) {
+  std::vector<Action> out;
+  if (!cfg.server.enabled || view.job.mode != JobMode::kAsync) return out;
+  for (const auto& s : view.servers) {
+    if (!s.persistent || !(s.hot || s.relative_latency >= cfg.server.hot_threshold)) continue;
+    Action a;
+    a.kind = cfg.server.restart ? ActionKind::kRestartServer : ActionKind::kRelieveServer;
+    a.target = s.id;
+    a.node = s.node;
+    // Workers wait on the hot server for the excess latency: relieving it wins that share.
+    a.predicted_gain = std::max(0.0, 1 - 1 / std::max(1.0, s.relative_latency));
+    a.reason = absl::StrFormat("persistent hot server (latency %.1f ms, %.2f× median)",
+                               s.latency_ms, s.relative_latency);
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+}  // namespace pacer

@@ -1,0 +1,38 @@
+// The rules policies are assembled from. Each is a pure function of (view, history, config)
+// returning zero or more proposed actions; see policy.h. Thread-safe.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "controller/action.h"
+#include "controller/cluster_view.h"
+#include "controller/history.h"
+#include "controller/policy_config.h"
+
+namespace pacer {
+
+// ADJUST_BS from the BatchPlanner against the plan in force (history.plan()); nullopt when
+// hysteresis keeps the current plan or no plan is possible.
+std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
+                                       const AdjustBatchConfig& cfg);
+
+// REALLOCATE (async): per-worker weights ∝ speed (mean 1) and shard_scale = min(1, relative
+// speed), when some weight drifted more than the hysteresis from the allocation in force;
+// tail backups turned on near an epoch's end while a straggler is present, off otherwise.
+std::optional<Action> ProposeReallocation(const ClusterView& view, const History& history,
+                                          const ReallocateConfig& cfg);
+
+// RESTART / MIGRATE of persistent, confident stragglers that the cost model says pay.
+// Workers on a remembered bad node are migrated, never restarted in place.
+std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& history,
+                                      const PolicyConfig& cfg);
+
+// Restart (or relieve, when restart is off) persistent hot parameter servers.
+std::vector<Action> ProposeServerActions(const ClusterView& view, const History& history,
+                                         const PolicyConfig& cfg);
+
+// Whether speed-proportional batches are in force (a plan exists and covers every live worker).
+bool BatchesBalanced(const ClusterView& view, const History& history);
+
+}  // namespace pacer

@@ -1,0 +1,24 @@
+// AntDT-ND: shared (non-dedicated) clusters, where stragglers come mostly from contention.
+// Sync jobs get speed-proportional batches; async PS jobs get speed-weighted data allocation
+// (and tail backups near an epoch's end); persistent stragglers are killed and relaunched when
+// the cost model says the relaunch pays; persistent hot servers are restarted or relieved.
+#include "controller/policies/action_rules.h"
+#include "controller/policies/policy.h"
+
+namespace pacer {
+
+std::vector<Action> DecideNonDedicated(const ClusterView& view, const History& history,
+                                       const PolicyConfig& cfg) {
+  std::vector<Action> out;
+  if (view.job.mode == JobMode::kSync && cfg.adjust_batch.enabled) {
+    if (auto a = ProposeBatchPlan(view, history, cfg.adjust_batch)) out.push_back(std::move(*a));
+  }
+  if (view.job.mode == JobMode::kAsync && cfg.reallocate.enabled) {
+    if (auto a = ProposeReallocation(view, history, cfg.reallocate)) out.push_back(std::move(*a));
+  }
+  for (auto& a : ProposeRelaunches(view, history, cfg)) out.push_back(std::move(a));
+  for (auto& a : ProposeServerActions(view, history, cfg)) out.push_back(std::move(a));
+  return out;
+}
+
+}  // namespace pacer

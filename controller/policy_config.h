@@ -1,0 +1,115 @@
+// PolicyConfig: an operator's policy file, parsed (see policy_loader.h and
+// policies/policy.schema.json for the YAML form; field names match the YAML keys).
+//
+// Defaults here are the defaults of a file that omits a field. A PolicyConfig returned by
+// LoadPolicy* has passed every range and cross-field check; one built in code should be passed
+// through ValidatePolicyConfig() before use. Plain value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace pacer {
+
+struct DetectionConfig {
+  double straggler_threshold = 0.8;  // relative speed below → straggler
+  double leader_threshold = 1.2;     // relative speed above → leader
+  double window_s = 10;              // monitor window
+  int64_t persistent_windows = 3;    // K: flagged in K of the last W windows → persistent
+  int64_t history_windows = 5;       // W
+  double min_confidence = 0.5;       // ignore classifications less sure than this
+};
+
+struct AdjustBatchConfig {
+  bool enabled = true;
+  bool accumulation = false;    // allow m_i × k_i when a memory cap is below a worker's share
+  double hysteresis = 0.15;     // replan only when some worker's speed share drifted this much
+  int64_t min_local_batch = 1;  // no live worker gets fewer samples per step
+  int64_t lead_heartbeats = 3;  // effective step ≥ this many heartbeat intervals ahead
+  int64_t min_steps_ahead = 2;  // and at least this many steps ahead
+  bool use_last_window = false;  // plan from last_window_speed instead of the prediction (LB-BSP)
+};
+
+struct ReallocateConfig {
+  bool enabled = true;
+  bool tail_backups = true;           // turn tail backups on near the end of an epoch
+  double tail_backup_progress = 0.9;  // "near the end" = this fraction of the epoch consumed
+  double hysteresis = 0.15;           // reweight only when a weight drifted this much
+};
+
+struct RestartConfig {
+  bool enabled = true;
+  bool migrate = true;                  // may relaunch on another node
+  double margin = 0.2;                  // time saved must exceed cost × (1 + margin)
+  double migrate_cost_factor = 1.5;     // migrate cost = restart cost × this when not measured
+  int64_t bad_node_threshold = 2;       // straggler incidents before a node is avoided
+  double bad_node_ttl_s = 3600;         // a bad node is forgotten after this long
+  bool restart_deterministic = false;   // also relaunch hardware-bound stragglers in place
+};
+
+struct ServerConfig {
+  bool enabled = true;
+  double hot_threshold = 1.5;  // relative latency above which a server is hot
+  bool restart = true;         // restart a hot server (else only relieve: move its keys)
+};
+
+struct BackupWorkersConfig {
+  int64_t count = 1;  // b in N+b: gradients of the slowest b are not waited for
+};
+
+struct TimeoutRelaunchConfig {
+  double factor = 3.0;  // relaunch when a shard takes more than factor × typical
+};
+
+struct RollbackConfig {
+  bool enabled = true;
+  double evaluate_after_s = 30;           // measure the gain this long after acting
+  double min_fraction_of_predicted = 0.5;  // roll back below this share of the predicted gain
+};
+
+struct SafetyConfig {
+  double min_gain = 0.05;              // act only for a predicted gain ≥ this (fraction)
+  double cooldown_s = 60;              // per (action kind, target)
+  double adjust_batch_cooldown_s = 10;  // between two batch plans
+  double window_s = 300;
+  int64_t max_actions_per_window = 6;
+  int64_t max_restarts_per_window = 2;  // RESTART / MIGRATE / server restart
+  int64_t min_live_workers = 1;         // never take the job below this
+  RollbackConfig rollback;
+};
+
+struct AuditConfig {
+  int64_t max_records = 1000;  // oldest records are dropped beyond this
+};
+
+struct PolicyConfig {
+  int64_t version = 1;              // format version; only 1 exists
+  std::string name = "unnamed";     // free text shown in audits
+  std::string policy = "none";      // decision function (see policies/policy_registry.h)
+  bool dry_run = false;             // decide and audit, change nothing
+  DetectionConfig detection;
+  AdjustBatchConfig adjust_batch;
+  ReallocateConfig reallocate;
+  RestartConfig restart;
+  ServerConfig server;
+  BackupWorkersConfig backup_workers;
+  TimeoutRelaunchConfig timeout_relaunch;
+  SafetyConfig safety;
+  AuditConfig audit;
+};
+
+// Checks ranges and cross-field rules (the same checks the loader runs). INVALID_ARGUMENT
+// naming the field on failure.
+absl::Status ValidatePolicyConfig(const PolicyConfig& config);
+
+// The same check, giving the dotted path of the offending field apart (the loader turns it
+// into a file line). `path` is empty when the config is valid.
+struct PolicyConfigError {
+  std::string path;
+  absl::Status status;
+};
+PolicyConfigError FindPolicyConfigError(const PolicyConfig& config);
+
+}  // namespace pacer

@@ -1,0 +1,66 @@
+#include "controller/safety_gate.h"
+
+#include "absl/strings/str_format.h"
+
+namespace pacer {
+namespace {
+
+int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000); }
+
+bool TakesWorkerOffline(ActionKind kind) {
+  return kind == ActionKind::kRestart || kind == ActionKind::kMigrate;
+}
+
+}  // namespace
+
+SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const History& history,
+                           const SafetyConfig& cfg, const std::vector<Action>& admitted_now) {
+  auto veto = [](std::string reason) { return SafetyVerdict{false, std::move(reason)}; };
+  if (action.mandatory || action.rollback_of != 0) return {true, ""};
+  const int64_t now = view.now_ms;
+
+  if (action.predicted_gain < cfg.min_gain)
+    return veto(absl::StrFormat("predicted gain %.3f below min_gain %.3f", action.predicted_gain,
+                                cfg.min_gain));
+
+  if (auto rb = history.LastRollbackOf(action.kind); rb && now - *rb < Ms(cfg.window_s))
+    return veto(absl::StrFormat("a %s was rolled back %.0fs ago (waiting %.0fs)",
+                                ActionKindName(action.kind), (now - *rb) / 1000.0, cfg.window_s));
+
+  const double cooldown_s =
+      action.kind == ActionKind::kAdjustBatch ? cfg.adjust_batch_cooldown_s : cfg.cooldown_s;
+  if (const AuditRecord* last = history.LastExecuted(action.kind, action.target);
+      last && now - last->time_ms < Ms(cooldown_s))
+    return veto(absl::StrFormat("cooldown: last %s on '%s' %.0fs ago (< %.0fs)",
+                                ActionKindName(action.kind), action.target,
+                                (now - last->time_ms) / 1000.0, cooldown_s));
+
+  const int64_t since = now - Ms(cfg.window_s);
+  const int64_t recent = history.ExecutedSince(since, false) + static_cast<int64_t>(admitted_now.size());
+  if (recent >= cfg.max_actions_per_window)
+    return veto(absl::StrFormat("max_actions_per_window: %d actions in the last %.0fs",
+                                recent, cfg.window_s));
+
+  if (IsDisruptive(action.kind)) {
+    int64_t disruptive = history.ExecutedSince(since, true);
+    for (const auto& a : admitted_now) disruptive += IsDisruptive(a.kind) ? 1 : 0;
+    if (disruptive >= cfg.max_restarts_per_window)
+      return veto(absl::StrFormat("max_restarts_per_window: %d relaunches in the last %.0fs",
+                                  disruptive, cfg.window_s));
+  }
+
+  int64_t offline = 0;
+  if (TakesWorkerOffline(action.kind)) offline = 1;
+  if (action.kind == ActionKind::kExcludeWorkers)
+    offline = static_cast<int64_t>(action.excluded_workers.size());
+  if (offline > 0) {
+    int64_t live = view.LiveWorkers();
+    for (const auto& a : admitted_now) live -= TakesWorkerOffline(a.kind) ? 1 : 0;
+    if (live - offline < cfg.min_live_workers)
+      return veto(absl::StrFormat("min_live_workers: %d live, %d would go offline, minimum %d",
+                                  live, offline, cfg.min_live_workers));
+  }
+  return {true, ""};
+}
+
+}  // namespace pacer
