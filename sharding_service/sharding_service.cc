@@ -254,8 +254,20 @@ void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardRes
 
 absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& req,
                                                          ProgressResponse* resp) {
-  RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
-                                    req.fencing_token()));
+  if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                         req.fencing_token());
+      !s.ok()) {
+    // A retry after the lease ended: idempotent success when those records were counted.
+    const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
+    if (ended == nullptr || s.code() != absl::StatusCode::kFailedPrecondition) return s;
+    if (ended->records_done() >= req.records_done()) {
+      if (resp) resp->set_records_done(ended->records_done());
+      return state_.last_seq();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()), ") with ",
+        ended->records_done(), " records done; records past that were not counted"));
+  }
   Touch(req.worker_id());
   const auto* lease = state_.FindLease(req.lease_id());
   const uint64_t len = lease->end - lease->begin;
@@ -297,8 +309,19 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
     absl::MutexLock l(&mu_);
     seq = [&]() -> absl::StatusOr<uint64_t> {
       RETURN_IF_ERROR(Ready());
-      RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
-                                        req.fencing_token()));
+      if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                             req.fencing_token());
+          !s.ok()) {
+        // A retried completion whose first attempt went through is a success.
+        const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
+        if (ended != nullptr && ended->reason() == LEASE_COMPLETED) return state_.last_seq();
+        if (ended != nullptr) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()),
+              ") with ", ended->records_done(), " records done"));
+        }
+        return s;
+      }
       Touch(req.worker_id());
       const auto* lease = state_.FindLease(req.lease_id());
       Update u;
@@ -320,8 +343,15 @@ void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseSh
     absl::MutexLock l(&mu_);
     seq = [&]() -> absl::StatusOr<uint64_t> {
       RETURN_IF_ERROR(Ready());
-      RETURN_IF_ERROR(state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
-                                        req.fencing_token()));
+      if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                             req.fencing_token());
+          !s.ok()) {
+        const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
+        if (ended != nullptr && ended->records_done() >= req.records_done()) {
+          return state_.last_seq();  // a retried release: already ended, those records counted
+        }
+        return s;
+      }
       Touch(req.worker_id());
       const auto* lease = state_.FindLease(req.lease_id());
       if (req.records_done() > lease->end - lease->begin) {
@@ -395,6 +425,7 @@ void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, Checkpoin
     absl::MutexLock l(&mu_);
     seq = [&]() -> absl::StatusOr<uint64_t> {
       RETURN_IF_ERROR(Ready());
+      RETURN_IF_ERROR(ShardingState::ValidateCheckpointTag(req.tag()));
       Update u;
       u.mutable_save_checkpoint()->set_tag(req.tag());
       return Commit(std::move(u));

@@ -672,10 +672,15 @@ Checkpoint ShardingState::CapturePosition(const std::string& tag, int64_t t) con
   return cp;
 }
 
-absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
-  if (!ValidName(u.tag(), kMaxNameLength)) {
+absl::Status ShardingState::ValidateCheckpointTag(const std::string& tag) {
+  if (!ValidName(tag, kMaxNameLength)) {
     return absl::InvalidArgumentError("tag: must be 1..128 characters of [A-Za-z0-9._:/-]");
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
+  if (auto s = ValidateCheckpointTag(u.tag()); !s.ok()) return s;
   checkpoints_[u.tag()] = CapturePosition(u.tag(), t);
   while (checkpoints_.size() > kMaxCheckpoints) {
     auto oldest = checkpoints_.begin();
@@ -790,6 +795,15 @@ const ShardingState::LeaseRec* ShardingState::FindLease(uint64_t id) const {
 const ShardingState::WorkerRec* ShardingState::FindWorker(const std::string& id) const {
   auto it = workers_.find(id);
   return it == workers_.end() ? nullptr : &it->second;
+}
+
+const EndedLease* ShardingState::FindEnded(const std::string& worker, uint64_t lease_id) const {
+  const WorkerRec* w = FindWorker(worker);
+  if (w == nullptr) return nullptr;
+  for (const auto& e : w->recent_ended) {
+    if (e.lease_id() == lease_id) return &e;
+  }
+  return nullptr;
 }
 
 Lease ShardingState::DescribeLease(const LeaseRec& l) const {

@@ -128,6 +128,7 @@ class ShardingState {
   // ---- Validation helpers for the service (pure reads) ----
   // Checks a dataset spec and returns it with defaults filled in.
   static absl::StatusOr<DatasetSpec> NormalizeSpec(const DatasetSpec& spec);
+  static absl::Status ValidateCheckpointTag(const std::string& tag);
   // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
   // the dataset or worker is unknown.
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
@@ -141,6 +142,8 @@ class ShardingState {
   const Dataset* FindDataset(const std::string& name) const;
   const LeaseRec* FindLease(uint64_t id) const;
   const WorkerRec* FindWorker(const std::string& id) const;
+  // A recently ended lease of `worker` (its final done prefix and why it ended), if remembered.
+  const EndedLease* FindEnded(const std::string& worker, uint64_t lease_id) const;
   const std::map<uint64_t, LeaseRec>& leases() const { return leases_; }
   const std::map<std::string, Dataset>& datasets() const { return datasets_; }
   const std::map<std::string, WorkerRec>& workers() const { return workers_; }

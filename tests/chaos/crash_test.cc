@@ -1,0 +1,189 @@
+// Crash test (label chaos): pacerd is kill -9'ed at random moments (at least 20 times) while 4
+// worker processes consume 2 epochs, and workers are kill -9'ed too. Each worker keeps a ledger
+// of what it was given and what the service acknowledged (examples/consumer/ledger.h). At the
+// end every record of every epoch must appear done exactly once, and nothing may be missing.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "common/auth.h"
+#include "examples/consumer/ledger.h"
+#include "tests/testing/test_util.h"
+#include "worker_sdk/sharding_client.h"
+
+namespace pacer {
+namespace {
+
+using testing::BinaryPath;
+using testing::ReadFileOrEmpty;
+using testing::Subprocess;
+using testing::TempDir;
+using testing::WaitFor;
+
+constexpr uint64_t kRecords = 24'000;
+constexpr uint32_t kEpochs = 2;
+constexpr int kWorkers = 4;
+constexpr int kMinPacerdKills = 20;
+
+class PacerdProcess {
+ public:
+  explicit PacerdProcess(const TempDir& dir) : dir_(dir) {}
+
+  // Starts pacerd (on the previous port after the first start) and waits until it serves.
+  void Start() {
+    const std::string port_file = dir_.Sub("port.json");
+    std::filesystem::remove(port_file);
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      proc_ = Subprocess::Start(
+          {BinaryPath("pacerd"), "--data-dir", dir_.Sub("data"), "--listen",
+           "127.0.0.1:" + std::to_string(port_), "--metrics-listen", "", "--port-file", port_file,
+           "--lease-timeout-ms", "2000", "--worker-timeout-ms", "4000", "--snapshot-every", "300"},
+          {}, dir_.Sub("pacerd.log"));
+      if (WaitFor([&] { return std::filesystem::exists(port_file) || !proc_.running(); },
+                  std::chrono::seconds(20))) {
+        if (std::filesystem::exists(port_file)) {
+          const std::string s = ReadFileOrEmpty(port_file);
+          port_ = std::stoi(s.substr(s.find(':') + 1));
+          return;
+        }
+      }
+      proc_.Kill();  // the port was not free yet, or it failed: try again
+    }
+    FAIL() << "pacerd did not start; log:\n" << ReadFileOrEmpty(dir_.Sub("pacerd.log"));
+  }
+  void Kill9() { proc_.Kill(); }
+  int port() const { return port_; }
+  bool running() { return proc_.running(); }
+
+ private:
+  const TempDir& dir_;
+  Subprocess proc_;
+  int port_ = 0;
+};
+
+TEST(CrashTest, KillNinePacerdAndWorkersEveryRecordCountedExactlyOnce) {
+  TempDir dir;
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("PACER_CHAOS_SEED")) seed = std::stoull(s);
+  std::cout << "chaos seed " << seed << " (rerun with PACER_CHAOS_SEED=" << seed << ")" << std::endl;
+  std::mt19937_64 rng(seed);
+
+  PacerdProcess pacerd(dir);
+  pacerd.Start();
+  ASSERT_FALSE(HasFatalFailure());
+
+  auto start_worker = [&](int i) {
+    return Subprocess::Start(
+        {BinaryPath("pacer-consume"), "--addr", "127.0.0.1:" + std::to_string(pacerd.port()),
+         "--token-file", dir.Sub("data/job.token"), "--worker-id", "w" + std::to_string(i),
+         "--dataset", "train", "--register-records", std::to_string(kRecords), "--shard-size",
+         "96", "--epochs", std::to_string(kEpochs), "--shuffle", "shards",
+         "--max-attempts", "1000000", "--batch", "8", "--step-ms", "0.3", "--quiet", "--ledger",
+         dir.Sub("ledger-" + std::to_string(i))},
+        {}, dir.Sub("worker-" + std::to_string(i) + ".log"));
+  };
+  std::vector<Subprocess> workers;
+  std::vector<bool> finished(kWorkers, false);
+  for (int i = 0; i < kWorkers; ++i) workers.push_back(start_worker(i));
+
+  int pacerd_kills = 0, worker_kills = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(4);
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Chaos pacing (not synchronisation): the next fault comes 50..300 ms later.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 250));
+    bool all_done = true;
+    for (int i = 0; i < kWorkers; ++i) {
+      if (finished[i]) continue;
+      if (!workers[i].running()) {
+        const int status = workers[i].exit_status();
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+          finished[i] = true;
+          continue;
+        }
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {  // killed by us: restart
+          workers[i] = start_worker(i);
+        } else {
+          FAIL() << "worker " << i << " failed (status " << status << "):\n"
+                 << ReadFileOrEmpty(dir.Sub("worker-" + std::to_string(i) + ".log"));
+        }
+      }
+      all_done = false;
+    }
+    if (all_done) break;
+    // Until the minimum is reached pacerd dies often, then rarely, so the run stays short.
+    const int dice = static_cast<int>(rng() % 10);
+    const int pacerd_odds = pacerd_kills < kMinPacerdKills ? 6 : 2;
+    if (dice < pacerd_odds) {
+      pacerd.Kill9();
+      ++pacerd_kills;
+      pacerd.Start();
+      ASSERT_FALSE(HasFatalFailure());
+    } else if (dice < pacerd_odds + 3) {
+      const int i = static_cast<int>(rng() % kWorkers);
+      if (!finished[i] && workers[i].running()) {
+        workers[i].Signal(SIGKILL);
+        ++worker_kills;
+      }
+    }
+  }
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(finished[i]) << "worker " << i << " did not finish in time; log:\n"
+                             << ReadFileOrEmpty(dir.Sub("worker-" + std::to_string(i) + ".log"));
+  }
+  std::cout << "pacerd kill -9: " << pacerd_kills << ", worker kill -9: " << worker_kills
+            << std::endl;
+  EXPECT_GE(pacerd_kills, kMinPacerdKills) << "the job ended before enough faults were injected";
+
+  // The ledgers: every record of every epoch counted exactly once.
+  std::vector<std::vector<uint8_t>> count(kEpochs, std::vector<uint8_t>(kRecords, 0));
+  uint64_t overflow = 0;
+  for (int i = 0; i < kWorkers; ++i) {
+    auto ledger = ReadLedger(dir.Sub("ledger-" + std::to_string(i)));
+    ASSERT_TRUE(ledger.ok()) << ledger.status();
+    ForEachCountedRange(*ledger, [&](uint32_t epoch, uint64_t b, uint64_t e) {
+      for (uint64_t r = b; r < e; ++r) {
+        if (epoch >= kEpochs || r >= kRecords) {
+          ++overflow;
+        } else {
+          count[epoch][r]++;
+        }
+      }
+    });
+  }
+  EXPECT_EQ(overflow, 0u) << "records outside the dataset were counted";
+  for (uint32_t e = 0; e < kEpochs; ++e) {
+    uint64_t missing = 0, twice = 0, first_bad = kRecords;
+    for (uint64_t r = 0; r < kRecords; ++r) {
+      if (count[e][r] == 0) ++missing;
+      if (count[e][r] > 1) ++twice;
+      if (count[e][r] != 1) first_bad = std::min(first_bad, r);
+    }
+    EXPECT_EQ(missing, 0u) << "epoch " << e << ": records never counted (first bad " << first_bad << ")";
+    EXPECT_EQ(twice, 0u) << "epoch " << e << ": records counted twice (first bad " << first_bad << ")";
+  }
+
+  // The service agrees: the dataset finished with exactly records x epochs counted.
+  ShardingClientOptions opts;
+  opts.address = "127.0.0.1:" + std::to_string(pacerd.port());
+  auto token = LoadToken(dir.Sub("data/job.token"), false);
+  ASSERT_TRUE(token.ok());
+  opts.token = *token;
+  opts.worker_id = "checker";
+  auto client = ShardingClient::Connect(opts);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto list = (*client)->ListDatasets();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->datasets_size(), 1);
+  EXPECT_TRUE(list->datasets(0).finished());
+  EXPECT_EQ(list->datasets(0).records_done_total(), kRecords * kEpochs);
+  EXPECT_EQ(list->datasets(0).completed_epochs(), kEpochs);
+}
+
+}  // namespace
+}  // namespace pacer

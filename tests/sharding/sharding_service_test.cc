@@ -1,0 +1,315 @@
+// Service-level tests over real gRPC on loopback (port 0) with a real RocksDB journal, on a
+// simulated clock: zombies, authentication, bad input, recovery, corruption, group commit.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <future>
+#include <thread>
+
+#include "cmd/pacerd/pacerd.h"
+#include "common/status.h"
+#include "tests/testing/test_util.h"
+#include "worker_sdk/sharding_client.h"
+
+namespace pacer {
+namespace {
+
+using testing::TempDir;
+
+class ShardingServiceTest : public ::testing::Test {
+ protected:
+  void StartPacerd() {
+    PacerdOptions o;
+    o.data_dir = dir_.Sub("data");
+    o.listen = "127.0.0.1:0";
+    o.metrics_listen = "";
+    o.sharding.lease_timeout_ms = 1000;
+    o.sharding.worker_timeout_ms = 60'000;
+    o.sharding.snapshot_every = 25;
+    auto d = Pacerd::Start(o, &clock_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    pacerd_ = std::move(*d);
+  }
+  std::unique_ptr<ShardingClient> Connect(const std::string& worker, std::string token = "") {
+    ShardingClientOptions o;
+    o.address = pacerd_->address();
+    o.token = token.empty() ? pacerd_->job_token() : token;
+    o.worker_id = worker;
+    o.retry_budget_ms = 5000;
+    auto c = ShardingClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  static DatasetSpec Spec(uint64_t n, uint64_t shard) {
+    DatasetSpec s;
+    s.set_name("train");
+    s.set_num_records(n);
+    s.set_shard_size(shard);
+    s.set_num_epochs(1);
+    return s;
+  }
+  uint64_t JournalSeq(ShardingClient& c) {
+    auto l = c.ListDatasets();
+    EXPECT_TRUE(l.ok());
+    return l.ok() ? l->journal_seq() : 0;
+  }
+
+  TempDir dir_;
+  SimulatedClock clock_;
+  std::unique_ptr<Pacerd> pacerd_;
+};
+
+TEST_F(ShardingServiceTest, ZombieWorkerReportsAreRejectedAndNothingCountsTwice) {
+  StartPacerd();
+  auto a = Connect("a");
+  ASSERT_TRUE(a->RegisterDataset(Spec(100, 10)).ok());
+  auto fa = a->Fetch("train");
+  ASSERT_TRUE(fa.ok());
+  const Lease la = fa->lease();
+  ASSERT_EQ(la.begin(), 0u);
+  ASSERT_TRUE(a->ReportProgress(la, 4).ok());
+
+  // `a` is cut off: its lease runs out and the suffix goes to `b`.
+  clock_.AdvanceMs(1500);
+  auto b = Connect("b");
+  EXPECT_EQ(pacerd_->sharding()->ExpireOverdue(), 1);
+  auto fb = b->Fetch("train");
+  ASSERT_TRUE(fb.ok());
+  EXPECT_EQ(fb->lease().begin(), 4u);
+  EXPECT_EQ(fb->lease().end(), 10u);
+  EXPECT_GT(fb->lease().fencing_token(), la.fencing_token());
+
+  // The zombie keeps reporting: refused, nothing changes.
+  const uint64_t seq = JournalSeq(*b);
+  auto r = a->ReportProgress(la, 8);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_EQ(a->Complete(la).code(), absl::StatusCode::kFailedPrecondition);
+  Lease forged = la;
+  forged.set_lease_id(fb->lease().lease_id());  // b's lease with a's token: fenced too
+  EXPECT_EQ(a->ReportProgress(forged, 2).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A retry of what was counted before the cut is answered truthfully (idempotent).
+  auto again = a->ReportProgress(la, 4);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, 4u);
+  EXPECT_EQ(JournalSeq(*b), seq);
+
+  ASSERT_TRUE(b->Complete(fb->lease()).ok());
+  for (;;) {
+    auto f = b->Fetch("train");
+    ASSERT_TRUE(f.ok());
+    if (f->outcome() == FetchShardResponse::END_OF_DATA) break;
+    ASSERT_EQ(f->outcome(), FetchShardResponse::LEASED);
+    ASSERT_TRUE(b->Complete(f->lease()).ok());
+  }
+  auto list = b->ListDatasets();
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->datasets(0).finished());
+  EXPECT_EQ(list->datasets(0).records_done_total(), 100u);
+}
+
+TEST_F(ShardingServiceTest, EveryCallIsAuthenticatedAndRolesAreEnforced) {
+  StartPacerd();
+  auto channel = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
+  auto stub = ShardingService::NewStub(channel);
+  ListDatasetsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->ListDatasets(&ctx, ListDatasetsRequest(), &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "not-the-token");
+    EXPECT_EQ(stub->ListDatasets(&ctx, ListDatasetsRequest(), &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  auto w = Connect("w0");
+  SetAllocationRequest req;
+  req.mutable_allocation()->set_worker_id("w0");
+  req.mutable_allocation()->set_weight(0.5);
+  SetAllocationResponse out;
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, pacerd_->job_token());
+    EXPECT_EQ(stub->SetAllocation(&ctx, req, &out).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, pacerd_->admin_token());
+    EXPECT_TRUE(stub->SetAllocation(&ctx, req, &out).ok());
+  }
+}
+
+TEST_F(ShardingServiceTest, BadInputGetsAClearErrorAndChangesNothing) {
+  StartPacerd();
+  auto w = Connect("w0");
+  ASSERT_TRUE(w->RegisterDataset(Spec(100, 10)).ok());
+  auto f = w->Fetch("train");
+  ASSERT_TRUE(f.ok());
+  const uint64_t seq = JournalSeq(*w);
+
+  auto unknown = w->Fetch("nope");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("nope"), std::string::npos);
+  DatasetSpec bad = Spec(0, 10);
+  auto r = w->RegisterDataset(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("num_records"), std::string::npos) << r.status();
+  EXPECT_EQ(w->RegisterDataset(Spec(101, 10)).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(w->ReportProgress(f->lease(), 11).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w->Release(f->lease(), 99, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w->RestoreCheckpoint("never-saved").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(w->SaveCheckpoint("bad tag!").code(), absl::StatusCode::kInvalidArgument);
+  DatasetSpec huge = Spec(10, 10);
+  huge.set_name("big");
+  for (int i = 0; i < 200'000; ++i) {
+    auto* file = huge.mutable_files()->add_files();
+    file->set_path(std::string(400, 'x'));
+    file->set_num_records(1);
+  }
+  EXPECT_FALSE(w->RegisterDataset(huge).ok());  // over the 64 MiB message limit
+  // A fetch by an unregistered worker through the raw stub.
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, pacerd_->job_token());
+  FetchShardRequest req;
+  req.set_worker_id("ghost");
+  req.set_dataset("train");
+  FetchShardResponse resp;
+  EXPECT_EQ(w->stub()->FetchShard(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(JournalSeq(*w), seq);  // nothing was journaled
+}
+
+TEST_F(ShardingServiceTest, RestartRecoversTheSameStateFromSnapshotAndJournal) {
+  StartPacerd();
+  {
+    auto w = Connect("w0");
+    ASSERT_TRUE(w->RegisterDataset(Spec(1000, 7)).ok());
+    for (int i = 0; i < 40; ++i) {  // > snapshot_every updates
+      auto f = w->Fetch("train");
+      ASSERT_TRUE(f.ok());
+      ASSERT_TRUE(w->ReportProgress(f->lease(), 3).ok());
+      if (i % 3) {
+        ASSERT_TRUE(w->Complete(f->lease()).ok());
+      } else {
+        ASSERT_TRUE(w->Release(f->lease(), 3, false).ok());
+      }
+    }
+    ASSERT_TRUE(w->SaveCheckpoint("ck").ok());
+  }
+  const ShardingSnapshot before = pacerd_->sharding()->SnapshotForTest();
+  EXPECT_GE(pacerd_->sharding()->stats().journal.snapshots, 1u);
+  pacerd_.reset();
+  StartPacerd();
+  const ShardingSnapshot after = pacerd_->sharding()->SnapshotForTest();
+  EXPECT_EQ(before.SerializeAsString(), after.SerializeAsString());
+  EXPECT_LT(pacerd_->sharding()->stats().recovered_updates, 40u);  // only the tail was replayed
+}
+
+TEST(JournalTest, CorruptOrMissingEntriesAreDataLossNotACrash) {
+  TempDir dir;
+  const std::string path = dir.Sub("journal");
+  auto noop_snapshot = [](const ShardingSnapshot&) { return absl::OkStatus(); };
+  auto noop_update = [](const Update&) { return absl::OkStatus(); };
+  {
+    auto j = Journal::Open({path, true}, noop_snapshot, noop_update);
+    ASSERT_TRUE(j.ok()) << j.status();
+    for (uint64_t seq = 1; seq <= 5; ++seq) {
+      Update u;
+      u.set_seq(seq);
+      u.mutable_worker_lost()->set_worker_id("w");
+      (*j)->Append(u);
+    }
+    ASSERT_TRUE((*j)->Flush().ok());
+  }
+  auto key = [](uint64_t seq) {
+    std::string k(9, '\0');
+    k[0] = 'j';
+    for (int i = 0; i < 8; ++i) k[1 + i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
+    return k;
+  };
+  auto poke = [&](const std::function<void(rocksdb::DB*)>& fn) {
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &db).ok());
+    fn(db);
+    delete db;
+  };
+  int replayed = 0;
+  auto count = [&](const Update&) {
+    ++replayed;
+    return absl::OkStatus();
+  };
+  {
+    auto j = Journal::Open({path, true}, noop_snapshot, count);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(replayed, 5);
+  }
+  poke([&](rocksdb::DB* db) { db->Put(rocksdb::WriteOptions(), key(3), "\xff\xff garbage"); });
+  auto corrupt = Journal::Open({path, true}, noop_snapshot, noop_update);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(corrupt.status().message().find("update 3"), std::string::npos) << corrupt.status();
+  poke([&](rocksdb::DB* db) { db->Delete(rocksdb::WriteOptions(), key(3)); });
+  auto gap = Journal::Open({path, true}, noop_snapshot, noop_update);
+  ASSERT_FALSE(gap.ok());
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(gap.status().message().find("gap"), std::string::npos) << gap.status();
+}
+
+TEST(GroupCommitTest, ConcurrentUpdatesShareFsyncs) {
+  TempDir dir;
+  ShardingServiceOptions o;
+  o.data_dir = dir.Sub("journal");
+  SimulatedClock clock;
+  auto svc = ShardingServiceImpl::Open(o, &clock, nullptr);
+  ASSERT_TRUE(svc.ok()) << svc.status();
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    std::promise<absl::Status> p;
+    ((**svc).*method)(req, resp, [&](absl::Status s) { p.set_value(s); });
+    return p.get_future().get();
+  };
+  RegisterDatasetRequest rd;
+  *rd.mutable_spec() = DatasetSpec();
+  rd.mutable_spec()->set_name("train");
+  rd.mutable_spec()->set_num_records(1'000'000);
+  rd.mutable_spec()->set_shard_size(1);
+  RegisterDatasetResponse rdr;
+  ASSERT_TRUE(call(&ShardingServiceImpl::RegisterDataset, rd, &rdr).ok());
+  constexpr int kThreads = 32, kPairs = 30;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      RegisterWorkerRequest rw;
+      rw.set_worker_id("w" + std::to_string(t));
+      RegisterWorkerResponse rwr;
+      if (!call(&ShardingServiceImpl::RegisterWorker, rw, &rwr).ok()) failures++;
+      for (int i = 0; i < kPairs; ++i) {
+        FetchShardRequest f;
+        f.set_worker_id(rw.worker_id());
+        f.set_incarnation(rwr.incarnation());
+        f.set_dataset("train");
+        FetchShardResponse fr;
+        if (!call(&ShardingServiceImpl::FetchShard, f, &fr).ok()) failures++;
+        CompleteShardRequest c;
+        c.set_worker_id(rw.worker_id());
+        c.set_incarnation(rwr.incarnation());
+        c.set_lease_id(fr.lease().lease_id());
+        c.set_fencing_token(fr.lease().fencing_token());
+        CompleteShardResponse cr;
+        if (!call(&ShardingServiceImpl::CompleteShard, c, &cr).ok()) failures++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const auto stats = (*svc)->stats();
+  const uint64_t updates = stats.journal.appends;
+  EXPECT_EQ(updates, 1u + kThreads + 2u * kThreads * kPairs);
+  // Every update was fsync'd before its reply, and concurrent ones shared an fsync.
+  EXPECT_LT(stats.journal.batches, updates);
+  std::cout << updates << " updates in " << stats.journal.batches << " fsyncs" << std::endl;
+}
+
+}  // namespace
+}  // namespace pacer
