@@ -1,1 +1,226 @@
+// MonitorServiceImpl and its gRPC adapter: authentication, request limits, listing, events
+// delivered in order, Prometheus series. The server binds port 0 on loopback.
+#include "monitor/monitor_service.h"
+
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+
+#include "common/auth.h"
+#include "monitor/grpc_monitor_service.h"
+#include "monitor/synthetic_trace.h"
+
+namespace pacer {
+namespace {
+
+constexpr int64_t kStart = 1'700'000'000'000;
+
+class MonitorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    svc_ = std::move(MonitorServiceImpl::Create(MonitorOptions(), &clock_, &metrics_).value());
+  }
+  // Feeds `seconds` of a synthetic trace through the service, one request per tick.
+  void Feed(SyntheticTrace& trace, int seconds) {
+    for (int t = 0; t < seconds; ++t) {
+      SyntheticTrace::Batch b = trace.Next();
+      ReportStepsRequest req;
+      for (auto& s : b.steps) *req.add_steps() = s;
+      for (auto& l : b.latency) *req.add_server_latency() = l;
+      ReportStepsResponse resp;
+      ASSERT_TRUE(svc_->ReportSteps(req, &resp).ok());
+      for (auto& m : b.nodes) {
+        ReportNodeRequest nreq;
+        *nreq.mutable_metrics() = m;
+        ReportNodeResponse nresp;
+        ASSERT_TRUE(svc_->ReportNode(nreq, &nresp).ok());
+      }
+    }
+  }
+  void RegisterAll(const SyntheticTrace& trace) {
+    for (size_t i = 0; i < trace.num_workers(); ++i) {
+      MonitorRegisterRequest req;
+      req.set_worker_id(trace.worker_id(i));
+      req.set_node(trace.node_of(i));
+      MonitorRegisterResponse resp;
+      ASSERT_TRUE(svc_->RegisterWorker(req, &resp).ok());
+    }
+  }
+
+  SimulatedClock clock_{kStart};
+  MetricsRegistry metrics_;
+  std::unique_ptr<MonitorServiceImpl> svc_;
+};
+
+TEST_F(MonitorServiceTest, ListsWorkersNodesEventsAndPublishesMetrics) {
+  SyntheticTraceOptions o;
+  o.workers = 12;
+  o.servers = 3;
+  SyntheticTrace trace(o, &clock_);
+  RegisterAll(trace);
+  trace.AddSlowdown({SyntheticTrace::SlowdownKind::kHardware, "w4", 1.5, 0});
+  std::vector<uint64_t> delivered;
+  svc_->SetEventListener([&](const std::vector<ClassificationEvent>& events) {
+    for (const auto& e : events) delivered.push_back(e.seq());
+  });
+  Feed(trace, 70);
+
+  ListWorkersRequest req;
+  req.set_max_events(1000);
+  ListWorkersResponse resp;
+  ASSERT_TRUE(svc_->ListWorkers(req, &resp).ok());
+  EXPECT_EQ(resp.workers_size(), 12);
+  EXPECT_EQ(resp.servers_size(), 3);
+  EXPECT_EQ(resp.nodes_size(), 3);
+  EXPECT_EQ(resp.window_ms(), 10'000);
+  EXPECT_GT(resp.median_speed(), 0);
+  EXPECT_GT(resp.reports_accepted(), 0u);
+  for (const WorkerStatus& w : resp.workers()) {
+    const WorkerClass want = w.id() == "w4" ? WORKER_CLASS_STRAGGLER : WORKER_CLASS_NORMAL;
+    EXPECT_EQ(w.classification().worker_class(), want) << w.id() << ": " << w.classification().evidence();
+    EXPECT_GT(w.compute_s(), 0);
+    EXPECT_GE(w.wall_s(), w.compute_s());
+    EXPECT_GT(w.model_per_sample_s(), 0);
+  }
+  // Every event was delivered to the listener exactly once and in order.
+  ASSERT_FALSE(delivered.empty());
+  for (size_t i = 1; i < delivered.size(); ++i) EXPECT_EQ(delivered[i], delivered[i - 1] + 1);
+  EXPECT_EQ(static_cast<size_t>(resp.events_size()), delivered.size());
+  // Step-time prediction for the planner.
+  auto predicted = svc_->PredictStepSeconds("w4", 32);
+  ASSERT_TRUE(predicted.ok());
+  EXPECT_NEAR(*predicted, 1.5, 0.15);
+  EXPECT_EQ(svc_->PredictStepSeconds("nobody", 32).status().code(), absl::StatusCode::kNotFound);
+
+  const std::string text = metrics_.RenderText();
+  for (const char* series : {"pacer_monitor_worker_relative_speed{worker=\"w4\"}",
+                             "pacer_monitor_worker_class{worker=\"w4\"} 2",
+                             "pacer_monitor_worker_step_seconds{phase=\"compute\",worker=\"w0\"}",
+                             "pacer_monitor_worker_speed_samples_per_second{worker=\"w1\"}",
+                             "pacer_monitor_server_latency_milliseconds{server=\"ps1\"}",
+                             "pacer_monitor_workers{class=\"straggler\"} 1",
+                             "pacer_monitor_reports_accepted_total"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series;
+  }
+}
+
+TEST_F(MonitorServiceTest, OversizedRequestIsRefusedWholeAndCounted) {
+  ASSERT_TRUE(svc_->RegisterWorker([] {
+    MonitorRegisterRequest r;
+    r.set_worker_id("w0");
+    return r;
+  }(), nullptr).ok());
+  ReportStepsRequest req;
+  for (int i = 0; i < 20'000; ++i) {
+    StepReport* s = req.add_steps();
+    s->set_worker_id("w0");
+    s->set_step(i);
+    s->set_local_batch(1);
+    s->set_samples(1);
+    s->set_compute_s(1);
+  }
+  ReportStepsResponse resp;
+  EXPECT_EQ(svc_->ReportSteps(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  ListWorkersResponse list;
+  ASSERT_TRUE(svc_->ListWorkers(ListWorkersRequest(), &list).ok());
+  EXPECT_EQ(list.reports_accepted(), 0u);
+  EXPECT_EQ(list.rejected_by_reason().at("request_too_large"), 20'000u);
+  EXPECT_NE(metrics_.RenderText().find("pacer_monitor_reports_rejected_total{reason=\"request_too_large\"} 20000"),
+            std::string::npos);
+}
+
+TEST_F(MonitorServiceTest, MixedBatchReportsPerReasonCounts) {
+  MonitorRegisterRequest reg;
+  reg.set_worker_id("w0");
+  reg.set_node("n0");
+  ASSERT_TRUE(svc_->RegisterWorker(reg, nullptr).ok());
+  ReportStepsRequest req;
+  for (int i = 0; i < 4; ++i) {
+    StepReport* s = req.add_steps();
+    s->set_worker_id(i == 3 ? "ghost" : "w0");
+    s->set_step(i == 2 ? 0 : i);  // step 0 twice
+    s->set_local_batch(8);
+    s->set_samples(8);
+    s->set_compute_s(0.5);
+    s->set_comm_s(i == 1 ? -1 : 0.1);
+    s->set_wall_s(0.6);
+  }
+  ReportStepsResponse resp;
+  ASSERT_TRUE(svc_->ReportSteps(req, &resp).ok());
+  EXPECT_EQ(resp.accepted(), 2u);
+  EXPECT_EQ(resp.rejected(), 2u);
+  EXPECT_EQ(resp.clamped(), 1u);
+  EXPECT_EQ(resp.rejected_by_reason().at("duplicate_step"), 1u);
+  EXPECT_EQ(resp.rejected_by_reason().at("unknown_worker"), 1u);
+  ReportNodeRequest bad;
+  bad.mutable_metrics()->set_node("n0");
+  bad.mutable_metrics()->set_cpu_steal_frac(-1);
+  EXPECT_EQ(svc_->ReportNode(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MonitorServiceTest, GrpcAdapterRequiresTheJobToken) {
+  Authenticator auth("job-secret", "admin-secret");
+  GrpcMonitorService grpc_service(svc_.get(), &auth);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&grpc_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto stub = Monitor::NewStub(channel);
+
+  MonitorRegisterRequest reg;
+  reg.set_worker_id("w0");
+  reg.set_node("n0");
+  MonitorRegisterResponse reg_resp;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->RegisterWorker(&ctx, reg, &reg_resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "wrong");
+    EXPECT_EQ(stub->RegisterWorker(&ctx, reg, &reg_resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "job-secret");
+    EXPECT_TRUE(stub->RegisterWorker(&ctx, reg, &reg_resp).ok());
+  }
+  ReportStepsRequest req;
+  StepReport* s = req.add_steps();
+  s->set_worker_id("w0");
+  s->set_step(1);
+  s->set_local_batch(4);
+  s->set_samples(4);
+  s->set_compute_s(0.2);
+  s->set_wall_s(0.2);
+  ReportStepsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "job-secret");
+    ASSERT_TRUE(stub->ReportSteps(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.accepted(), 1u);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "admin-secret");  // pacerctl workers
+    ListWorkersResponse list;
+    ASSERT_TRUE(stub->ListWorkers(&ctx, ListWorkersRequest(), &list).ok());
+    ASSERT_EQ(list.workers_size(), 1);
+    EXPECT_EQ(list.workers(0).node(), "n0");
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "job-secret");
+    ReportStepsRequest bad;
+    bad.add_steps()->set_worker_id("w0");
+    ASSERT_TRUE(stub->ReportSteps(&ctx, bad, &resp).ok());
+    EXPECT_EQ(resp.rejected(), 1u);
+  }
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace pacer
