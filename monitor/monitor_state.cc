@@ -104,7 +104,8 @@ absl::Status MonitorState::RegisterWorker(absl::string_view worker_id, absl::str
 
 ReportIssue MonitorState::IngestStep(StepReport report) {
   const int64_t now = clock_->NowMs();
-  ReportIssue issue = CheckStepReport(options_, now, &report, &issues_);
+  RejectionCounts repairs;  // counted only if the report is used
+  ReportIssue issue = CheckStepReport(options_, now, &report, &repairs);
   uint32_t index = 0;
   if (issue == ReportIssue::kNone) {
     auto it = worker_index_.find(report.worker_id());
@@ -131,6 +132,9 @@ ReportIssue MonitorState::IngestStep(StepReport report) {
   if (issue != ReportIssue::kNone) {
     issues_.Add(issue);
     return issue;
+  }
+  for (ReportIssue r : {ReportIssue::kClampedComm, ReportIssue::kClampedDataWait, ReportIssue::kClampedWall}) {
+    issues_.Add(r, repairs.Get(r));
   }
   speed_.Add(index, report.samples(), report.compute_s(), report.comm_s(), report.data_wait_s(),
              report.wall_s());

@@ -64,6 +64,14 @@ TEST_F(ReportValidationTest, NegativeOrNanSideTimesAreClampedAndCounted) {
   EXPECT_EQ(state_->issues().ToMap().at("clamped_comm_time"), 1u);
 }
 
+TEST_F(ReportValidationTest, ARejectedReportCountsNoRepair) {
+  StepReport r = Good();
+  r.set_worker_id("intruder");
+  r.set_comm_s(-1);
+  EXPECT_EQ(state_->IngestStep(r), ReportIssue::kUnknownWorker);
+  EXPECT_EQ(Count(ReportIssue::kClampedComm), 0u);
+}
+
 TEST_F(ReportValidationTest, AbsurdBatchesSamplesAndSpeedsAreRejected) {
   StepReport r = Good(1);
   r.set_local_batch(0);
