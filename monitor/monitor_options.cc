@@ -28,6 +28,8 @@ absl::Status MonitorOptions::Validate() const {
   if (history_ms / window_ms > 100'000) return Bad("history_ms", "keeps more than 100000 windows");
   if (min_workers < 2) return Bad("min_workers", "must be >= 2");
   if (stale_after_windows < 1) return Bad("stale_after_windows", "must be >= 1");
+  if (smoothed_windows < 1 || smoothed_windows > history_ms / window_ms)
+    return Bad("smoothed_windows", "must be in [1, history windows]");
   if (!Finite(straggler_threshold) || straggler_threshold <= 0 || straggler_threshold >= 1)
     return Bad("straggler_threshold", "must be in (0, 1)");
   if (!Finite(leader_threshold) || leader_threshold <= 1)

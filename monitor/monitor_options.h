@@ -18,6 +18,7 @@ struct MonitorOptions {
   uint32_t min_reports_per_window = 1;  // a worker with fewer reports has no estimate that window
   uint32_t min_workers = 3;          // fewer workers with an estimate: nobody is classified
   uint32_t stale_after_windows = 3;  // no report for this long: class UNKNOWN
+  uint32_t smoothed_windows = 3;     // WorkerStatus.smoothed_speed: median of this many windows
 
   // ---- straggler / leader ----
   double straggler_threshold = 0.85;  // r_i below: straggler

@@ -300,6 +300,7 @@ WorkerStatus MonitorState::StatusOf(uint32_t w) const {
     st.set_comm_s(s->comm_s);
     st.set_data_wait_s(s->data_wait_s);
     st.set_wall_s(s->wall_s);
+    st.set_smoothed_speed(speed_.SmoothedSpeed(w, options_.smoothed_windows));
   }
   st.set_windows_flagged(worker_classifier_.WindowsFlagged(w));
   st.set_local_batch(rec.last_batch);

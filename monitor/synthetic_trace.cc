@@ -63,7 +63,10 @@ double SyntheticTrace::ServerFactor(const std::string& server, int64_t t) const 
 
 double SyntheticTrace::StepSeconds(size_t w, int64_t t_ms) {
   const double base = options_.fixed_s + options_.per_sample_s * options_.batch;
-  return base * workers_[w].scale * SlowdownAt(w, t_ms) * Noise();
+  double t = base * workers_[w].scale * SlowdownAt(w, t_ms) * Noise();
+  // Drawn only when enabled, so traces without spikes keep their random sequence.
+  if (options_.spike_probability > 0 && Uniform() < options_.spike_probability) t *= options_.spike_factor;
+  return t;
 }
 
 SyntheticTrace::Batch SyntheticTrace::Next() {

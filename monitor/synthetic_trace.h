@@ -36,6 +36,8 @@ struct SyntheticTraceOptions {
   double per_sample_s = 0.025;   // compute seconds per sample (1.0 s per step at batch 32)
   double noise = 0.10;           // uniform +- on every step time
   double speed_spread = 0.0;     // per-worker static speed scale in [1-spread, 1+spread]
+  double spike_probability = 0;  // heavy tail: this share of steps (GC, page faults) ...
+  double spike_factor = 3;       // ... takes this many times longer
   double comm_s = 0.10;
   double data_wait_s = 0.01;
   double server_latency_ms = 4.0;

@@ -43,6 +43,8 @@ TEST(StragglerScenarioTest, PersistentThirtyPercentSlowdownIsFlaggedWithinThreeW
   EXPECT_EQ(c.scope(), SCOPE_WORKER);
   EXPECT_GT(c.confidence(), 0.6);
   EXPECT_NEAR(d.state().Worker("w5")->relative_speed(), 1 / 1.3, 0.05);
+  const double median = d.state().median_speed();
+  EXPECT_NEAR(d.state().Worker("w5")->smoothed_speed() / median, 1 / 1.3, 0.05);
   EXPECT_TRUE(d.FlaggedSince(seq, {"w5"}).empty());
 }
 
