@@ -208,7 +208,6 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
       resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
       cancelled_.erase(req.worker_id());  // the new process never held those leases
       Touch(req.worker_id());
-      UpdateGauges();
       return s;
     }();
   }
@@ -245,7 +244,6 @@ void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardRes
       resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
       metrics_.leases_granted.Increment();
       if (lease->backup) metrics_.backups_granted.Increment();
-      UpdateGauges();
       return s;
     }();
   }
@@ -294,9 +292,7 @@ void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressRes
     absl::MutexLock l(&mu_);
     seq = [&]() -> absl::StatusOr<uint64_t> {
       RETURN_IF_ERROR(Ready());
-      auto s = DoProgress(req, resp);
-      if (s.ok()) UpdateGauges();
-      return s;
+      return DoProgress(req, resp);
     }();
   }
   Reply(seq, std::move(done));
@@ -329,7 +325,6 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
       u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
       u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
       ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      UpdateGauges();
       return s;
     }();
   }
@@ -369,7 +364,6 @@ void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseSh
       e->set_records_done(std::max(req.records_done(), lease->done));
       e->set_detail(req.detail());
       ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      UpdateGauges();
       return s;
     }();
   }
@@ -411,7 +405,6 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
         cancelled_.erase(it);
       }
       resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
-      UpdateGauges();
       return last;
     }();
   }
@@ -447,7 +440,6 @@ void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, Checkp
       Update u;
       u.mutable_restore_checkpoint()->set_tag(req.tag());
       ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      UpdateGauges();
       return s;
     }();
   }
@@ -546,10 +538,8 @@ int ShardingServiceImpl::ExpireOverdue() {
       PACER_LOG(WARNING) << "worker '" << id << "' lost: silent for " << silent << " ms";
     }
   }
-  if (expired > 0) {
-    PACER_LOG(INFO) << "expired " << expired << " leases";
-    UpdateGauges();
-  }
+  if (expired > 0) PACER_LOG(INFO) << "expired " << expired << " leases";
+  UpdateGauges();  // gauges are refreshed on this periodic tick, not on every request
   return expired;
 }
 

@@ -55,13 +55,15 @@ void PrintDatasets(const pacer::ListDatasetsResponse& r) {
             << std::setw(12) << "QUARANTINED" << "STATE\n";
   for (const auto& d : r.datasets()) {
     std::ostringstream pct;
-    if (d.records_per_epoch() > 0) {
+    if (d.finished()) {
+      pct << "100.0";
+    } else if (d.records_per_epoch() > 0) {
       pct << std::fixed << std::setprecision(1)
           << 100.0 * d.records_done_current_epoch() / d.records_per_epoch();
     } else {
       pct << "-";
     }
-    std::string epoch = std::to_string(d.current_epoch());
+    std::string epoch = std::to_string(d.finished() ? d.completed_epochs() : d.current_epoch());
     if (d.spec().num_epochs() > 0) epoch += "/" + std::to_string(d.spec().num_epochs());
     std::string state = d.failed() ? "FAILED: " + d.failure() : d.finished() ? "finished" : "active";
     std::cout << std::left << std::setw(20) << d.spec().name() << std::setw(12)

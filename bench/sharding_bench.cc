@@ -1,0 +1,491 @@
+// sharding_bench: the sharding service's figures, measured in one run on this machine.
+//
+//   1. ShardingState updates/s in process (fetch + complete pairs, no I/O).
+//   2. FetchShard+CompleteShard pairs/s over gRPC on loopback against pacerd's service with
+//      its durable journal (sync=true), at 1, 16 and 256 concurrent clients, beside a bare
+//      gRPC echo service driven the same way in the same run (a "pair" = two echo calls).
+//   3. fsyncs per 1000 updates at each concurrency (group commit at work).
+//   4. Recovery time after 1 M journaled updates, with snapshots (every 10 000) and without.
+//   5. pacerd's resident memory serving a 10-billion-record dataset vs a 1-million one.
+// Usage: sharding_bench [--json] [--seconds S]
+#include <grpcpp/grpcpp.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "bench/echo_service.h"
+#include "cmd/pacerd/pacerd.h"
+#include "common/auth.h"
+#include "common/log.h"
+#include "proto/pacer/bench.grpc.pb.h"
+#include "sharding_service/journal.h"
+#include "sharding_service/sharding_state.h"
+
+namespace pacer::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string MakeTempDir() {
+  char tmpl[] = "/tmp/pacer-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) std::abort();
+  return tmpl;
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// ---- 1. In-process state machine ----
+double StateUpdatesPerSecond() {
+  ShardingState st;
+  uint64_t seq = 0;
+  auto apply = [&](Update u) {
+    u.set_seq(++seq);
+    u.set_time_ms(static_cast<int64_t>(seq));
+    if (!st.Apply(u).ok()) std::abort();
+  };
+  Update reg;
+  reg.mutable_register_dataset()->mutable_spec()->set_name("train");
+  reg.mutable_register_dataset()->mutable_spec()->set_num_records(uint64_t{1} << 40);
+  reg.mutable_register_dataset()->mutable_spec()->set_shard_size(16);
+  apply(reg);
+  for (int w = 0; w < 64; ++w) {
+    Update u;
+    u.mutable_register_worker()->set_worker_id("w" + std::to_string(w));
+    apply(u);
+  }
+  const int kPairs = 400'000;
+  Update fetch, complete;
+  complete.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kPairs; ++i) {
+    fetch.mutable_create_lease()->set_worker_id("w" + std::to_string(i % 64));
+    fetch.mutable_create_lease()->set_dataset("train");
+    apply(fetch);
+    complete.mutable_end_lease()->set_lease_id(st.last_lease_id());
+    apply(complete);
+  }
+  return 2.0 * kPairs / Seconds(t0, Clock::now());
+}
+
+// ---- 2/3. gRPC pair loops ----
+// One client: an endless chain of (call A, then call B) on the callback API, counting pairs.
+class PairLoop {
+ public:
+  virtual ~PairLoop() = default;
+  virtual void Start() = 0;
+  std::atomic<uint64_t> pairs{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> stopped{false};
+};
+
+class EchoLoop final : public PairLoop {
+ public:
+  EchoLoop(Echo::Stub* stub, int id) : stub_(stub) { req_.set_worker_id("w" + std::to_string(id)); }
+  void Start() override { Call(0); }
+
+ private:
+  void Call(int half) {
+    if (stop) {
+      stopped = true;
+      return;
+    }
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    req_.set_value(req_.value() + 1);
+    stub_->async()->Echo(ctx_.get(), &req_, &resp_, [this, half](grpc::Status s) {
+      if (!s.ok()) errors++;
+      if (half == 1) pairs++;
+      Call(1 - half);
+    });
+  }
+  Echo::Stub* stub_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  EchoMessage req_, resp_;
+};
+
+class ShardLoop final : public PairLoop {
+ public:
+  ShardLoop(ShardingService::Stub* stub, std::string token, std::string worker, uint64_t inc,
+            std::string dataset)
+      : stub_(stub), token_(std::move(token)) {
+    fetch_.set_worker_id(worker);
+    fetch_.set_incarnation(inc);
+    fetch_.set_dataset(std::move(dataset));
+    complete_.set_worker_id(std::move(worker));
+    complete_.set_incarnation(inc);
+  }
+  void Start() override { Fetch(); }
+
+ private:
+  void Fetch() {
+    if (stop) {
+      stopped = true;
+      return;
+    }
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    AttachToken(ctx_.get(), token_);
+    fetch_resp_.Clear();
+    stub_->async()->FetchShard(ctx_.get(), &fetch_, &fetch_resp_, [this](grpc::Status s) {
+      if (!s.ok() || fetch_resp_.outcome() != FetchShardResponse::LEASED) {
+        errors++;
+        Fetch();
+        return;
+      }
+      Complete();
+    });
+  }
+  void Complete() {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    AttachToken(ctx_.get(), token_);
+    complete_.set_lease_id(fetch_resp_.lease().lease_id());
+    complete_.set_fencing_token(fetch_resp_.lease().fencing_token());
+    stub_->async()->CompleteShard(ctx_.get(), &complete_, &complete_resp_, [this](grpc::Status s) {
+      if (!s.ok()) errors++;
+      else pairs++;
+      Fetch();
+    });
+  }
+  ShardingService::Stub* stub_;
+  std::string token_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  FetchShardRequest fetch_;
+  FetchShardResponse fetch_resp_;
+  CompleteShardRequest complete_;
+  CompleteShardResponse complete_resp_;
+};
+
+// Runs the loops, measures pairs/s over `seconds` after a short warm-up, then stops them.
+double Measure(std::vector<std::unique_ptr<PairLoop>>& loops, double seconds, uint64_t* errors) {
+  for (auto& l : loops) l->Start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // warm-up window
+  auto count = [&] {
+    uint64_t n = 0;
+    for (auto& l : loops) n += l->pairs.load();
+    return n;
+  };
+  const uint64_t before = count();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));  // measurement window
+  const uint64_t after = count();
+  const double rate = (after - before) / Seconds(t0, Clock::now());
+  for (auto& l : loops) l->stop = true;
+  for (auto& l : loops) {
+    while (!l->stopped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  *errors = 0;
+  for (auto& l : loops) *errors += l->errors.load();
+  return rate;
+}
+
+std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& addr, int n) {
+  std::vector<std::shared_ptr<grpc::Channel>> out;
+  for (int i = 0; i < n; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("pacer.bench.channel", i);  // distinct channels, not one shared subchannel
+    out.push_back(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+  }
+  return out;
+}
+
+struct RpcFigures {
+  std::map<int, double> echo, durable, fsyncs_per_1000;
+};
+
+RpcFigures MeasureRpc(double seconds) {
+  RpcFigures out;
+  // The echo baseline.
+  EchoServiceImpl echo;
+  grpc::ServerBuilder b;
+  int echo_port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
+  b.RegisterService(&echo);
+  auto echo_server = b.BuildAndStart();
+  // Pacer: the real pacerd service with its durable journal.
+  const std::string dir = MakeTempDir();
+  PacerdOptions o;
+  o.data_dir = dir;
+  o.listen = "127.0.0.1:0";
+  o.metrics_listen = "";
+  auto pacerd = Pacerd::Start(o);
+  if (!pacerd.ok()) {
+    std::cerr << "pacerd: " << pacerd.status() << std::endl;
+    std::exit(1);
+  }
+  const int kChannels = 4;
+  auto echo_channels = Channels("127.0.0.1:" + std::to_string(echo_port), kChannels);
+  auto pacer_channels = Channels((*pacerd)->address(), kChannels);
+  std::vector<std::unique_ptr<Echo::Stub>> echo_stubs;
+  std::vector<std::unique_ptr<ShardingService::Stub>> pacer_stubs;
+  for (int i = 0; i < kChannels; ++i) {
+    echo_stubs.push_back(Echo::NewStub(echo_channels[i]));
+    pacer_stubs.push_back(ShardingService::NewStub(pacer_channels[i]));
+  }
+  const std::string token = (*pacerd)->job_token();
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, token);
+    RegisterDatasetRequest req;
+    req.mutable_spec()->set_name("train");
+    req.mutable_spec()->set_num_records(uint64_t{1} << 48);
+    req.mutable_spec()->set_shard_size(64);
+    RegisterDatasetResponse resp;
+    if (!pacer_stubs[0]->RegisterDataset(&ctx, req, &resp).ok()) std::abort();
+  }
+  int next_worker = 0;
+  for (int clients : {1, 16, 256}) {
+    uint64_t errors = 0;
+    std::vector<std::unique_ptr<PairLoop>> loops;
+    for (int i = 0; i < clients; ++i) loops.push_back(std::make_unique<EchoLoop>(echo_stubs[i % kChannels].get(), i));
+    out.echo[clients] = Measure(loops, seconds, &errors);
+    loops.clear();
+    for (int i = 0; i < clients; ++i) {
+      grpc::ClientContext ctx;
+      AttachToken(&ctx, token);
+      RegisterWorkerRequest req;
+      req.set_worker_id("w" + std::to_string(next_worker++));
+      RegisterWorkerResponse resp;
+      if (!pacer_stubs[0]->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
+      loops.push_back(std::make_unique<ShardLoop>(pacer_stubs[i % kChannels].get(), token,
+                                                  req.worker_id(), resp.incarnation(), "train"));
+    }
+    const JournalStats before = (*pacerd)->sharding()->stats().journal;
+    out.durable[clients] = Measure(loops, seconds, &errors);
+    const JournalStats after = (*pacerd)->sharding()->stats().journal;
+    out.fsyncs_per_1000[clients] =
+        1000.0 * (after.batches - before.batches) / std::max<uint64_t>(1, after.appends - before.appends);
+    if (errors > 0) std::cerr << "warning: " << errors << " failed calls at " << clients << " clients\n";
+  }
+  (*pacerd)->Shutdown();
+  echo_server->Shutdown();
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+// ---- 4. Recovery ----
+// Writes `n` realistic updates (workers fetching, reporting progress, completing) to a journal
+// in `dir`, with a snapshot every `snapshot_every` updates (0 = none).
+void WriteJournal(const std::string& dir, uint64_t n, uint64_t snapshot_every) {
+  auto journal = Journal::Open({dir, /*sync=*/false}, [](const ShardingSnapshot&) { return absl::OkStatus(); },
+                               [](const Update&) { return absl::OkStatus(); });
+  if (!journal.ok()) std::abort();
+  ShardingState st;
+  uint64_t seq = 0;
+  auto apply = [&](Update u) {
+    u.set_seq(++seq);
+    u.set_time_ms(static_cast<int64_t>(seq));
+    if (!st.Apply(u).ok()) std::abort();
+    (*journal)->Append(u);
+    if (snapshot_every && seq % snapshot_every == 0) (*journal)->WriteSnapshot(st.ToSnapshot());
+  };
+  Update reg;
+  reg.mutable_register_dataset()->mutable_spec()->set_name("train");
+  reg.mutable_register_dataset()->mutable_spec()->set_num_records(uint64_t{1} << 40);
+  reg.mutable_register_dataset()->mutable_spec()->set_shard_size(128);
+  reg.mutable_register_dataset()->mutable_spec()->set_shuffle(SHUFFLE_SHARDS);
+  apply(reg);
+  const int kWorkers = 256;
+  for (int w = 0; w < kWorkers; ++w) {
+    Update u;
+    u.mutable_register_worker()->set_worker_id("w" + std::to_string(w));
+    apply(u);
+  }
+  std::vector<uint64_t> lease_of(kWorkers, 0);
+  int w = 0;
+  while (seq < n) {
+    w = (w + 1) % kWorkers;
+    Update u;
+    if (lease_of[w] == 0) {
+      u.mutable_create_lease()->set_worker_id("w" + std::to_string(w));
+      u.mutable_create_lease()->set_dataset("train");
+      apply(u);
+      lease_of[w] = st.last_lease_id();
+    } else if (st.FindLease(lease_of[w])->done < 96) {
+      u.mutable_progress()->set_lease_id(lease_of[w]);
+      u.mutable_progress()->set_records_done(st.FindLease(lease_of[w])->done + 32);
+      apply(u);
+    } else {
+      u.mutable_end_lease()->set_lease_id(lease_of[w]);
+      u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+      apply(u);
+      lease_of[w] = 0;
+    }
+  }
+  if (!(*journal)->Flush().ok()) std::abort();
+}
+
+double RecoverySeconds(const std::string& dir) {
+  ShardingServiceOptions o;
+  o.data_dir = dir;
+  auto svc = ShardingServiceImpl::Open(o, RealClock::Get(), nullptr);
+  if (!svc.ok()) {
+    std::cerr << "recovery: " << svc.status() << std::endl;
+    std::exit(1);
+  }
+  return (*svc)->stats().recovery_seconds;
+}
+
+// ---- 5. pacerd's memory ----
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  return std::filesystem::path(buf).parent_path().string();
+}
+
+double RssMib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+// Starts the pacerd binary, serves `records` (shuffled shards, unbounded epochs) to 64 clients
+// for `seconds`, and returns its resident memory.
+double PacerdRssServing(uint64_t records, double seconds, uint64_t* leases) {
+  const std::string dir = MakeTempDir();
+  const std::string port_file = dir + "/port";
+  const std::string pacerd = SelfDir() + "/pacerd";
+  pid_t pid = fork();
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    execl(pacerd.c_str(), pacerd.c_str(), "--data-dir", (dir + "/data").c_str(), "--listen",
+          "127.0.0.1:0", "--metrics-listen", "", "--port-file", port_file.c_str(), nullptr);
+    _exit(127);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(port_file) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling for start-up
+  }
+  std::ifstream pf(port_file);
+  std::string json((std::istreambuf_iterator<char>(pf)), {});
+  const int port = std::stoi(json.substr(json.find(':') + 1));
+  auto token = LoadToken(dir + "/data/job.token", false);
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+  auto stub = ShardingService::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, *token);
+    RegisterDatasetRequest req;
+    req.mutable_spec()->set_name("big");
+    req.mutable_spec()->set_num_records(records);
+    req.mutable_spec()->set_shard_size(1000);
+    req.mutable_spec()->set_shuffle(SHUFFLE_SHARDS);
+    RegisterDatasetResponse resp;
+    if (!stub->RegisterDataset(&ctx, req, &resp).ok()) std::abort();
+  }
+  std::vector<std::unique_ptr<PairLoop>> loops;
+  for (int i = 0; i < 64; ++i) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, *token);
+    RegisterWorkerRequest req;
+    req.set_worker_id("w" + std::to_string(i));
+    RegisterWorkerResponse resp;
+    if (!stub->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
+    loops.push_back(std::make_unique<ShardLoop>(stub.get(), *token, req.worker_id(), resp.incarnation(), "big"));
+  }
+  uint64_t errors = 0;
+  const double rate = Measure(loops, seconds, &errors);
+  *leases = static_cast<uint64_t>(rate * seconds);
+  const double rss = RssMib(pid);
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  std::filesystem::remove_all(dir);
+  return rss;
+}
+
+}  // namespace
+}  // namespace pacer::bench
+
+int main(int argc, char** argv) {
+  using namespace pacer::bench;
+  bool json = false;
+  double seconds = 2.0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::stod(argv[++i]);
+    else if (!std::strcmp(argv[i], "--help")) {
+      std::cout << "Usage: sharding_bench [--json] [--seconds S]\n";
+      return 0;
+    } else {
+      std::cerr << "sharding_bench: unknown argument '" << argv[i] << "'\n";
+      return 2;
+    }
+  }
+  setenv("PACER_LOG_LEVEL", "ERROR", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double state_rate = StateUpdatesPerSecond();
+  if (!json) std::cerr << "[1/4] state machine done\n";
+  const RpcFigures rpc = MeasureRpc(seconds);
+  if (!json) std::cerr << "[2/4] gRPC pairs done\n";
+  const std::string snap_dir = MakeTempDir(), nosnap_dir = MakeTempDir();
+  WriteJournal(snap_dir, 1'000'000, 10'000);
+  WriteJournal(nosnap_dir, 1'000'000, 0);
+  const double rec_snap = RecoverySeconds(snap_dir);
+  const double rec_nosnap = RecoverySeconds(nosnap_dir);
+  std::filesystem::remove_all(snap_dir);
+  std::filesystem::remove_all(nosnap_dir);
+  if (!json) std::cerr << "[3/4] recovery done\n";
+  uint64_t leases_big = 0, leases_small = 0;
+  const double rss_big = PacerdRssServing(10'000'000'000ULL, seconds, &leases_big);
+  const double rss_small = PacerdRssServing(1'000'000ULL, seconds, &leases_small);
+  if (!json) std::cerr << "[4/4] memory done\n";
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (json) {
+    std::cout << std::fixed << std::setprecision(4) << "{"
+              << "\"state_updates_per_s\": " << state_rate;
+    for (int c : {1, 16, 256}) {
+      std::cout << ", \"echo_pairs_per_s_" << c << "\": " << rpc.echo.at(c)
+                << ", \"durable_pairs_per_s_" << c << "\": " << rpc.durable.at(c)
+                << ", \"durable_vs_echo_" << c << "\": " << rpc.durable.at(c) / rpc.echo.at(c)
+                << ", \"fsyncs_per_1000_updates_" << c << "\": " << rpc.fsyncs_per_1000.at(c);
+    }
+    std::cout << ", \"fsyncs_per_1000_updates\": " << rpc.fsyncs_per_1000.at(256)
+              << ", \"recovery_s_1m_updates\": " << rec_snap
+              << ", \"recovery_s_1m_updates_no_snapshot\": " << rec_nosnap
+              << ", \"rss_mib_10g_records\": " << rss_big
+              << ", \"rss_mib_1m_records\": " << rss_small
+              << ", \"wall_s\": " << wall << "}" << std::endl;
+    return 0;
+  }
+  std::cout << std::fixed << std::setprecision(0);
+  std::cout << "\nShardingState in process: " << state_rate << " updates/s\n\n";
+  std::cout << "FetchShard+CompleteShard pairs/s over gRPC on loopback (durable journal, fsync on)\n";
+  std::cout << std::left << std::setw(10) << "clients" << std::setw(14) << "bare echo"
+            << std::setw(14) << "pacer" << std::setw(10) << "ratio" << "fsyncs/1000 updates\n";
+  for (int c : {1, 16, 256}) {
+    std::cout << std::setw(10) << c << std::setw(14) << rpc.echo.at(c) << std::setw(14)
+              << rpc.durable.at(c) << std::setw(10) << std::setprecision(2)
+              << rpc.durable.at(c) / rpc.echo.at(c) << std::setprecision(1)
+              << rpc.fsyncs_per_1000.at(c) << std::setprecision(0) << "\n";
+  }
+  std::cout << std::setprecision(3);
+  std::cout << "\nRecovery after 1 000 000 updates: " << rec_snap << " s with snapshots (every 10 000), "
+            << rec_nosnap << " s without\n";
+  std::cout << std::setprecision(1);
+  std::cout << "pacerd resident memory: " << rss_big << " MiB serving 10 000 000 000 records ("
+            << leases_big << " leases in " << seconds << " s), " << rss_small
+            << " MiB serving 1 000 000 records\n";
+  std::cout << "targets: pacer >= 0.5 x echo at 256 clients; recovery < 1 s; < 200 MiB\n";
+  std::cout << "(wall " << std::setprecision(0) << wall << " s)\n";
+  return 0;
+}
