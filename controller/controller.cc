@@ -81,14 +81,17 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   MeasureAndRollBack(view, inputs, result);
 
   std::vector<Action> proposals = decide_(view, history_, config_);
-  std::vector<Action> admitted;
+  // Executed actions are in the history at once, where the gate counts them; dry-run ones are
+  // not, so the gate is told about them to apply the same limits within this reconcile.
+  std::vector<Action> dry_run_admitted;
   for (Action& action : proposals) {
-    const SafetyVerdict verdict = ReviewAction(action, view, history_, config_.safety, admitted);
+    const SafetyVerdict verdict =
+        ReviewAction(action, view, history_, config_.safety, dry_run_admitted);
     if (verdict.admitted && !config_.dry_run) {
-      admitted.push_back(action);
       Execute(std::move(action), view, inputs, result);
       continue;
     }
+    if (verdict.admitted) dry_run_admitted.push_back(action);
     AuditRecord r;
     r.time_ms = view.now_ms;
     r.policy = config_.name;

@@ -1,5 +1,7 @@
 #include "controller/policy_loader.h"
 
+#include <yaml-cpp/anchor.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <exception>
@@ -120,6 +122,38 @@ class PolicyParser {
   std::map<std::string, YAML::Mark> marks_;  // value position of every field seen
 };
 
+// Counts documents (at most two) and remembers where the second starts.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++documents == 2) second = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+  int documents = 0;
+  YAML::Mark second;
+};
+
+// Whether the text holds anything besides blanks and comments.
+bool HasContent(const std::string& text) {
+  bool in_comment = false;
+  for (char c : text) {
+    if (c == '\n') in_comment = false;
+    else if (!in_comment && c == '#') in_comment = true;
+    else if (!in_comment && c != ' ' && c != '\t' && c != '\r') return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<PolicyConfig> ParsePolicy(std::string_view yaml_text,
@@ -129,11 +163,23 @@ absl::StatusOr<PolicyConfig> ParsePolicy(std::string_view yaml_text,
   if (yaml_text.size() > kMaxPolicyFileBytes)
     return absl::InvalidArgumentError(
         absl::StrCat(file_name, ": larger than ", kMaxPolicyFileBytes, " bytes"));
+  const std::string text(yaml_text);
   try {
-    // LoadAll so that a second document ("---") is refused rather than ignored.
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml_text));
-    if (docs.size() > 1) return parser.Error(docs[1].Mark(), "", "only one YAML document is allowed");
-    return parser.Parse(docs.empty() ? YAML::Node() : docs[0]);
+    // YAML::Load reads the first document. (Not LoadAll: in yaml-cpp 0.7 it loops forever on
+    // some malformed input such as a leading ',' — upstream PR #1319; found by our fuzzer.)
+    YAML::Node root = YAML::Load(text);
+    if ((!root.IsDefined() || root.IsNull()) && HasContent(text))
+      return parser.Located(YAML::Mark(), "malformed YAML: no document could be read");
+    // A second document ("---") is refused rather than silently ignored. Bounded to two
+    // documents, so the LoadAll loop above cannot happen here.
+    std::istringstream in(text);
+    YAML::Parser events(in);
+    DocumentCounter counter;
+    while (counter.documents < 2 && events.HandleNextDocument(counter)) {
+    }
+    if (counter.documents >= 2)
+      return parser.Error(counter.second, "", "only one YAML document is allowed");
+    return parser.Parse(root);
   } catch (const YAML::Exception& e) {
     return parser.Located(e.mark, absl::StrCat("malformed YAML: ", e.msg));
   } catch (const std::exception& e) {

@@ -109,6 +109,9 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(seed);
   for (long i = 0; i < mutations; ++i) {
     const std::string m = Mutate(inputs[rng() % inputs.size()], inputs, rng);
+    if (getenv("PACER_FUZZ_TRACE")) {  // debugging aid: the input about to run
+      std::ofstream("policy_loader_fuzz.last", std::ios::binary) << m;
+    }
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(m.data()), m.size());
   }
   std::printf("policy_loader_fuzz: %zu corpus inputs, %ld mutations, no failure\n", inputs.size(),

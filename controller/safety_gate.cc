@@ -24,16 +24,15 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
                                 cfg.min_gain));
 
   if (auto rb = history.LastRollbackOf(action.kind); rb && now - *rb < Ms(cfg.window_s))
-    return veto(absl::StrFormat("a %s was rolled back %.0fs ago (waiting %.0fs)",
-                                ActionKindName(action.kind), (now - *rb) / 1000.0, cfg.window_s));
+    return veto(absl::StrFormat("a %s was rolled back within the last %.0fs",
+                                ActionKindName(action.kind), cfg.window_s));
 
   const double cooldown_s =
       action.kind == ActionKind::kAdjustBatch ? cfg.adjust_batch_cooldown_s : cfg.cooldown_s;
   if (const AuditRecord* last = history.LastExecuted(action.kind, action.target);
       last && now - last->time_ms < Ms(cooldown_s))
-    return veto(absl::StrFormat("cooldown: last %s on '%s' %.0fs ago (< %.0fs)",
-                                ActionKindName(action.kind), action.target,
-                                (now - last->time_ms) / 1000.0, cooldown_s));
+    return veto(absl::StrFormat("cooldown: a %s on '%s' within the last %.0fs",
+                                ActionKindName(action.kind), action.target, cooldown_s));
 
   const int64_t since = now - Ms(cfg.window_s);
   const int64_t recent = history.ExecutedSince(since, false) + static_cast<int64_t>(admitted_now.size());

@@ -7,8 +7,8 @@
 //  5. at most max_actions_per_window executed actions in the last window_s;
 //  6. at most max_restarts_per_window disruptive ones (RESTART, MIGRATE, server restart);
 //  7. a worker-disruptive action (or an exclusion) may not leave fewer than min_live_workers.
-// `admitted_now` is what this reconcile has already admitted, so limits hold within one
-// reconcile too. Pure; thread-safe.
+// `admitted_now` lists actions this reconcile admitted that are not in `history` yet (dry-run
+// ones), so limits hold within one reconcile too. Pure; thread-safe.
 #pragma once
 
 #include <string>
@@ -21,6 +21,8 @@
 
 namespace pacer {
 
+// Veto reasons do not mention elapsed time, so the same veto repeated over reconciles folds
+// into one audit record.
 struct SafetyVerdict {
   bool admitted = false;
   std::string reason;  // why it was vetoed; empty when admitted

@@ -20,11 +20,28 @@ bool BatchesBalanced(const ClusterView& view, const History& history) {
 }
 
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
-                                       const AdjustBatchConfig& cfg) {
+                                       const AdjustBatchConfig& cfg,
+                                       const DetectionConfig* detection) {
   if (view.job.mode != JobMode::kSync) return std::nullopt;
   const BatchPlan* current = history.plan() ? &*history.plan() : nullptr;
+  const ClusterView* planning = &view;
+  ClusterView filtered;
+  if (detection) {
+    const double median = MedianLiveSpeed(view);
+    for (const auto& w : view.workers) {
+      const bool flagged = w.straggler || w.leader;
+      if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
+        if (planning == &view) {
+          filtered = view;
+          planning = &filtered;
+        }
+        for (auto& f : filtered.workers)
+          if (f.id == w.id) f.speed = f.last_window_speed = median;
+      }
+    }
+  }
   absl::StatusOr<std::optional<BatchProposal>> proposal =
-      BatchPlanner::Propose(view, current, cfg);
+      BatchPlanner::Propose(*planning, current, cfg);
   if (!proposal.ok() || !proposal->has_value()) return std::nullopt;
   BatchProposal& p = **proposal;
   Action a;
@@ -96,7 +113,11 @@ std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& hi
                                       const PolicyConfig& cfg) {
   std::vector<Action> out;
   if (!cfg.restart.enabled) return out;
-  const bool balanced = view.job.mode == JobMode::kAsync || BatchesBalanced(view, history);
+  // With ADJUST_BS enabled the job runs (or is about to run, in this same decision)
+  // speed-proportional batches, so a relaunch gains the worker's speed difference, not the
+  // gap between the slowest and the second slowest.
+  const bool balanced = view.job.mode == JobMode::kAsync || cfg.adjust_batch.enabled ||
+                        BatchesBalanced(view, history);
   std::vector<const WorkerView*> candidates;
   for (const auto& w : view.workers) {
     if (!w.alive || w.restarting || !w.straggler || !w.persistent) continue;

@@ -13,9 +13,12 @@
 namespace pacer {
 
 // ADJUST_BS from the BatchPlanner against the plan in force (history.plan()); nullopt when
-// hysteresis keeps the current plan or no plan is possible.
+// hysteresis keeps the current plan or no plan is possible. With `detection`, a worker whose
+// slowdown (or speed-up) is transient or less confident than min_confidence is planned at the
+// median speed: AntDT acts on persistent stragglers only. Without it (LB-BSP), raw speeds.
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
-                                       const AdjustBatchConfig& cfg);
+                                       const AdjustBatchConfig& cfg,
+                                       const DetectionConfig* detection);
 
 // REALLOCATE (async): per-worker weights ∝ speed (mean 1) and shard_scale = min(1, relative
 // speed), when some weight drifted more than the hysteresis from the allocation in force;

@@ -13,7 +13,7 @@ std::vector<Action> DecideDedicated(const ClusterView& view, const History& hist
   if (view.job.mode == JobMode::kSync && cfg.adjust_batch.enabled) {
     AdjustBatchConfig batch = cfg.adjust_batch;
     batch.accumulation = true;  // the point of this preset
-    if (auto a = ProposeBatchPlan(view, history, batch)) out.push_back(std::move(*a));
+    if (auto a = ProposeBatchPlan(view, history, batch, &cfg.detection)) out.push_back(std::move(*a));
   }
   if (view.job.mode == JobMode::kAsync && cfg.reallocate.enabled) {
     if (auto a = ProposeReallocation(view, history, cfg.reallocate)) out.push_back(std::move(*a));

@@ -11,7 +11,7 @@ std::vector<Action> DecideLbBsp(const ClusterView& view, const History& history,
   AdjustBatchConfig batch = cfg.adjust_batch;
   batch.use_last_window = true;
   batch.accumulation = false;
-  if (auto a = ProposeBatchPlan(view, history, batch)) return {std::move(*a)};
+  if (auto a = ProposeBatchPlan(view, history, batch, nullptr)) return {std::move(*a)};
   return {};
 }
 

@@ -11,7 +11,7 @@ std::vector<Action> DecideNonDedicated(const ClusterView& view, const History& h
                                        const PolicyConfig& cfg) {
   std::vector<Action> out;
   if (view.job.mode == JobMode::kSync && cfg.adjust_batch.enabled) {
-    if (auto a = ProposeBatchPlan(view, history, cfg.adjust_batch)) out.push_back(std::move(*a));
+    if (auto a = ProposeBatchPlan(view, history, cfg.adjust_batch, &cfg.detection)) out.push_back(std::move(*a));
   }
   if (view.job.mode == JobMode::kAsync && cfg.reallocate.enabled) {
     if (auto a = ProposeReallocation(view, history, cfg.reallocate)) out.push_back(std::move(*a));

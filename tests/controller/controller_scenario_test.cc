@@ -1,0 +1,483 @@
+// Scripted controller scenarios on a SimulatedClock: each test feeds views over time and checks
+// what is dispatched and what the audit log says (no mocks, no threads, no real time).
+#include "controller/controller.h"
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "tests/controller/view_builder.h"
+
+namespace pacer {
+namespace {
+
+using testing::MakeStraggler;
+using testing::SyncView;
+
+PolicyConfig NonDedicated() {
+  PolicyConfig c;
+  c.name = "test-nd";
+  c.policy = "non-dedicated";
+  c.safety.min_gain = 0.05;
+  c.safety.cooldown_s = 120;
+  c.safety.adjust_batch_cooldown_s = 10;
+  c.safety.window_s = 600;
+  c.safety.max_actions_per_window = 20;
+  c.safety.max_restarts_per_window = 2;
+  c.safety.min_live_workers = 2;
+  c.safety.rollback.evaluate_after_s = 60;
+  return c;
+}
+
+std::unique_ptr<Controller> Make(const PolicyConfig& c) {
+  auto ctl = Controller::Create(c);
+  EXPECT_TRUE(ctl.ok()) << ctl.status();
+  return std::move(*ctl);
+}
+
+int Count(const ReconcileResult& r, ActionKind kind) {
+  int n = 0;
+  for (const auto& a : r.dispatch) n += a.kind == kind ? 1 : 0;
+  return n;
+}
+
+const Action* Find(const ReconcileResult& r, ActionKind kind) {
+  for (const auto& a : r.dispatch)
+    if (a.kind == kind) return &a;
+  return nullptr;
+}
+
+class ScenarioTest : public ::testing::Test {
+ protected:
+  ClusterView At(ClusterView v) {
+    v.now_ms = clock_.NowMs();
+    return v;
+  }
+  SimulatedClock clock_;
+};
+
+TEST_F(ScenarioTest, PersistentStragglerGetsASmallerBatchButNoRestartWithoutACostCase) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, /*persistent=*/true);
+  v.job.throughput = 200;  // equal batches: the job runs at 4 × the slowest
+  v.job.restart_cost_s = 60;
+  v.job.remaining_samples = 10'000;  // little work left: a restart cannot pay
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  EXPECT_EQ(Count(*r, ActionKind::kRestart) + Count(*r, ActionKind::kMigrate), 0);
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  EXPECT_EQ(a->plan->Find("w2")->samples, 143);
+  EXPECT_EQ(a->plan->TotalSamples(), 1000);
+  EXPECT_GT(a->predicted_gain, 0.5);
+  EXPECT_GT(a->plan->effective_step, v.job.current_step);
+  ASSERT_TRUE(ctl->history().plan());
+  // The audit record names time, inputs, reason and predicted gain.
+  const AuditRecord* rec = ctl->history().FindRecord(a->id);
+  ASSERT_NE(rec, nullptr);
+  EXPECT_EQ(rec->outcome, AuditRecord::Outcome::kExecuted);
+  EXPECT_EQ(rec->time_ms, clock_.NowMs());
+  EXPECT_NE(rec->inputs.find("w2@n2 r=0.50 straggler persistent"), std::string::npos) << rec->inputs;
+  EXPECT_NE(rec->action.reason.find("shares moved"), std::string::npos);
+  EXPECT_DOUBLE_EQ(rec->baseline_throughput, 200);
+
+  // The next windows: the same speeds, the plan in force — nothing more to do.
+  for (int i = 0; i < 10; ++i) {
+    clock_.AdvanceMs(10'000);
+    v.job.throughput = 350;
+    auto again = ctl->Reconcile(At(v));
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(again->dispatch.empty());
+  }
+  // The measured gain is filled in after evaluate_after_s.
+  EXPECT_NEAR(*ctl->history().FindRecord(a->id)->measured_gain, 0.75, 1e-9);
+}
+
+TEST_F(ScenarioTest, RestartOnlyWhenTheCostModelSaysItPays) {
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true, /*contention=*/true);
+  v.job.restart_cost_s = 60;
+  v.job.lost_work_s = 10;
+  // Lots of work left: 50→100 samples/s on one worker saves hours, far above 70 s × 1.2.
+  v.job.remaining_samples = 10'000'000;
+  {
+    auto ctl = Make(NonDedicated());
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    const Action* restart = Find(*r, ActionKind::kRestart);
+    ASSERT_NE(restart, nullptr);
+    EXPECT_EQ(restart->target, "w2");
+    EXPECT_GT(restart->saved_s, restart->cost_s * 1.2);
+    EXPECT_DOUBLE_EQ(restart->cost_s, 70);  // sync: the whole job waits for the relaunch
+    EXPECT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  }
+  // The same straggler with a restart cost above what it could save: no relaunch.
+  {
+    auto ctl = Make(NonDedicated());
+    v.job.restart_cost_s = 1e6;
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kRestart) + Count(*r, ActionKind::kMigrate), 0);
+    EXPECT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  }
+  // Unmeasured restart cost: the model does not guess.
+  {
+    auto ctl = Make(NonDedicated());
+    v.job.restart_cost_s = 0;
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kRestart) + Count(*r, ActionKind::kMigrate), 0);
+  }
+  // A deterministic (hardware) straggler: restarting in place cannot help; migrating can.
+  {
+    auto ctl = Make(NonDedicated());
+    v.job.restart_cost_s = 60;
+    MakeStraggler(v, 2, 0.5, true, /*contention=*/false);
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kRestart), 0);
+    const Action* m = Find(*r, ActionKind::kMigrate);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->avoid_nodes, std::vector<std::string>{"n2"});
+    EXPECT_DOUBLE_EQ(m->cost_s, 60 * 1.5 + 10);  // migrate_cost_factor × restart + lost work
+  }
+}
+
+TEST_F(ScenarioTest, TransientStragglerLeadsToNeitherAdjustNorRestart) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  v.job.restart_cost_s = 60;
+  v.job.remaining_samples = 10'000'000;
+  for (int i = 0; i < 6; ++i) {
+    MakeStraggler(v, 1, 0.4, /*persistent=*/false);
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->dispatch.empty());
+    clock_.AdvanceMs(10'000);
+  }
+  EXPECT_TRUE(ctl->history().audit().empty());
+  EXPECT_FALSE(ctl->history().plan());
+}
+
+TEST_F(ScenarioTest, RestartLimitsAndCooldownsHold) {
+  PolicyConfig c = NonDedicated();
+  c.safety.rollback.enabled = false;  // this script keeps throughput flat; see the rollback test
+  auto ctl = Make(c);
+  ClusterView v = SyncView(10, 1000);
+  v.job.restart_cost_s = 30;
+  v.job.remaining_samples = 100'000'000;
+  for (int i : {1, 3, 5, 7}) MakeStraggler(v, i, 0.5 - 0.05 * i / 2, true);
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  // Four candidates, max_restarts_per_window = 2: the two slowest go first.
+  auto audit_log = [&] {
+    std::string log;
+    for (const auto& rec : ctl->history().audit())
+      log += std::string(ActionKindName(rec.action.kind)) + " " + rec.action.target + " " +
+             AuditOutcomeName(rec.outcome) + " " + rec.veto_reason + " | " + rec.action.reason +
+             "\n";
+    return log;
+  };
+  ASSERT_EQ(Count(*r, ActionKind::kRestart), 2) << audit_log();
+  EXPECT_EQ(r->dispatch[1].target, "w7");
+  EXPECT_EQ(r->dispatch[2].target, "w5");
+  int vetoed = 0;
+  for (const auto& rec : ctl->history().audit())
+    if (rec.outcome == AuditRecord::Outcome::kVetoed) {
+      ++vetoed;
+      EXPECT_NE(rec.veto_reason.find("max_restarts_per_window"), std::string::npos);
+    }
+  EXPECT_EQ(vetoed, 2);
+
+  // 60 s later the relaunched two are back but still slow (the cause stayed): they are in
+  // cooldown, and the window still holds two restarts, so nothing is relaunched.
+  for (int t = 0; t < 6; ++t) {
+    clock_.AdvanceMs(10'000);
+    auto again = ctl->Reconcile(At(v));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(Count(*again, ActionKind::kRestart), 0);
+  }
+  const size_t audit_before = ctl->history().audit().size();
+  // Repeated identical vetoes fold into their record instead of growing the log.
+  clock_.AdvanceMs(10'000);
+  ASSERT_TRUE(ctl->Reconcile(At(v)).ok());
+  EXPECT_EQ(ctl->history().audit().size(), audit_before) << audit_log();
+
+  // After the window the limit frees up again.
+  clock_.AdvanceMs(600'000);
+  auto later = ctl->Reconcile(At(v));
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(Count(*later, ActionKind::kRestart), 2) << audit_log();
+  // Per-worker incidents were counted for bad-node memory.
+  EXPECT_EQ(ctl->history().NodeIncidents("n7"), 2);
+}
+
+TEST_F(ScenarioTest, MinimumLiveWorkersHolds) {
+  PolicyConfig c = NonDedicated();
+  c.safety.min_live_workers = 3;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(3, 300);
+  MakeStraggler(v, 0, 0.3, true);
+  v.job.restart_cost_s = 10;
+  v.job.remaining_samples = 100'000'000;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Count(*r, ActionKind::kRestart), 0);
+  bool saw = false;
+  for (const auto& rec : ctl->history().audit())
+    saw = saw || rec.veto_reason.find("min_live_workers") != std::string::npos;
+  EXPECT_TRUE(saw);
+}
+
+TEST_F(ScenarioTest, MaxActionsPerWindowHolds) {
+  PolicyConfig c = NonDedicated();
+  c.safety.max_actions_per_window = 1;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(6, 600);
+  MakeStraggler(v, 0, 0.3, true);
+  v.job.restart_cost_s = 10;
+  v.job.remaining_samples = 100'000'000;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->dispatch.size(), 1u);
+}
+
+TEST_F(ScenarioTest, AdjustBatchCooldownHolds) {
+  PolicyConfig c = NonDedicated();
+  c.safety.adjust_batch_cooldown_s = 30;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 0, 0.5, true);
+  ASSERT_EQ(Count(*ctl->Reconcile(At(v)), ActionKind::kAdjustBatch), 1);
+  // 10 s later another worker turns persistently slow: within the cooldown, vetoed.
+  clock_.AdvanceMs(10'000);
+  MakeStraggler(v, 3, 0.5, true);
+  EXPECT_EQ(Count(*ctl->Reconcile(At(v)), ActionKind::kAdjustBatch), 0);
+  EXPECT_EQ(ctl->history().audit().back().outcome, AuditRecord::Outcome::kVetoed);
+  EXPECT_NE(ctl->history().audit().back().veto_reason.find("cooldown"), std::string::npos);
+  clock_.AdvanceMs(25'000);
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  EXPECT_EQ(Find(*r, ActionKind::kAdjustBatch)->plan->version, 2u);
+}
+
+TEST_F(ScenarioTest, DryRunChangesNothing) {
+  PolicyConfig c = NonDedicated();
+  c.dry_run = true;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  v.job.restart_cost_s = 60;
+  v.job.remaining_samples = 10'000'000;
+  for (int i = 0; i < 5; ++i) {
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->dispatch.empty());
+    clock_.AdvanceMs(10'000);
+  }
+  EXPECT_FALSE(ctl->history().plan());
+  EXPECT_EQ(ctl->history().NodeIncidents("n2"), 0);
+  // What it would have done is audited once per (kind, target), repeats folded in.
+  ASSERT_EQ(ctl->history().audit().size(), 2u);
+  for (const auto& rec : ctl->history().audit()) {
+    EXPECT_EQ(rec.outcome, AuditRecord::Outcome::kDryRun);
+    EXPECT_EQ(rec.repeats, 4);
+  }
+}
+
+TEST_F(ScenarioTest, RollbackFiresWhenTheActionDoesNotHelp) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  v.job.throughput = 200;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr);
+  const uint64_t id = a->id;
+  const double predicted = a->predicted_gain;
+
+  // Before evaluate_after_s nothing is judged.
+  clock_.AdvanceMs(30'000);
+  ASSERT_TRUE(ctl->Reconcile(At(v))->dispatch.empty());
+  EXPECT_FALSE(ctl->history().FindRecord(id)->measured_gain);
+
+  // 60 s on, throughput has not moved (the slowdown was not where the monitor thought).
+  clock_.AdvanceMs(30'000);
+  v.job.throughput = 205;
+  auto later = ctl->Reconcile(At(v));
+  ASSERT_TRUE(later.ok());
+  ASSERT_EQ(later->dispatch.size(), 1u);
+  const Action& undo = later->dispatch[0];
+  EXPECT_EQ(undo.kind, ActionKind::kAdjustBatch);
+  EXPECT_EQ(undo.rollback_of, id);
+  EXPECT_EQ(undo.plan->version, 2u);
+  EXPECT_EQ(undo.plan->Find("w2")->samples, 250);  // the even split in force before
+  EXPECT_EQ(undo.plan->TotalSamples(), 1000);
+  EXPECT_GT(undo.plan->effective_step, v.job.current_step);
+  const AuditRecord* rec = ctl->history().FindRecord(id);
+  EXPECT_NEAR(*rec->measured_gain, 0.025, 1e-9);
+  EXPECT_LT(*rec->measured_gain, 0.5 * predicted);
+  EXPECT_TRUE(rec->rolled_back);
+
+  // The same plan is not proposed again right away (no flapping between plan and rollback).
+  for (int i = 0; i < 10; ++i) {
+    clock_.AdvanceMs(10'000);
+    auto r2 = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r2.ok());
+    EXPECT_EQ(Count(*r2, ActionKind::kAdjustBatch), 0);
+  }
+}
+
+TEST_F(ScenarioTest, NoRollbackWhenTheActionHelped) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  v.job.throughput = 200;
+  auto r = ctl->Reconcile(At(v));
+  const uint64_t id = Find(*r, ActionKind::kAdjustBatch)->id;
+  clock_.AdvanceMs(61'000);
+  v.job.throughput = 345;
+  auto later = ctl->Reconcile(At(v));
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->dispatch.empty());
+  EXPECT_NEAR(*ctl->history().FindRecord(id)->measured_gain, 0.725, 1e-9);
+  EXPECT_FALSE(ctl->history().FindRecord(id)->rolled_back);
+}
+
+TEST_F(ScenarioTest, BadNodesAreRememberedAndAvoided) {
+  PolicyConfig c = NonDedicated();
+  c.restart.bad_node_threshold = 2;
+  c.safety.cooldown_s = 10;
+  c.safety.max_restarts_per_window = 100;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  v.job.restart_cost_s = 30;
+  v.job.remaining_samples = 100'000'000;
+  v.workers[0].node = "bad";
+  MakeStraggler(v, 0, 0.5, true);
+  auto r1 = ctl->Reconcile(At(v));
+  EXPECT_EQ(Find(*r1, ActionKind::kRestart)->node, "bad");
+  clock_.AdvanceMs(20'000);
+  auto r2 = ctl->Reconcile(At(v));
+  ASSERT_NE(Find(*r2, ActionKind::kRestart), nullptr);
+  EXPECT_TRUE(ctl->history().IsBadNode("bad", clock_.NowMs(), c.restart));
+  // Third time on the same node: migrate away from it instead of restarting in place.
+  clock_.AdvanceMs(20'000);
+  auto r3 = ctl->Reconcile(At(v));
+  EXPECT_EQ(Find(*r3, ActionKind::kRestart), nullptr);
+  const Action* m = Find(*r3, ActionKind::kMigrate);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->avoid_nodes, std::vector<std::string>{"bad"});
+  // Bad nodes are forgotten after bad_node_ttl_s.
+  EXPECT_FALSE(ctl->history().IsBadNode(
+      "bad", clock_.NowMs() + static_cast<int64_t>(c.restart.bad_node_ttl_s * 1000) + 1,
+      c.restart));
+}
+
+TEST_F(ScenarioTest, AsyncJobGetsReallocationAndHotServerRestart) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 0);
+  v.job.mode = JobMode::kAsync;
+  v.job.epoch_progress = 0.95;
+  MakeStraggler(v, 1, 0.5, true);
+  v.servers.push_back(ServerView{"ps0", "n9", 40, 3.0, true, true});
+  v.servers.push_back(ServerView{"ps1", "n8", 10, 1.0, false, false});
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* re = Find(*r, ActionKind::kReallocate);
+  ASSERT_NE(re, nullptr);
+  EXPECT_TRUE(re->tail_backups.value_or(false));
+  double sum = 0;
+  for (const auto& al : re->allocations) {
+    sum += al.weight;
+    if (al.worker_id == "w1") {
+      EXPECT_DOUBLE_EQ(al.shard_scale, 0.5);
+    }
+  }
+  EXPECT_NEAR(sum, 4.0, 1e-9);
+  const Action* ps = Find(*r, ActionKind::kRestartServer);
+  ASSERT_NE(ps, nullptr);
+  EXPECT_EQ(ps->target, "ps0");
+  EXPECT_TRUE(ctl->history().tail_backups());
+}
+
+TEST_F(ScenarioTest, DedicatedPresetUsesAccumulationAndNeverRestarts) {
+  PolicyConfig c;
+  c.policy = "dedicated";
+  c.restart.enabled = false;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1400);
+  for (auto& w : v.workers) w.max_local_batch = 400;
+  // w0 is a newer GPU: 4× the speed, same memory.
+  v.workers[0].speed = 400;
+  v.workers[0].relative_speed = 4;
+  v.workers[0].leader = true;
+  v.workers[0].persistent = true;
+  v.job.restart_cost_s = 10;
+  v.job.remaining_samples = 100'000'000;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->plan->Find("w0")->samples, 800);
+  EXPECT_EQ(a->plan->Find("w0")->accumulation, 2);
+  EXPECT_EQ(Count(*r, ActionKind::kRestart) + Count(*r, ActionKind::kMigrate), 0);
+}
+
+TEST_F(ScenarioTest, HotReloadKeepsTheRunningPolicyOnABadConfig) {
+  auto ctl = Make(NonDedicated());
+  PolicyConfig bad = NonDedicated();
+  bad.safety.min_gain = -1;
+  EXPECT_EQ(ctl->ApplyPolicy(bad, clock_.NowMs()).code(), absl::StatusCode::kInvalidArgument);
+  PolicyConfig unknown = NonDedicated();
+  unknown.policy = "magic";
+  EXPECT_FALSE(ctl->ApplyPolicy(unknown, clock_.NowMs()).ok());
+  EXPECT_EQ(ctl->policy().name, "test-nd");
+  EXPECT_TRUE(ctl->history().audit().empty());
+  PolicyConfig good = NonDedicated();
+  good.name = "reloaded";
+  good.dry_run = true;
+  ASSERT_TRUE(ctl->ApplyPolicy(good, clock_.NowMs()).ok());
+  EXPECT_EQ(ctl->policy().name, "reloaded");
+  ASSERT_EQ(ctl->history().audit().size(), 1u);
+  EXPECT_EQ(ctl->history().audit()[0].outcome, AuditRecord::Outcome::kPolicy);
+}
+
+TEST_F(ScenarioTest, MalformedViewIsRefusedAndChangesNothing) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  v.workers[3].id = "w0";
+  EXPECT_EQ(ctl->Reconcile(At(v)).status().code(), absl::StatusCode::kInvalidArgument);
+  ClusterView nan = SyncView(4, 1000);
+  nan.workers[0].speed = std::nan("");
+  EXPECT_EQ(ctl->Reconcile(At(nan)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ctl->history().audit().empty());
+}
+
+TEST_F(ScenarioTest, ReconcileIsDeterministic) {
+  // Same inputs, same decisions: two controllers fed the same script agree record for record.
+  auto run = [&](SimulatedClock& clock) {
+    auto ctl = Make(NonDedicated());
+    ClusterView v = SyncView(8, 2048);
+    v.job.restart_cost_s = 30;
+    v.job.remaining_samples = 50'000'000;
+    std::vector<std::string> log;
+    for (int t = 0; t < 40; ++t) {
+      if (t == 3) MakeStraggler(v, 2, 0.6, true);
+      if (t == 9) MakeStraggler(v, 5, 0.4, true, false, SlowLevel::kNode);
+      v.now_ms = clock.NowMs();
+      v.job.throughput = 700 + 10 * t;
+      auto r = ctl->Reconcile(v);
+      for (const auto& a : r->dispatch)
+        log.push_back(std::string(ActionKindName(a.kind)) + a.target + a.reason);
+      clock.AdvanceMs(10'000);
+    }
+    return log;
+  };
+  SimulatedClock a, b;
+  EXPECT_EQ(run(a), run(b));
+}
+
+}  // namespace
+}  // namespace pacer
