@@ -16,6 +16,7 @@
 
 #include "common/auth.h"
 #include "common/flags.h"
+#include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
 
 namespace po = boost::program_options;
@@ -74,6 +75,45 @@ void PrintDatasets(const pacer::ListDatasetsResponse& r) {
   }
 }
 
+std::string ClassName(const pacer::Classification& c) {
+  std::string out;
+  switch (c.worker_class()) {
+    case pacer::WORKER_CLASS_NORMAL: out = "normal"; break;
+    case pacer::WORKER_CLASS_STRAGGLER: out = "STRAGGLER"; break;
+    case pacer::WORKER_CLASS_LEADER: out = "leader"; break;
+    default: return "unknown";
+  }
+  if (c.persistence() == pacer::PERSISTENCE_PERSISTENT) out += " persistent";
+  if (c.persistence() == pacer::PERSISTENCE_TRANSIENT) out += " transient";
+  if (c.cause() == pacer::CAUSE_CONTENTION) out += " contention";
+  if (c.cause() == pacer::CAUSE_DETERMINISTIC) out += " hardware";
+  if (c.scope() == pacer::SCOPE_NODE) out += " node-level";
+  if (c.scope() == pacer::SCOPE_SERVER) out += " server-level";
+  return out;
+}
+
+void PrintWorkers(const pacer::ListWorkersResponse& r) {
+  std::cout << std::left << std::setw(16) << "WORKER" << std::setw(12) << "NODE" << std::setw(12)
+            << "SPEED/S" << std::setw(10) << "RELATIVE" << std::setw(8) << "BATCH" << std::setw(11)
+            << "COMPUTE_S" << std::setw(8) << "CONF" << "CLASS\n";
+  std::cout << std::fixed;
+  for (const auto& w : r.workers()) {
+    std::cout << std::left << std::setw(16) << w.id() << std::setw(12) << w.node()
+              << std::setw(12) << std::setprecision(1) << w.speed() << std::setw(10)
+              << std::setprecision(2) << w.relative_speed() << std::setw(8) << w.local_batch()
+              << std::setw(11) << std::setprecision(4) << w.compute_s() << std::setw(8)
+              << std::setprecision(2) << w.classification().confidence()
+              << ClassName(w.classification()) << "\n";
+  }
+  for (const auto& s : r.servers()) {
+    std::cout << std::left << std::setw(16) << ("ps:" + s.id()) << std::setw(12) << s.node()
+              << std::setw(12) << std::setprecision(1) << s.latency_ms() << std::setw(10)
+              << std::setprecision(2) << s.relative_speed() << std::setw(8) << "-" << std::setw(11)
+              << "-" << std::setw(8) << s.classification().confidence()
+              << ClassName(s.classification()) << "\n";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,6 +130,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "Usage: pacerctl [options] COMMAND\n\nCommands:\n"
       "  status                    job summary\n"
+      "  workers                   per-worker speed and straggler / leader classification\n"
       "  datasets                  datasets, epochs, progress, quarantined ranges\n"
       "  checkpoint save TAG       pin the data position to model checkpoint TAG\n"
       "  checkpoint restore TAG    go back to the data position of TAG",
@@ -129,6 +170,19 @@ int main(int argc, char** argv) {
                 << " active leases, journal at update " << resp.journal_seq() << "\n";
     } else {
       PrintDatasets(resp);
+    }
+    return 0;
+  }
+  if (cmd == "workers") {
+    auto monitor = pacer::Monitor::NewStub(channel);
+    pacer::ListWorkersResponse resp;
+    auto ctx = context();
+    grpc::Status s = monitor->ListWorkers(ctx.get(), pacer::ListWorkersRequest(), &resp);
+    if (!s.ok()) Fail(s);
+    if (json) {
+      std::cout << ToJson(resp) << std::endl;
+    } else {
+      PrintWorkers(resp);
     }
     return 0;
   }

@@ -1,5 +1,6 @@
 #include "cmd/pacerd/pacerd.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -73,10 +74,13 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   options.sharding.data_dir = options.data_dir + "/journal";
   ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
   d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
+  ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(options.monitor, clock, &d->metrics_));
+  d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get());
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen.ToString(), creds, &d->port_);
   builder.RegisterService(d->sharding_grpc_.get());
+  builder.RegisterService(d->monitor_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {
@@ -91,14 +95,15 @@ Pacerd::~Pacerd() { Shutdown(); }
 std::string Pacerd::address() const { return HostPort{host_, port_}.ToString(); }
 
 void Pacerd::Housekeeping() {
-  const auto period =
-      std::chrono::milliseconds(std::max<int64_t>(50, options_.sharding.lease_timeout_ms / 8));
+  const auto period = std::chrono::milliseconds(
+      std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
   std::unique_lock<std::mutex> l(mu_);
   while (!stopping_) {
     cv_.wait_for(l, period);  // a timer, not synchronisation: wakes early on Shutdown()
     if (stopping_) break;
     l.unlock();
     sharding_->ExpireOverdue();
+    monitor_->Tick();
     l.lock();
   }
 }

@@ -1,7 +1,7 @@
 // Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
 //
-// Owns the sharding service, its gRPC server, the metrics endpoint and a housekeeping thread
-// that expires silent workers' leases. Start() binds (port 0 = the OS picks) and returns once
+// Owns the sharding service and the monitor, their gRPC server, the metrics endpoint and a
+// housekeeping thread that expires silent workers' leases and closes monitor windows. Start() binds (port 0 = the OS picks) and returns once
 // serving; Shutdown() (or the destructor) stops accepting, finishes in-flight calls and flushes
 // the journal.
 #pragma once
@@ -18,6 +18,8 @@
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "monitor/grpc_monitor_service.h"
+#include "monitor/monitor_service.h"
 #include "sharding_service/grpc_sharding_service.h"
 #include "sharding_service/sharding_service.h"
 
@@ -32,6 +34,7 @@ struct PacerdOptions {
   std::string tls_cert, tls_key, tls_client_ca;  // TLS when cert+key are set; mTLS with a CA
   bool allow_insecure = false;  // plaintext on a non-loopback address
   ShardingServiceOptions sharding;
+  MonitorOptions monitor;
 };
 
 class Pacerd {
@@ -49,6 +52,7 @@ class Pacerd {
   const std::string& job_token() const { return job_token_; }
   const std::string& admin_token() const { return admin_token_; }
   ShardingServiceImpl* sharding() { return sharding_.get(); }
+  MonitorServiceImpl* monitor() { return monitor_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
 
  private:
@@ -62,6 +66,8 @@ class Pacerd {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<ShardingServiceImpl> sharding_;
   std::unique_ptr<GrpcShardingService> sharding_grpc_;
+  std::unique_ptr<MonitorServiceImpl> monitor_;
+  std::unique_ptr<GrpcMonitorService> monitor_grpc_;
   std::unique_ptr<grpc::Server> server_;
   std::string host_;
   int port_ = 0;
