@@ -2,6 +2,8 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <rocksdb/write_batch.h>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +13,9 @@ namespace pacer {
 namespace {
 
 constexpr char kFormatKey[] = "m:format";
-constexpr char kFormat[] = "pacer-journal-v1";
+constexpr char kFormat[] = "pacer-journal-v2";
+// Wire tag of JournalRecord.updates (field 1, length-delimited).
+constexpr uint32_t kRecordUpdatesTag = (1 << 3) | 2;
 
 std::string Key(char prefix, uint64_t seq) {
   std::string k(9, '\0');
@@ -87,29 +91,36 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& opt
     }
     if (!it->status().ok()) return FromRocks(it->status(), "journal: reading snapshots");
   }
-  // 2. The tail.
+  // 2. The tail: records of consecutive updates, each keyed by its first seq.
   uint64_t expected = snapshot_seq + 1;
   {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
-    Update update;
+    JournalRecord record;
     for (it->Seek(Key('j', expected)); it->Valid(); it->Next()) {
       const rocksdb::Slice key = it->key();
       if (key.size() != 9 || key[0] != 'j') break;
-      const uint64_t seq = SeqOf(key);
-      if (seq != expected) {
+      const uint64_t first = SeqOf(key);
+      if (first != expected) {
         return absl::DataLossError(absl::StrCat("journal: gap in '", options.dir,
-                                                "': expected update ", expected, ", found ", seq));
+                                                "': expected update ", expected, ", found ", first));
       }
-      if (!update.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
-          update.seq() != seq) {
-        return absl::DataLossError(
-            absl::StrCat("journal: update ", seq, " in '", options.dir, "' is corrupt"));
+      if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
+          record.updates_size() == 0) {
+        return absl::DataLossError(absl::StrCat("journal: record of update ", first, " in '",
+                                                options.dir, "' is corrupt"));
       }
-      if (auto s = on_update(update); !s.ok()) {
-        return absl::DataLossError(
-            absl::StrCat("journal: update ", seq, " does not apply: ", s.message()));
+      for (const Update& update : record.updates()) {
+        if (update.seq() != expected) {
+          return absl::DataLossError(absl::StrCat("journal: update ", expected, " in '",
+                                                  options.dir, "' is corrupt (found seq ",
+                                                  update.seq(), ")"));
+        }
+        if (auto s = on_update(update); !s.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("journal: update ", expected, " does not apply: ", s.message()));
+        }
+        ++expected;
       }
-      ++expected;
     }
     if (!it->status().ok()) return FromRocks(it->status(), "journal: reading updates");
   }
@@ -214,13 +225,29 @@ void Journal::WriterLoop() {
       std::lock_guard<std::mutex> l(mu_);
       previous_snapshot = last_snapshot_seq_;
     }
+    // One record per run of updates; a snapshot closes the run, so a record never straddles a
+    // snapshot and the range delete below removes exactly the updates the snapshot holds.
+    std::string record;
+    uint64_t record_first = 0;
+    auto close_record = [&] {
+      if (record_first != 0) batch.Put(Key('j', record_first), record);
+      record.clear();
+      record_first = 0;
+    };
     for (const Entry& e : batch_entries) {
       bytes += e.bytes.size();
       if (!e.snapshot) {
-        batch.Put(Key('j', e.seq), e.bytes);
+        if (record_first == 0) record_first = e.seq;
+        // Field 1 (updates), length-delimited: a JournalRecord built by concatenation.
+        google::protobuf::io::StringOutputStream out(&record);
+        google::protobuf::io::CodedOutputStream coded(&out);
+        coded.WriteTag(kRecordUpdatesTag);
+        coded.WriteVarint32(static_cast<uint32_t>(e.bytes.size()));
+        coded.WriteRaw(e.bytes.data(), static_cast<int>(e.bytes.size()));
         max_seq = std::max(max_seq, e.seq);
         continue;
       }
+      close_record();
       batch.Put(Key('s', e.seq), e.bytes);
       batch.DeleteRange(Key('j', 0), Key('j', e.seq + 1));
       if (previous_snapshot != 0 && previous_snapshot != e.seq) {
@@ -228,6 +255,7 @@ void Journal::WriterLoop() {
       }
       previous_snapshot = snapshot_seq = e.seq;
     }
+    close_record();
     const rocksdb::Status st = db_->Write(wo, &batch);
     std::vector<Done> ready;
     absl::Status status;

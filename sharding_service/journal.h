@@ -2,14 +2,16 @@
 //
 // Layout (one RocksDB instance in the data dir):
 //   "m:format"        -> "pacer-journal-v1"
-//   "j" + BE64(seq)   -> serialized Update, seq = 1, 2, 3, ... without gaps
+//   "j" + BE64(seq)   -> JournalRecord: the updates seq, seq+1, ... of one group commit
+//                        (update seqs are 1, 2, 3, ... without gaps across records)
 //   "s" + BE64(seq)   -> serialized ShardingSnapshot holding every update <= seq
 //
 // Group commit (the protocol, once):
 //  1. The service, holding its state lock, applies an update and calls Append(): this only
 //     queues the serialized update (no I/O under the lock).
-//  2. The writer thread takes *everything* queued, writes it as one WriteBatch with sync=true
-//     (one fsync for the whole group), then advances durable_seq.
+//  2. The writer thread takes *everything* queued, writes it as one record in one WriteBatch
+//     with sync=true (one memtable insert and one fsync for the whole group), then advances
+//     durable_seq.
 //  3. Callers wait with WhenDurable(seq, done); `done` runs once durable_seq >= seq. Because the
 //     log is written in seq order, an acknowledged update implies every earlier one is durable,
 //     so no reply ever reveals state that a crash could take back.

@@ -54,6 +54,9 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
     return absl::InvalidArgumentError(
         "lease_timeout_ms must be > 0 and worker_timeout_ms >= lease_timeout_ms");
   }
+  // absl::Mutex's deadlock detector (on by default in this absl build) costs a graph lookup per
+  // lock; the service takes one lock per request and never nests it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::unique_ptr<ShardingServiceImpl> svc(new ShardingServiceImpl(options, clock, metrics));
   Stopwatch watch(RealClock::Get());
   ShardingState state;
