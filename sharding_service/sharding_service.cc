@@ -411,6 +411,7 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
       return last;
     }();
   }
+  if (seq.ok() && heartbeat_hook_) heartbeat_hook_(req, resp);
   Reply(seq, std::move(done));
 }
 

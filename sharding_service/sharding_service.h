@@ -71,6 +71,11 @@ class ShardingServiceImpl {
   void SetAllocation(const SetAllocationRequest& req, SetAllocationResponse* resp, Done done);
   void SetTailBackup(const SetTailBackupRequest& req, SetTailBackupResponse* resp, Done done);
 
+  // Called for every successful Heartbeat, outside mu_, before the reply is sent: pacerd uses
+  // it to add the controller's commands. Must be thread-safe; set before serving.
+  using HeartbeatHook = std::function<void(const HeartbeatRequest&, HeartbeatResponse*)>;
+  void SetHeartbeatHook(HeartbeatHook hook) { heartbeat_hook_ = std::move(hook); }
+
   // Expires leases and workers past their deadlines (call periodically). Returns how many
   // leases expired.
   int ExpireOverdue();
@@ -118,6 +123,7 @@ class ShardingServiceImpl {
   std::unique_ptr<MetricsRegistry> own_metrics_;
   Metrics metrics_;
   std::unique_ptr<Journal> journal_;
+  HeartbeatHook heartbeat_hook_;
 
   mutable absl::Mutex mu_;
   ShardingState state_ ABSL_GUARDED_BY(mu_);
