@@ -10,12 +10,16 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "common/auth.h"
 #include "common/flags.h"
+#include "controller/policy_loader.h"
+#include "proto/pacer/controller.grpc.pb.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
 
@@ -131,12 +135,25 @@ int main(int argc, char** argv) {
       "Usage: pacerctl [options] COMMAND\n\nCommands:\n"
       "  status                    job summary\n"
       "  workers                   per-worker speed and straggler / leader classification\n"
+      "  actions                   the controller's decisions: why, predicted and measured gain\n"
+      "  policy validate FILE      check a policy file (no server needed)\n"
+      "  policy apply FILE         hot-reload the running policy (audited)\n"
       "  datasets                  datasets, epochs, progress, quarantined ranges\n"
       "  checkpoint save TAG       pin the data position to model checkpoint TAG\n"
       "  checkpoint restore TAG    go back to the data position of TAG",
       desc, /*allow_positional=*/true);
   const auto& args = flags.positional;
   if (args.empty()) pacer::ExitWithError("pacerctl", "missing command (see --help)");
+  if (args[0] == "policy" && args.size() == 3 && args[1] == "validate") {
+    auto policy = pacer::LoadPolicyFile(args[2]);
+    if (!policy.ok()) {
+      std::cerr << "pacerctl: " << policy.status().message() << std::endl;
+      return 1;
+    }
+    std::cout << args[2] << ": ok (policy '" << policy->name << "', decision function "
+              << policy->policy << (policy->dry_run ? ", dry-run" : "") << ")" << std::endl;
+    return 0;
+  }
   if (token.empty() && std::getenv("PACER_ADMIN_TOKEN")) token = std::getenv("PACER_ADMIN_TOKEN");
   if (token.empty()) {
     auto t = pacer::LoadToken(token_file.empty() ? data_dir + "/admin.token" : token_file, false);
@@ -184,6 +201,62 @@ int main(int argc, char** argv) {
     } else {
       PrintWorkers(resp);
     }
+    return 0;
+  }
+  if (cmd == "actions") {
+    auto ctl = pacer::ControllerService::NewStub(channel);
+    pacer::ListActionsResponse resp;
+    auto ctx = context();
+    grpc::Status s = ctl->ListActions(ctx.get(), pacer::ListActionsRequest(), &resp);
+    if (!s.ok()) Fail(s);
+    if (json) {
+      std::cout << ToJson(resp) << std::endl;
+      return 0;
+    }
+    std::cout << "policy '" << resp.policy_name() << "' (" << resp.policy() << ")"
+              << (resp.dry_run() ? " dry-run" : "") << ", batch plan version " << resp.plan_version()
+              << "\n";
+    std::cout << std::left << std::setw(6) << "ID" << std::setw(10) << "TIME" << std::setw(12)
+              << "KIND" << std::setw(12) << "TARGET" << std::setw(10) << "OUTCOME" << std::setw(10)
+              << "PREDICTED" << std::setw(10) << "MEASURED" << "REASON / DETAIL\n";
+    for (const auto& a : resp.actions()) {
+      std::time_t t = a.time_ms() / 1000;
+      char when[16];
+      std::strftime(when, sizeof(when), "%H:%M:%S", std::localtime(&t));
+      std::ostringstream pred, meas;
+      pred << std::fixed << std::setprecision(1) << 100 * a.predicted_gain() << "%";
+      if (a.measured()) meas << std::fixed << std::setprecision(1) << 100 * a.measured_gain() << "%";
+      else meas << "-";
+      std::string outcome = a.outcome() + (a.rolled_back() ? "*" : "");
+      std::cout << std::left << std::setw(6) << a.id() << std::setw(10) << when << std::setw(12)
+                << a.kind() << std::setw(12) << (a.target().empty() ? "-" : a.target())
+                << std::setw(10) << outcome << std::setw(10) << pred.str() << std::setw(10)
+                << meas.str() << a.reason();
+      if (!a.veto_reason().empty()) std::cout << " [vetoed: " << a.veto_reason() << "]";
+      if (a.repeats() > 0) std::cout << " (x" << a.repeats() + 1 << ")";
+      std::cout << "\n";
+      if (!a.detail().empty()) std::cout << std::setw(6) << "" << "  " << a.detail() << "\n";
+      if (!a.dispatch().empty()) std::cout << std::setw(6) << "" << "  -> " << a.dispatch() << "\n";
+    }
+    return 0;
+  }
+  if (cmd == "policy") {
+    if (args.size() != 3 || args[1] != "apply") {
+      pacer::ExitWithError("pacerctl", "usage: policy validate FILE | policy apply FILE");
+    }
+    std::ifstream in(args[2]);
+    if (!in) pacer::ExitWithError("pacerctl", "cannot read '" + args[2] + "'", 1);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto ctl = pacer::ControllerService::NewStub(channel);
+    pacer::ApplyPolicyRequest req;
+    req.set_yaml(text.str());
+    req.set_file_name(args[2]);
+    pacer::ApplyPolicyResponse resp;
+    auto ctx = context();
+    grpc::Status s = ctl->ApplyPolicy(ctx.get(), req, &resp);
+    if (!s.ok()) Fail(s);
+    std::cout << "policy '" << resp.policy_name() << "' (" << resp.policy() << ") in force" << std::endl;
     return 0;
   }
   if (cmd == "checkpoint") {

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cmd/pacerd/pacerd.h"
+#include "controller/policy_loader.h"
 #include "common/flags.h"
 #include "common/log.h"
 
@@ -24,7 +25,12 @@ int main(int argc, char** argv) {
       ("listen", po::value(&o.listen)->default_value(o.listen), "gRPC address HOST:PORT (port 0: any)")
       ("metrics-listen", po::value(&o.metrics_listen)->default_value(o.metrics_listen),
        "Prometheus /metrics address HOST:PORT; empty to disable")
-      ("policy", po::value<std::string>(), "controller policy file (YAML)")
+      ("policy", po::value(&o.policy_file), "controller policy file (YAML, see policies/); default: observe only")
+      ("job-mode", po::value<std::string>()->default_value("sync"), "sync (all-reduce) or async (parameter server)")
+      ("restart-cost-s", po::value(&o.reconciler.restart_cost_s)->default_value(o.reconciler.restart_cost_s),
+       "time one worker relaunch costs, for the restart cost model")
+      ("reconcile-interval-ms", po::value(&o.reconciler.interval_ms)->default_value(o.reconciler.interval_ms),
+       "controller reconcile period (also runs early on monitor events)")
       ("job-token-file", po::value(&job_token_file), "job token (workers, agents); default DATA_DIR/job.token")
       ("admin-token-file", po::value(&admin_token_file), "admin token (pacerctl); default DATA_DIR/admin.token")
       ("tls-cert", po::value(&o.tls_cert), "server certificate (PEM); enables TLS")
@@ -42,9 +48,12 @@ int main(int argc, char** argv) {
       ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving");
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv, "Usage: pacerd [options]\n\nThe Pacer control plane of one training job.", desc);
-  if (flags.vm.count("policy")) {
-    const std::string policy = flags.vm["policy"].as<std::string>();
-    if (!std::filesystem::exists(policy)) pacer::ExitWithError("pacerd", "policy file '" + policy + "' not found");
+  const std::string mode = flags.vm["job-mode"].as<std::string>();
+  if (mode != "sync" && mode != "async") pacer::ExitWithError("pacerd", "--job-mode must be sync or async");
+  o.reconciler.mode = mode == "sync" ? pacer::JobMode::kSync : pacer::JobMode::kAsync;
+  if (!o.policy_file.empty()) {
+    auto policy = pacer::LoadPolicyFile(o.policy_file);
+    if (!policy.ok()) pacer::ExitWithError("pacerd", std::string(policy.status().message()));
   }
   if (o.sharding.snapshot_every == 0) pacer::ExitWithError("pacerd", "--snapshot-every must be > 0");
   if (!job_token_file.empty()) {

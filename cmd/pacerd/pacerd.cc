@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "controller/policy_loader.h"
 
 namespace pacer {
 namespace {
@@ -74,13 +75,34 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   options.sharding.data_dir = options.data_dir + "/journal";
   ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
   d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
-  ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(options.monitor, clock, &d->metrics_));
+  PolicyConfig policy;  // default: "none"
+  if (!options.policy_file.empty()) {
+    ASSIGN_OR_RETURN(policy, LoadPolicyFile(options.policy_file));
+  }
+  const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.detection, options.monitor);
+  ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(monitor_options, clock, &d->metrics_));
   d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get());
+  ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
+  ReconcilerOptions ro = options.reconciler;
+  ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
+  d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), d->monitor_.get(),
+                                                d->sharding_.get(), clock, ro);
+  d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
+  Reconciler* reconciler = d->reconciler_.get();
+  d->sharding_->SetHeartbeatHook(
+      [reconciler](const HeartbeatRequest& req, HeartbeatResponse* resp) {
+        reconciler->OnHeartbeat(req, resp);
+      });
+  d->monitor_->SetEventListener(
+      [reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
+  PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"
+                  << (policy.dry_run ? " in dry-run" : "");
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen.ToString(), creds, &d->port_);
   builder.RegisterService(d->sharding_grpc_.get());
   builder.RegisterService(d->monitor_grpc_.get());
+  builder.RegisterService(d->controller_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {
@@ -104,6 +126,7 @@ void Pacerd::Housekeeping() {
     l.unlock();
     sharding_->ExpireOverdue();
     monitor_->Tick();
+    reconciler_->MaybeReconcile();
     l.lock();
   }
 }

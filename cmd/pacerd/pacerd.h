@@ -1,7 +1,8 @@
 // Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
 //
-// Owns the sharding service and the monitor, their gRPC server, the metrics endpoint and a
-// housekeeping thread that expires silent workers' leases and closes monitor windows. Start() binds (port 0 = the OS picks) and returns once
+// Owns the sharding service, the monitor and the controller's reconcile loop, their gRPC
+// server, the metrics endpoint and a housekeeping thread that expires silent workers' leases,
+// closes monitor windows and reconciles. Start() binds (port 0 = the OS picks) and returns once
 // serving; Shutdown() (or the destructor) stops accepting, finishes in-flight calls and flushes
 // the journal.
 #pragma once
@@ -18,6 +19,8 @@
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "controller/grpc_controller_service.h"
+#include "controller/reconciler.h"
 #include "monitor/grpc_monitor_service.h"
 #include "monitor/monitor_service.h"
 #include "sharding_service/grpc_sharding_service.h"
@@ -34,7 +37,9 @@ struct PacerdOptions {
   std::string tls_cert, tls_key, tls_client_ca;  // TLS when cert+key are set; mTLS with a CA
   bool allow_insecure = false;  // plaintext on a non-loopback address
   ShardingServiceOptions sharding;
-  MonitorOptions monitor;
+  MonitorOptions monitor;     // detection thresholds are taken from the policy
+  std::string policy_file;    // empty: the "none" policy (observe, never act)
+  ReconcilerOptions reconciler;
 };
 
 class Pacerd {
@@ -53,6 +58,7 @@ class Pacerd {
   const std::string& admin_token() const { return admin_token_; }
   ShardingServiceImpl* sharding() { return sharding_.get(); }
   MonitorServiceImpl* monitor() { return monitor_.get(); }
+  Reconciler* reconciler() { return reconciler_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
 
  private:
@@ -68,6 +74,8 @@ class Pacerd {
   std::unique_ptr<GrpcShardingService> sharding_grpc_;
   std::unique_ptr<MonitorServiceImpl> monitor_;
   std::unique_ptr<GrpcMonitorService> monitor_grpc_;
+  std::unique_ptr<Reconciler> reconciler_;
+  std::unique_ptr<GrpcControllerService> controller_grpc_;
   std::unique_ptr<grpc::Server> server_;
   std::string host_;
   int port_ = 0;

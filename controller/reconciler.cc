@@ -1,0 +1,314 @@
+#include "controller/reconciler.h"
+
+#include <algorithm>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "controller/policy_loader.h"
+
+namespace pacer {
+namespace {
+
+// Calls an async sharding method and waits for its reply (the housekeeping thread only).
+template <typename Req, typename Resp, typename Method>
+absl::Status CallSharding(ShardingServiceImpl* s, Method method, const Req& req, Resp* resp) {
+  std::promise<absl::Status> p;
+  auto f = p.get_future();
+  (s->*method)(req, resp, [&p](absl::Status st) { p.set_value(st); });
+  return f.get();
+}
+
+std::string DescribeAction(const Action& a) {
+  std::string out;
+  if (a.plan) {
+    out = absl::StrFormat("plan v%d @step %d B=%d:", a.plan->version, a.plan->effective_step,
+                          a.plan->global_batch);
+    for (const auto& w : a.plan->workers) {
+      absl::StrAppendFormat(&out, " %s=%dx%d", w.worker_id, w.micro_batch, w.accumulation);
+    }
+  }
+  for (const auto& al : a.allocations) {
+    absl::StrAppendFormat(&out, " %s(weight %.2f, shard x%.2f)", al.worker_id, al.weight,
+                          al.shard_scale);
+  }
+  if (a.tail_backups) absl::StrAppend(&out, " tail_backups=", *a.tail_backups ? "on" : "off");
+  if (!a.node.empty()) absl::StrAppend(&out, " node=", a.node);
+  if (!a.avoid_nodes.empty()) {
+    absl::StrAppend(&out, " avoid=");
+    for (const auto& n : a.avoid_nodes) absl::StrAppend(&out, n, ",");
+  }
+  if (a.cost_s > 0 || a.saved_s > 0) {
+    absl::StrAppendFormat(&out, " saves %.0fs for cost %.0fs", a.saved_s, a.cost_s);
+  }
+  return out;
+}
+
+}  // namespace
+
+MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& d, MonitorOptions base) {
+  base.straggler_threshold = d.straggler_threshold;
+  base.leader_threshold = d.leader_threshold;
+  base.window_ms = static_cast<int64_t>(d.window_s * 1000);
+  base.persistent_k = static_cast<uint32_t>(d.persistent_windows);
+  base.persistent_w = static_cast<uint32_t>(d.history_windows);
+  return base;
+}
+
+Reconciler::Reconciler(std::unique_ptr<Controller> controller, MonitorServiceImpl* monitor,
+                       ShardingServiceImpl* sharding, const Clock* clock,
+                       ReconcilerOptions options)
+    : clock_(clock),
+      monitor_(monitor),
+      sharding_(sharding),
+      options_(options),
+      controller_(std::move(controller)) {}
+
+void Reconciler::SetAgentDispatcher(AgentDispatcher dispatcher) {
+  absl::MutexLock l(&mu_);
+  agents_ = std::move(dispatcher);
+}
+
+void Reconciler::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
+  absl::MutexLock l(&mu_);
+  max_step_ = std::max<int64_t>(max_step_, static_cast<int64_t>(req.step()));
+  auto it = plan_commands_.find(req.worker_id());
+  if (it == plan_commands_.end() || req.plan_version() >= it->second.version()) return;
+  WorkerCommand* cmd = resp->add_commands();
+  cmd->set_command_id(it->second.version());
+  *cmd->mutable_batch_plan() = it->second;
+}
+
+std::optional<BatchPlanCommand> Reconciler::PlanFor(const std::string& worker) const {
+  absl::MutexLock l(&mu_);
+  auto it = plan_commands_.find(worker);
+  if (it == plan_commands_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Reconciler::MaybeReconcile() {
+  {
+    absl::MutexLock l(&mu_);
+    const bool due = clock_->NowMs() - last_reconcile_ms_ >= options_.interval_ms;
+    if (!due && !poked_) return false;
+  }
+  absl::Status s = ReconcileNow();
+  if (!s.ok()) PACER_LOG(WARNING) << "reconcile: " << s;
+  return true;
+}
+
+absl::Status Reconciler::ReconcileNow() {
+  poked_ = false;
+  // Inputs gathered outside mu_ (the sharding call waits for its journal).
+  ListWorkersResponse workers;
+  if (absl::Status s = monitor_->ListWorkers(ListWorkersRequest(), &workers); !s.ok()) return s;
+  ListDatasetsResponse datasets;
+  if (absl::Status s = CallSharding(sharding_, &ShardingServiceImpl::ListDatasets,
+                                    ListDatasetsRequest(), &datasets);
+      !s.ok()) {
+    return s;
+  }
+
+  std::vector<Action> to_dispatch;
+  std::vector<std::pair<uint64_t, Action>> remote;  // sharding / agent actions, by audit id
+  {
+    absl::MutexLock l(&mu_);
+    const int64_t now = clock_->NowMs();
+    last_reconcile_ms_ = now;
+    ClusterView v;
+    v.now_ms = now;
+    v.job.mode = options_.mode;
+    v.job.current_step = max_step_;
+    v.job.heartbeat_interval_s = options_.heartbeat_interval_s;
+    v.job.restart_cost_s = options_.restart_cost_s;
+    v.job.migrate_cost_s = options_.migrate_cost_s;
+    std::vector<double> walls;
+    int64_t batch_sum = 0;
+    double throughput = 0;
+    const int64_t stale_ms = 3 * std::max<int64_t>(workers.window_ms(), 1);
+    for (const auto& w : workers.workers()) {
+      WorkerView wv;
+      wv.id = w.id();
+      wv.node = w.node();
+      wv.alive = w.reports() > 0 && now - w.last_report_ms() <= stale_ms;
+      wv.speed = w.smoothed_speed() > 0 ? w.smoothed_speed() : w.speed();
+      wv.last_window_speed = w.speed();
+      wv.relative_speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
+      const auto& c = w.classification();
+      wv.straggler = c.worker_class() == WORKER_CLASS_STRAGGLER;
+      wv.leader = c.worker_class() == WORKER_CLASS_LEADER;
+      wv.persistent = c.persistence() == PERSISTENCE_PERSISTENT;
+      wv.contention = c.cause() == CAUSE_CONTENTION;
+      wv.level = !wv.straggler                    ? SlowLevel::kNone
+                 : c.scope() == SCOPE_NODE        ? SlowLevel::kNode
+                 : c.scope() == SCOPE_SERVER      ? SlowLevel::kServer
+                                                  : SlowLevel::kWorker;
+      wv.confidence = c.confidence();
+      wv.local_batch = w.local_batch();
+      wv.step_fixed_s = w.model_fixed_s();
+      wv.step_per_sample_s = w.model_per_sample_s();
+      if (wv.alive) {
+        batch_sum += w.local_batch();
+        if (w.wall_s() > 0) walls.push_back(w.wall_s());
+      }
+      v.workers.push_back(std::move(wv));
+    }
+    if (!walls.empty()) {
+      std::nth_element(walls.begin(), walls.begin() + walls.size() / 2, walls.end());
+      v.job.step_time_s = walls[walls.size() / 2];
+      throughput = static_cast<double>(batch_sum) / v.job.step_time_s;
+    }
+    v.job.throughput = throughput;
+    const auto& plan = controller_->history().plan();
+    v.job.global_batch = plan ? plan->global_batch : batch_sum;
+    for (const auto& n : workers.nodes()) {
+      NodeView nv;
+      nv.name = n.node();
+      nv.slow = n.workers() > 0 && n.stragglers() == n.workers();
+      nv.contention = n.contention_score() >= 1.0;
+      nv.cpu_steal = n.last_metrics().cpu_steal_frac();
+      v.nodes.push_back(std::move(nv));
+    }
+    for (const auto& s : workers.servers()) {
+      ServerView sv;
+      sv.id = s.id();
+      sv.node = s.node();
+      sv.latency_ms = s.latency_ms();
+      sv.relative_latency = s.relative_speed() > 0 ? 1.0 / s.relative_speed() : 1.0;
+      sv.hot = s.classification().worker_class() == WORKER_CLASS_STRAGGLER;
+      sv.persistent = s.classification().persistence() == PERSISTENCE_PERSISTENT;
+      v.servers.push_back(std::move(sv));
+    }
+    int64_t remaining = 0;
+    for (const auto& d : datasets.datasets()) {
+      if (d.spec().num_epochs() == 0 || d.records_per_epoch() == 0) continue;
+      const int64_t total = static_cast<int64_t>(d.records_per_epoch() * d.spec().num_epochs());
+      const int64_t done = static_cast<int64_t>(d.completed_epochs() * d.records_per_epoch() +
+                                                (d.finished() ? 0 : d.records_done_current_epoch()));
+      remaining += std::max<int64_t>(0, total - done);
+      if (v.job.epoch_progress == 0 && !d.finished()) {
+        v.job.epoch_progress =
+            static_cast<double>(d.records_done_current_epoch()) / d.records_per_epoch();
+      }
+    }
+    v.job.remaining_samples = remaining;
+
+    auto result = controller_->Reconcile(v);
+    if (!result.ok()) return result.status();
+    for (Action& a : result->dispatch) {
+      switch (a.kind) {
+        case ActionKind::kAdjustBatch:
+          if (a.plan) DispatchPlan(*a.plan);
+          dispatch_notes_[a.id] = "plan sent in heartbeat replies";
+          break;
+        case ActionKind::kExcludeWorkers:
+          dispatch_notes_[a.id] = "not dispatched: the all-reduce layer has no exclusion yet";
+          break;
+        default:
+          remote.emplace_back(a.id, a);
+          break;
+      }
+      PACER_LOG(INFO) << "controller: " << ActionKindName(a.kind) << " " << a.target << " — "
+                      << a.reason << " (predicted gain " << a.predicted_gain << ")";
+    }
+  }
+  // Dispatch to the sharding service and the agents outside mu_.
+  for (auto& [id, a] : remote) {
+    std::string note;
+    if (a.kind == ActionKind::kReallocate) {
+      int failed = 0;
+      for (const auto& al : a.allocations) {
+        SetAllocationRequest req;
+        req.mutable_allocation()->set_worker_id(al.worker_id);
+        req.mutable_allocation()->set_weight(std::clamp(al.shard_scale, 0.01, 1000.0));
+        SetAllocationResponse resp;
+        if (!CallSharding(sharding_, &ShardingServiceImpl::SetAllocation, req, &resp).ok()) ++failed;
+      }
+      if (a.tail_backups) {
+        for (const auto& d : datasets.datasets()) {
+          SetTailBackupRequest req;
+          req.set_dataset(d.spec().name());
+          req.set_enabled(*a.tail_backups);
+          SetTailBackupResponse resp;
+          if (!CallSharding(sharding_, &ShardingServiceImpl::SetTailBackup, req, &resp).ok()) ++failed;
+        }
+      }
+      note = failed ? absl::StrCat("sharding allocation: ", failed, " calls failed")
+                    : "applied to the sharding service";
+    } else {
+      AgentDispatcher agents;
+      {
+        absl::MutexLock l(&mu_);
+        agents = agents_;
+      }
+      if (!agents) {
+        note = "not dispatched: no agent connected";
+      } else {
+        auto r = agents(a);
+        note = r.ok() ? *r : absl::StrCat("agent dispatch failed: ", r.status().message());
+      }
+    }
+    absl::MutexLock l(&mu_);
+    dispatch_notes_[id] = note;
+  }
+  return absl::OkStatus();
+}
+
+void Reconciler::DispatchPlan(const BatchPlan& plan) {
+  for (const auto& w : plan.workers) {
+    BatchPlanCommand cmd;
+    cmd.set_version(plan.version);
+    cmd.set_effective_step(static_cast<uint64_t>(std::max<int64_t>(0, plan.effective_step)));
+    cmd.set_micro_batch(static_cast<uint32_t>(w.micro_batch));
+    cmd.set_accumulation_steps(static_cast<uint32_t>(std::max<int64_t>(1, w.accumulation)));
+    cmd.set_global_batch(static_cast<uint64_t>(plan.global_batch));
+    cmd.set_samples(static_cast<uint64_t>(w.samples));
+    plan_commands_[w.worker_id] = cmd;
+  }
+}
+
+absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string& file_name,
+                                     ApplyPolicyResponse* resp) {
+  auto config = ParsePolicy(yaml, file_name);
+  if (!config.ok()) return config.status();
+  absl::MutexLock l(&mu_);
+  if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) return s;
+  resp->set_policy_name(controller_->policy().name);
+  resp->set_policy(controller_->policy().policy);
+  PACER_LOG(INFO) << "policy applied: " << config->name << " (" << config->policy << ")";
+  return absl::OkStatus();
+}
+
+void Reconciler::ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const {
+  absl::MutexLock l(&mu_);
+  const auto& audit = controller_->history().audit();
+  resp->set_policy_name(controller_->policy().name);
+  resp->set_policy(controller_->policy().policy);
+  resp->set_dry_run(controller_->policy().dry_run);
+  if (const auto& plan = controller_->history().plan()) resp->set_plan_version(plan->version);
+  for (auto it = audit.rbegin(); it != audit.rend(); ++it) {
+    if (req.limit() && resp->actions_size() >= static_cast<int>(req.limit())) break;
+    ActionRecord* r = resp->add_actions();
+    r->set_id(it->id);
+    r->set_time_ms(it->time_ms);
+    r->set_last_seen_ms(it->last_seen_ms);
+    r->set_repeats(it->repeats);
+    r->set_policy(it->policy);
+    r->set_outcome(AuditOutcomeName(it->outcome));
+    r->set_veto_reason(it->veto_reason);
+    r->set_inputs(it->inputs);
+    r->set_kind(it->outcome == AuditRecord::Outcome::kPolicy ? "POLICY"
+                                                             : ActionKindName(it->action.kind));
+    r->set_target(it->action.target);
+    r->set_reason(it->action.reason);
+    r->set_predicted_gain(it->action.predicted_gain);
+    r->set_measured(it->measured_gain.has_value());
+    r->set_measured_gain(it->measured_gain.value_or(0));
+    r->set_rolled_back(it->rolled_back);
+    r->set_detail(DescribeAction(it->action));
+    if (auto n = dispatch_notes_.find(it->id); n != dispatch_notes_.end()) r->set_dispatch(n->second);
+  }
+}
+
+}  // namespace pacer

@@ -1,0 +1,93 @@
+// Reconciler: pacerd's control loop around the pure Controller.
+//
+// Owns the Controller (policy, history, audit) and what pacerd needs to act on its decisions:
+// the batch plan command each worker should receive, the newest training step reported, and
+// how each executed action was dispatched. Each MaybeReconcile():
+//  1. builds a ClusterView from the monitor (speeds, classes, step-time models), the sharding
+//     service (remaining samples, epoch progress) and the heartbeats (current step);
+//  2. runs Controller::Reconcile (policy -> safety gate -> audit);
+//  3. dispatches: ADJUST_BS -> a BatchPlanCommand per worker, delivered in that worker's next
+//     heartbeat reply until the worker reports the plan's version; REALLOCATE -> the sharding
+//     service's SetAllocation / SetTailBackup; RESTART / MIGRATE / server actions -> the agent
+//     dispatcher (when no agent is connected the audit record says so).
+// It runs every `interval` and early after a monitor classification event.
+//
+// Thread-safe: one mutex; the heartbeat hook only reads a map under it. Sharding and agent
+// calls happen outside the mutex.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "controller/controller.h"
+#include "monitor/monitor_service.h"
+#include "proto/pacer/controller.pb.h"
+#include "proto/pacer/sharding.pb.h"
+#include "sharding_service/sharding_service.h"
+
+namespace pacer {
+
+struct ReconcilerOptions {
+  JobMode mode = JobMode::kSync;
+  int64_t interval_ms = 2'000;        // reconcile at least this often
+  double heartbeat_interval_s = 1.0;  // how often workers pick up commands
+  double restart_cost_s = 60;         // until agents measure it
+  double migrate_cost_s = 0;          // 0: restart cost × policy factor
+};
+
+// MonitorOptions with the policy's detection settings applied.
+MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& detection, MonitorOptions base);
+
+class Reconciler {
+ public:
+  // Executes RESTART / MIGRATE / server actions; returns what happened (for the audit).
+  using AgentDispatcher = std::function<absl::StatusOr<std::string>(const Action&)>;
+
+  Reconciler(std::unique_ptr<Controller> controller, MonitorServiceImpl* monitor,
+             ShardingServiceImpl* sharding, const Clock* clock, ReconcilerOptions options);
+
+  // Heartbeat hook (ShardingServiceImpl::SetHeartbeatHook): records the worker's step and adds
+  // its batch plan command when the worker does not hold the current version yet.
+  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  // Asks for an early reconcile (monitor events).
+  void Poke() { poked_ = true; }
+  // Reconciles when the interval passed or it was poked. Returns whether it ran.
+  bool MaybeReconcile();
+  // Reconciles now (tests, the simulator of the whole loop).
+  absl::Status ReconcileNow();
+
+  void SetAgentDispatcher(AgentDispatcher dispatcher);
+  absl::Status ApplyPolicy(const std::string& yaml, const std::string& file_name,
+                           ApplyPolicyResponse* resp);
+  void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
+  // The command a worker would get now (tests).
+  std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
+
+ private:
+  ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DispatchPlan(const BatchPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock* clock_;
+  MonitorServiceImpl* monitor_;
+  ShardingServiceImpl* sharding_;
+  const ReconcilerOptions options_;
+  std::atomic<bool> poked_{false};
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Controller> controller_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, BatchPlanCommand> plan_commands_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> dispatch_notes_ ABSL_GUARDED_BY(mu_);
+  int64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_command_id_ ABSL_GUARDED_BY(mu_) = 1;
+  AgentDispatcher agents_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pacer
