@@ -206,6 +206,31 @@ TEST_F(ShardingServiceTest, RestartRecoversTheSameStateFromSnapshotAndJournal) {
   EXPECT_LT(pacerd_->sharding()->stats().recovered_updates, 40u);  // only the tail was replayed
 }
 
+TEST_F(ShardingServiceTest, PrometheusMetricsCountWhatHappened) {
+  StartPacerd();
+  auto w = Connect("w0");
+  ASSERT_TRUE(w->RegisterDataset(Spec(100, 10)).ok());
+  auto f = w->Fetch("train");
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(w->ReportProgress(f->lease(), 4).ok());
+  clock_.AdvanceMs(1500);  // w0 goes silent: its lease expires and the suffix is requeued
+  EXPECT_EQ(pacerd_->sharding()->ExpireOverdue(), 1);
+  const std::string text = pacerd_->metrics()->RenderText();
+  auto value = [&](const std::string& name) -> double {
+    auto pos = text.find("\n" + name + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stod(text.substr(pos + name.size() + 2));
+  };
+  EXPECT_EQ(value("pacer_sharding_leases_granted_total"), 1);
+  EXPECT_EQ(value("pacer_sharding_leases_expired_total"), 1);
+  EXPECT_EQ(value("pacer_sharding_requeues_total"), 1);
+  EXPECT_EQ(value("pacer_sharding_records_done_total"), 4);
+  EXPECT_EQ(value("pacer_sharding_leases_active"), 0);
+  EXPECT_GE(value("pacer_sharding_journal_fsyncs_total"), 3);
+  EXPECT_GT(value("pacer_sharding_journal_bytes_total"), 0);
+  EXPECT_GE(value("pacer_sharding_recovery_seconds"), 0);
+}
+
 TEST(JournalTest, CorruptOrMissingEntriesAreDataLossNotACrash) {
   TempDir dir;
   const std::string path = dir.Sub("journal");
