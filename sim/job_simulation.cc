@@ -1,0 +1,658 @@
+#include "sim/job_simulation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "controller/batch_plan.h"
+#include "controller/controller.h"
+#include "monitor/monitor_state.h"
+#include "sharding_service/sharding_state.h"
+#include "sim/data_ledger.h"
+#include "sim/view_builder.h"
+
+namespace pacer::sim {
+namespace {
+
+constexpr char kDataset[] = "train";
+constexpr int64_t kStartMs = 1'700'000'000'000;
+constexpr double kServerLatencyMs = 5.0;
+
+struct SimWorker {
+  std::string id, node_name;
+  bool down = false;
+  double up_at = 0;
+  // Batch (sync): samples per step and micro-batches per step.
+  int64_t batch = 0, accumulation = 1;
+  bool excluded = false;
+  // Data: the lease held, its positions, what was consumed and what was acknowledged.
+  uint64_t lease = 0, token = 0, incarnation = 0, begin = 0, end = 0, consumed = 0, acked = 0;
+  uint64_t pair_key = 0;
+  double lease_start = 0;
+  double retry_fetch_at = 0;
+  double carry = 0;  // async: fractional steps carried over
+  // Report accumulators since the last report.
+  double rep_compute = 0, rep_wall = 0, rep_steps = 0;
+  uint64_t report_seq = 0;
+};
+
+int64_t IndexOf(const std::string& id, char prefix_len) {
+  int64_t i = -1;
+  if (id.size() > static_cast<size_t>(prefix_len) &&
+      absl::SimpleAtoi(id.substr(static_cast<size_t>(prefix_len)), &i))
+    return i;
+  return -1;
+}
+
+class JobSimulation {
+ public:
+  JobSimulation(const SpeedModel& model, const PolicyConfig& policy, std::string name,
+                double max_sim_s)
+      : model_(model), sc_(model.scenario()), policy_(policy), max_sim_s_(max_sim_s),
+        speed_(&model), clock_(kStartMs), rng_{MixSeed(sc_.seed, 77)} {
+    run_.name = std::move(name);
+    run_.policy = policy.policy;
+  }
+
+  absl::StatusOr<PolicyRun> Run();
+
+ private:
+  bool sync() const { return sc_.job.mode == SimJobMode::kSync; }
+  absl::Status Init();
+  absl::Status Apply(Update u);
+  void SetClock(double t);
+  absl::Status Consume(SimWorker& w, int64_t w_index, uint64_t want, uint64_t* got);
+  absl::Status Fetch(SimWorker& w);
+  absl::Status Acknowledge(SimWorker& w, bool complete);
+  absl::Status Release(SimWorker& w);
+  absl::Status Down(int64_t w, double cost, int64_t migrate_to);
+  absl::Status Up(int64_t w);
+  absl::Status Report();
+  absl::Status Reconcile();
+  absl::Status Dispatch(const Action& a);
+  void ApplyPlan(const BatchPlan& plan);
+  int64_t PickNode(int64_t w, const std::vector<std::string>& avoid);
+  absl::Status ChunkSync(double boundary);
+  absl::Status ChunkAsync(double boundary);
+  double Noise() { return 1.0 + sc_.noise * (2.0 * rng_.Uniform() - 1.0); }
+  uint64_t DoneTotal() const { return state_.FindDataset(kDataset)->records_done_total; }
+
+  const SpeedModel& model_;
+  const Scenario& sc_;
+  const PolicyConfig policy_;
+  const double max_sim_s_;
+  SpeedState speed_;
+  SimulatedClock clock_;
+  int64_t clock_ns_ = 0;
+  SplitMix rng_;
+  std::unique_ptr<MonitorState> monitor_;
+  std::unique_ptr<Controller> controller_;
+  ShardingState state_;
+  DataLedger ledger_;
+  std::vector<SimWorker> w_;
+  absl::flat_hash_map<std::string, int64_t> index_;
+  std::vector<std::string> node_names_;
+  std::map<std::string, int64_t> caps_;
+  uint64_t shard_size_ = 0;
+  double t_ = 0;
+  int64_t step_ = 0;
+  double next_report_ = 0, next_reconcile_ = 0, last_report_t_ = 0;
+  double stall_until_ = 0;  // job-wide stall (sync relaunch, PS server restart)
+  std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
+  std::optional<BatchPlan> pending_plan_;
+  uint64_t interval_samples_ = 0;
+  double last_throughput_ = 0, last_step_wall_ = 0;
+  std::vector<double> shard_times_;  // recent completed lease durations (ring)
+  size_t shard_times_next_ = 0;
+  PolicyRun run_;
+};
+
+void JobSimulation::SetClock(double t) {
+  const int64_t ns = static_cast<int64_t>(std::llround(t * 1e9));
+  if (ns > clock_ns_) {
+    clock_.AdvanceNs(ns - clock_ns_);
+    clock_ns_ = ns;
+  }
+}
+
+absl::Status JobSimulation::Apply(Update u) {
+  u.set_seq(state_.last_seq() + 1);
+  u.set_time_ms(clock_.NowMs());
+  ++run_.sharding_updates;
+  absl::Status s = state_.Apply(u);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("sharding state refused an update: ", s.message()));
+  return s;
+}
+
+absl::Status JobSimulation::Init() {
+  absl::StatusOr<std::unique_ptr<MonitorState>> m =
+      MonitorState::Create(MonitorOptionsForPolicy(policy_), &clock_);
+  if (!m.ok()) return m.status();
+  monitor_ = std::move(*m);
+  absl::StatusOr<std::unique_ptr<Controller>> c = Controller::Create(policy_);
+  if (!c.ok()) return c.status();
+  controller_ = std::move(*c);
+
+  const int64_t n = model_.workers();
+  const int64_t B = sc_.job.global_batch;
+  node_names_.resize(static_cast<size_t>(model_.nodes()));
+  for (int64_t i = 0; i < model_.nodes(); ++i) node_names_[i] = absl::StrCat("n", i);
+  // Shard size: ~30 s of a median worker's work unless the scenario says.
+  const double local = static_cast<double>(B) / static_cast<double>(n);
+  shard_size_ = sc_.sim.shard_size > 0
+                    ? static_cast<uint64_t>(sc_.sim.shard_size)
+                    : static_cast<uint64_t>(std::max(local, std::round(sc_.speeds.median * 30)));
+  Update ds;
+  DatasetSpec* spec = ds.mutable_register_dataset()->mutable_spec();
+  spec->set_name(kDataset);
+  spec->set_num_records(static_cast<uint64_t>(sc_.job.total_samples));
+  spec->set_shard_size(shard_size_);
+  spec->set_batch_size(static_cast<uint64_t>(std::max<double>(1, local)));
+  spec->set_num_epochs(1);
+  if (absl::Status s = Apply(ds); !s.ok()) return s;
+
+  w_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    SimWorker& w = w_[i];
+    w.id = absl::StrCat("w", i);
+    w.node_name = node_names_[speed_.node(i)];
+    index_[w.id] = i;
+    // Even split of B (the plan in force before any controller plan), micro-batches ≤ cap.
+    w.batch = B / n + (i < B % n ? 1 : 0);
+    w.accumulation = sc_.job.batch_cap > 0 ? std::max<int64_t>(1, (w.batch + sc_.job.batch_cap - 1) / sc_.job.batch_cap) : 1;
+    if (sc_.job.batch_cap > 0) caps_[w.id] = sc_.job.batch_cap;
+    if (absl::Status s = Up(i); !s.ok()) return s;
+  }
+  next_report_ = sc_.sim.report_interval_s;
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Up(int64_t i) {
+  SimWorker& w = w_[i];
+  w.down = false;
+  w.node_name = node_names_[speed_.node(i)];
+  Update u;
+  u.mutable_register_worker()->set_worker_id(w.id);
+  u.mutable_register_worker()->set_node(w.node_name);
+  if (absl::Status s = Apply(u); !s.ok()) return s;
+  w.incarnation = state_.FindWorker(w.id)->incarnation;
+  w.rep_compute = w.rep_wall = w.rep_steps = 0;
+  w.carry = 0;
+  return monitor_->RegisterWorker(w.id, w.node_name);
+}
+
+absl::Status JobSimulation::Down(int64_t i, double cost, int64_t migrate_to) {
+  SimWorker& w = w_[i];
+  if (w.down) return absl::OkStatus();
+  if (w.lease != 0) {
+    run_.wasted_samples += w.consumed - w.acked;
+    w.lease = 0;
+  }
+  Update u;
+  u.mutable_worker_lost()->set_worker_id(w.id);
+  if (absl::Status s = Apply(u); !s.ok()) return s;
+  w.down = true;
+  w.up_at = t_ + cost;
+  if (migrate_to >= 0) speed_.Migrate(i, migrate_to);
+  else speed_.Restart(i);
+  if (sync()) stall_until_ = std::max(stall_until_, w.up_at);  // the ring waits for it
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Fetch(SimWorker& w) {
+  absl::StatusOr<FetchPlan> plan = state_.PlanFetch(w.id, kDataset);
+  if (!plan.ok()) return absl::InternalError(absl::StrCat("PlanFetch: ", plan.status().message()));
+  if (plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) {
+    w.retry_fetch_at = t_ + sc_.sim.report_interval_s;  // the SDK backs off until its next heartbeat
+    return absl::OkStatus();
+  }
+  Update u;
+  u.mutable_create_lease()->set_worker_id(w.id);
+  u.mutable_create_lease()->set_dataset(kDataset);
+  if (absl::Status s = Apply(u); !s.ok()) return s;
+  const ShardingState::LeaseRec* l = state_.FindLease(state_.last_lease_id());
+  w.lease = l->id;
+  w.token = l->token;
+  w.begin = l->begin + l->done;
+  w.end = l->end;
+  w.consumed = w.acked = 0;
+  w.lease_start = t_;
+  w.pair_key = 0;
+  if (l->backup) {
+    w.pair_key = l->partner;  // the primary's id tags both copies in the ledger
+    // The primary's acknowledgements from now on belong to the pair; its earlier ones (all
+    // before the backup's start) stay ordinary.
+    for (auto& o : w_)
+      if (o.lease == l->partner) o.pair_key = l->partner;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
+  if (w.lease == 0 || (!complete && w.consumed == w.acked)) return absl::OkStatus();
+  if (!state_.CheckLease(w.id, w.incarnation, w.lease, w.token).ok()) {
+    // Fenced off (the backup partner completed first): the un-acknowledged work is wasted.
+    ++run_.fenced_reports;
+    run_.wasted_samples += w.consumed - w.acked;
+    w.lease = 0;
+    return absl::OkStatus();
+  }
+  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
+  const uint64_t offset = w.begin - l->begin;  // a backup starts inside its range
+  Update u;
+  if (complete) {
+    u.mutable_end_lease()->set_lease_id(w.lease);
+    u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+    u.mutable_end_lease()->set_records_done(offset + w.consumed);
+  } else {
+    u.mutable_progress()->set_lease_id(w.lease);
+    u.mutable_progress()->set_records_done(offset + w.consumed);
+  }
+  const bool behind = l->done > offset + w.consumed;  // a dead partner's count was inherited
+  if (!complete && behind) {
+    ledger_.Acknowledge(w.begin + w.acked, w.begin + w.consumed, w.pair_key);
+    w.acked = w.consumed;
+    return absl::OkStatus();  // nothing new to report (a real SDK's report would be a no-op)
+  }
+  if (absl::Status s = Apply(u); !s.ok()) return s;
+  ledger_.Acknowledge(w.begin + w.acked, w.begin + w.consumed, w.pair_key);
+  w.acked = w.consumed;
+  if (complete) {
+    const double d = t_ - w.lease_start;
+    if (shard_times_.size() < 64) shard_times_.push_back(d);
+    else shard_times_[shard_times_next_++ % 64] = d;
+    w.lease = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Release(SimWorker& w) {
+  if (absl::Status s = Acknowledge(w, false); !s.ok()) return s;
+  if (w.lease == 0) return absl::OkStatus();  // fenced meanwhile
+  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
+  Update u;
+  u.mutable_end_lease()->set_lease_id(w.lease);
+  u.mutable_end_lease()->set_reason(LEASE_RELEASED);
+  u.mutable_end_lease()->set_records_done(std::max(l->done, (w.begin - l->begin) + w.consumed));
+  w.lease = 0;
+  return Apply(u);
+}
+
+absl::Status JobSimulation::Consume(SimWorker& w, int64_t, uint64_t want, uint64_t* got) {
+  *got = 0;
+  while (want > 0) {
+    if (w.lease == 0) {
+      if (t_ < w.retry_fetch_at) return absl::OkStatus();
+      if (absl::Status s = Fetch(w); !s.ok()) return s;
+      if (w.lease == 0) return absl::OkStatus();
+    }
+    const uint64_t left = (w.end - w.begin) - w.consumed;
+    const uint64_t take = std::min(left, want);
+    w.consumed += take;
+    want -= take;
+    *got += take;
+    if (w.consumed == w.end - w.begin) {
+      if (absl::Status s = Acknowledge(w, /*complete=*/true); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::ChunkSync(double boundary) {
+  const int64_t n = model_.workers();
+  if (pending_plan_ && step_ >= pending_plan_->effective_step) {
+    ApplyPlan(*pending_plan_);
+    pending_plan_.reset();
+  }
+  static thread_local std::vector<double> compute;
+  compute.resize(static_cast<size_t>(n));
+  double slowest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const SimWorker& w = w_[i];
+    compute[i] = 0;
+    if (w.batch <= 0) continue;
+    compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
+    if (!w.excluded) slowest = std::max(slowest, compute[i]);
+  }
+  const double step_s = slowest + sc_.job.sync_cost_s;
+  int64_t k = std::max<int64_t>(1, static_cast<int64_t>((boundary - t_) / step_s));
+  if (pending_plan_) k = std::max<int64_t>(1, std::min(k, pending_plan_->effective_step - step_));
+  for (int64_t i = 0; i < n; ++i) {
+    SimWorker& w = w_[i];
+    if (w.batch <= 0) continue;
+    w.rep_compute += static_cast<double>(k) * compute[i];
+    w.rep_wall += static_cast<double>(k) * step_s;
+    w.rep_steps += static_cast<double>(k);
+    if (w.excluded) continue;  // its gradient is dropped: it consumes no data
+    uint64_t got = 0;
+    if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
+    interval_samples_ += got;
+  }
+  t_ += static_cast<double>(k) * step_s;
+  step_ += k;
+  last_step_wall_ = step_s;
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::ChunkAsync(double boundary) {
+  const int64_t n = model_.workers();
+  const double dt = boundary - t_;
+  const double comm = sc_.job.sync_cost_s / std::max(1e-9, speed_.MinServerFactor());
+  for (int64_t i = 0; i < n; ++i) {
+    SimWorker& w = w_[i];
+    if (w.down) continue;
+    const double compute = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
+    const double steps = dt / (compute + comm) + w.carry;
+    const double whole = std::floor(steps);
+    w.carry = steps - whole;
+    w.rep_compute += whole * compute;
+    w.rep_wall += whole * (compute + comm);
+    w.rep_steps += whole;
+    uint64_t got = 0;
+    const uint64_t want = static_cast<uint64_t>(whole) * static_cast<uint64_t>(w.batch);
+    if (absl::Status s = Consume(w, i, want, &got); !s.ok()) return s;
+    interval_samples_ += got;
+    step_ += static_cast<int64_t>(whole);
+    last_step_wall_ = compute + comm;
+  }
+  t_ = boundary;
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Report() {
+  SetClock(t_);
+  const int64_t now_ms = clock_.NowMs();
+  const int64_t n = model_.workers();
+  std::vector<ClassificationEvent> events;
+  monitor_->AdvanceWindows(&events);
+  for (int64_t i = 0; i < n; ++i) {
+    SimWorker& w = w_[i];
+    if (w.down) continue;
+    if (absl::Status s = Acknowledge(w, false); !s.ok()) return s;
+    if (w.rep_steps <= 0 || w.rep_compute <= 0) continue;
+    StepReport r;
+    r.set_worker_id(w.id);
+    r.set_step(++w.report_seq);
+    const int64_t micro = (w.batch + w.accumulation - 1) / w.accumulation;
+    r.set_local_batch(static_cast<uint32_t>(std::max<int64_t>(1, micro)));
+    r.set_samples(static_cast<uint64_t>(w.batch));
+    r.set_compute_s(w.rep_compute / w.rep_steps);
+    r.set_wall_s(std::max(w.rep_wall, w.rep_compute) / w.rep_steps);
+    r.set_comm_s(r.wall_s() - r.compute_s());
+    r.set_time_ms(now_ms);
+    ++run_.monitor_reports;
+    monitor_->IngestStep(std::move(r));
+    w.rep_compute = w.rep_wall = w.rep_steps = 0;
+  }
+  // Node agents: CPU steal shows contention (hardware slowness leaves no trace).
+  for (int64_t nd = 0; nd < model_.nodes(); ++nd) {
+    if (speed_.workers_on(nd).empty()) continue;
+    NodeMetrics m;
+    m.set_node(node_names_[nd]);
+    m.set_time_ms(now_ms);
+    m.set_interval_s(sc_.sim.report_interval_s);
+    m.set_num_cpus(16);
+    const double c = speed_.NodeContention(nd);
+    m.set_cpu_steal_frac(c > 0 ? std::min(0.9, 0.05 + 0.5 * c) : 0.01);
+    m.set_cpu_busy_frac(0.8);
+    monitor_->IngestNodeMetrics(m);
+  }
+  // PS jobs: up to 64 workers report the latency they saw to each server.
+  if (!sync()) {
+    const int64_t stride = std::max<int64_t>(1, n / 64);
+    for (int64_t i = 0; i < n; i += stride) {
+      if (w_[i].down) continue;
+      for (int64_t s = 0; s < sc_.job.servers; ++s) {
+        ServerLatency l;
+        l.set_server_id(absl::StrCat("ps", s));
+        l.set_reporter(w_[i].id);
+        l.set_requests(100);
+        l.set_mean_latency_ms(kServerLatencyMs / speed_.ServerFactor(s));
+        l.set_p99_latency_ms(2 * l.mean_latency_ms());
+        l.set_time_ms(now_ms);
+        monitor_->IngestServerLatency(l);
+      }
+    }
+  }
+  const double span = t_ - last_report_t_;
+  last_throughput_ = span > 0 ? static_cast<double>(interval_samples_) / span : 0;
+  run_.throughput.emplace_back(t_, last_throughput_);
+  interval_samples_ = 0;
+  last_report_t_ = t_;
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::Reconcile() {
+  ++run_.reconciles;
+  const int64_t n = model_.workers();
+  ClusterView view;
+  view.now_ms = clock_.NowMs();
+  std::vector<WorkerFacts> facts(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const SimWorker& w = w_[i];
+    facts[i].alive = true;
+    facts[i].restarting = w.down;
+    facts[i].local_batch = w.batch;
+    facts[i].max_local_batch = sc_.job.batch_cap;
+    facts[i].shard_elapsed_s = w.lease != 0 ? t_ - w.lease_start : 0;
+    facts[i].node = w.node_name;
+  }
+  FillWorkerViews(monitor_->Workers(), facts, &view);
+  FillServerViews(monitor_->Servers(), policy_.server.hot_threshold, &view);
+  FillNodeViews(monitor_->Nodes(), &view);
+  JobView& j = view.job;
+  j.mode = sync() ? JobMode::kSync : JobMode::kAsync;
+  j.global_batch = sync() ? sc_.job.global_batch : 0;
+  j.current_step = step_;
+  j.step_time_s = last_step_wall_;
+  j.heartbeat_interval_s = 1;
+  const uint64_t done = DoneTotal();
+  j.remaining_samples = static_cast<int64_t>(static_cast<uint64_t>(sc_.job.total_samples) - done);
+  j.throughput = last_throughput_;
+  j.restart_cost_s = sc_.job.restart_cost_s;
+  j.migrate_cost_s = sc_.migrate_cost_s();
+  j.lost_work_s = sc_.sim.report_interval_s / 2;
+  if (!shard_times_.empty()) {
+    std::vector<double> t = shard_times_;
+    std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+    j.typical_shard_time_s = t[t.size() / 2];
+  }
+  j.epoch_progress = static_cast<double>(done) / static_cast<double>(sc_.job.total_samples);
+  absl::StatusOr<ReconcileResult> r = controller_->Reconcile(view);
+  if (!r.ok()) return absl::InternalError(absl::StrCat("controller refused the view: ", r.status().message()));
+  for (const Action& a : r->dispatch)
+    if (absl::Status s = Dispatch(a); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+void JobSimulation::ApplyPlan(const BatchPlan& plan) {
+  for (auto& w : w_) w.batch = 0;  // a worker the plan leaves out idles until the next plan
+  for (const auto& wb : plan.workers) {
+    auto it = index_.find(wb.worker_id);
+    if (it == index_.end()) continue;
+    w_[it->second].batch = wb.samples;
+    w_[it->second].accumulation = std::max<int64_t>(1, wb.accumulation);
+  }
+}
+
+int64_t JobSimulation::PickNode(int64_t i, const std::vector<std::string>& avoid) {
+  const int64_t wpn = sc_.job.workers_per_node;
+  auto ok = [&](int64_t nd) {
+    if (nd == speed_.node(i) || static_cast<int64_t>(speed_.workers_on(nd).size()) >= wpn) return false;
+    return std::find(avoid.begin(), avoid.end(), node_names_[nd]) == avoid.end();
+  };
+  // Spare nodes first (the scheduler's free capacity), then any node with a free slot.
+  for (int64_t nd = model_.job_nodes(); nd < model_.nodes(); ++nd)
+    if (ok(nd)) return nd;
+  for (int64_t nd = 0; nd < model_.job_nodes(); ++nd)
+    if (ok(nd)) return nd;
+  return -1;
+}
+
+absl::Status JobSimulation::Dispatch(const Action& a) {
+  run_.actions.push_back({t_, ActionKindName(a.kind), a.target});
+  if (a.rollback_of != 0) ++run_.rollbacks;
+  switch (a.kind) {
+    case ActionKind::kAdjustBatch: {
+      ++run_.plans;
+      if (!a.plan || !CheckBatchPlan(*a.plan, caps_).ok()) {
+        ++run_.invalid_plans;
+        return absl::OkStatus();
+      }
+      pending_plan_ = *a.plan;
+      if (step_ >= pending_plan_->effective_step) {
+        ApplyPlan(*pending_plan_);
+        pending_plan_.reset();
+      }
+      return absl::OkStatus();
+    }
+    case ActionKind::kExcludeWorkers:
+      ++run_.exclusions;
+      for (auto& w : w_) w.excluded = false;
+      for (const auto& id : a.excluded_workers)
+        if (auto it = index_.find(id); it != index_.end()) w_[it->second].excluded = true;
+      // An excluded worker's gradients are dropped, so it trains on no data: it hands back
+      // the unconsumed rest of its lease (acknowledging what it did) for others to take.
+      for (auto& w : w_) {
+        if (!w.excluded || w.lease == 0) continue;
+        if (absl::Status s = Release(w); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    case ActionKind::kReallocate: {
+      ++run_.reallocations;
+      for (const auto& al : a.allocations) {
+        if (!index_.contains(al.worker_id) || !state_.FindWorker(al.worker_id)) continue;
+        Update u;
+        auto* s = u.mutable_set_allocation();
+        s->set_worker_id(al.worker_id);
+        s->set_weight(al.weight > 0 ? al.weight : 1.0);
+        s->set_shard_size(std::max<uint64_t>(
+            1, static_cast<uint64_t>(std::llround(al.shard_scale * static_cast<double>(shard_size_)))));
+        if (absl::Status st = Apply(u); !st.ok()) return st;
+      }
+      if (a.tail_backups) {
+        Update u;
+        u.mutable_set_tail_backup()->set_dataset(kDataset);
+        u.mutable_set_tail_backup()->set_enabled(*a.tail_backups);
+        if (absl::Status st = Apply(u); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    }
+    case ActionKind::kRestart:
+    case ActionKind::kMigrate: {
+      auto it = index_.find(a.target);
+      if (it == index_.end() || w_[it->second].down) return absl::OkStatus();
+      int64_t to = -1;
+      if (a.kind == ActionKind::kMigrate) {
+        to = PickNode(it->second, a.avoid_nodes);
+        if (to < 0) return absl::OkStatus();  // no free node: the agent cannot carry it out
+        ++run_.migrations;
+      } else {
+        ++run_.restarts;
+      }
+      return Down(it->second, a.kind == ActionKind::kMigrate ? sc_.migrate_cost_s() : sc_.job.restart_cost_s, to);
+    }
+    case ActionKind::kRestartServer:
+    case ActionKind::kRelieveServer: {
+      const int64_t s = IndexOf(a.target, 2);
+      if (s < 0 || s >= sc_.job.servers) return absl::OkStatus();
+      ++run_.server_actions;
+      if (a.kind == ActionKind::kRestartServer) {
+        // Every worker waits on the restarting server (its shard of the parameters).
+        stall_until_ = std::max(stall_until_, t_ + sc_.job.restart_cost_s);
+        pending_relief_.emplace_back(t_ + sc_.job.restart_cost_s, s);
+      } else {
+        pending_relief_.emplace_back(t_ + sc_.job.restart_cost_s, s);  // keys move meanwhile
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PolicyRun> JobSimulation::Run() {
+  const auto wall0 = std::chrono::steady_clock::now();
+  if (absl::Status s = Init(); !s.ok()) return s;
+  const uint64_t total = static_cast<uint64_t>(sc_.job.total_samples);
+  const double reconcile_s = sc_.sim.reconcile_s > 0 ? sc_.sim.reconcile_s : policy_.detection.window_s;
+  next_reconcile_ = reconcile_s;
+  std::vector<int64_t> failed;
+  uint64_t timeline_changes = 0;
+  while (t_ < max_sim_s_) {
+    SetClock(t_);
+    failed.clear();
+    const double before = speed_.NextChange();
+    speed_.AdvanceTo(t_, &failed);
+    if (before <= t_) ++timeline_changes;
+    for (int64_t i : failed) {
+      if (w_[i].down) continue;
+      ++run_.failures;
+      run_.actions.push_back({t_, "failure", w_[i].id});
+      if (absl::Status s = Down(i, sc_.job.restart_cost_s, -1); !s.ok()) return s;
+    }
+    for (size_t k = 0; k < pending_relief_.size();) {
+      if (pending_relief_[k].first <= t_) {
+        speed_.RelieveServer(pending_relief_[k].second);
+        pending_relief_.erase(pending_relief_.begin() + static_cast<long>(k));
+      } else {
+        ++k;
+      }
+    }
+    double next_up = kForever;
+    for (int64_t i = 0; i < model_.workers(); ++i) {
+      if (!w_[i].down) continue;
+      if (w_[i].up_at <= t_) {
+        if (absl::Status s = Up(i); !s.ok()) return s;
+      } else {
+        next_up = std::min(next_up, w_[i].up_at);
+      }
+    }
+    if (t_ >= next_report_) {
+      if (absl::Status s = Report(); !s.ok()) return s;
+      while (next_report_ <= t_) next_report_ += sc_.sim.report_interval_s;
+      if (t_ >= next_reconcile_) {
+        if (absl::Status s = Reconcile(); !s.ok()) return s;
+        while (next_reconcile_ <= t_) next_reconcile_ += reconcile_s;
+      }
+    }
+    if (DoneTotal() >= total) break;
+    double boundary = std::min({next_report_, speed_.NextChange(), next_up, t_ + sc_.sim.tick_s});
+    for (const auto& r : pending_relief_) boundary = std::min(boundary, r.first);
+    ++run_.chunks;
+    if (t_ < stall_until_) {
+      t_ = std::min(boundary, stall_until_);
+      continue;
+    }
+    absl::Status s = sync() ? ChunkSync(boundary) : ChunkAsync(boundary);
+    if (!s.ok()) return s;
+    if (DoneTotal() >= total) break;
+  }
+  SetClock(t_);
+  run_.finished = DoneTotal() >= total;
+  run_.jct_s = run_.finished ? t_ : kForever;
+  run_.records_duplicated = ledger_.duplicated();
+  run_.backup_overlap = ledger_.backup_overlap();
+  run_.records_lost = run_.finished ? ledger_.Lost(total) : 0;
+  const uint64_t done = DoneTotal();
+  run_.state_done_mismatch = done > ledger_.covered() ? done - ledger_.covered() : ledger_.covered() - done;
+  run_.model_events = run_.chunks + run_.monitor_reports + run_.sharding_updates + run_.reconciles + timeline_changes;
+  run_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return run_;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyRun> RunPolicy(const SpeedModel& model, const PolicyConfig& policy,
+                                    const std::string& display_name, double max_sim_s) {
+  JobSimulation sim(model, policy, display_name, max_sim_s);
+  return sim.Run();
+}
+
+}  // namespace pacer::sim

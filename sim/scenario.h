@@ -1,0 +1,125 @@
+// Scenario: one simulated training job and what happens to its cluster, as read from a
+// sim/scenarios/*.yaml file (DESIGN.md §7, issue 6).
+//
+// Shape (keys beyond the issue's are marked "ext"; every key is checked, an unknown one is an
+// error naming file, line and field):
+//   name: mixed-hardware
+//   description: free text                                   (ext)
+//   suited: dedicated | non-dedicated | <policy name>        (ext; the preset that fits)
+//   seed: 7
+//   job: {mode: sync|async, workers, workers_per_node, servers, global_batch, total_samples,
+//         sync_cost_s, restart_cost_s, migrate_cost_s (ext), batch_cap, spare_nodes (ext)}
+//   speeds: {median, sigma, groups: [{fraction, factor}]}    groups are by node (hardware)
+//   noise: 0.05                                               per-step uniform ±noise
+//   events: [{at_s, kind, ...}]                               see EventKind below
+//   sim: {tick_s, report_interval_s, shard_size, max_sim_s, reconcile_s}   (ext)
+//
+// Plain value type; a Scenario returned by ParseScenario has passed every range check.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pacer::sim {
+
+enum class SimJobMode { kSync, kAsync };
+
+// What an event does. `worker` / `node` / `server` name one target; `fraction` instead picks
+// that share of workers (or nodes) at random from the seed.
+enum class EventKind {
+  kSlowdown,        // worker(s) run at `factor` for duration_s (0 = until cured or forever)
+  kTransient,       // Poisson episodes per worker: rate_per_worker_hour, mean_duration_s
+  kNodeContention,  // every worker of node(s) at `factor`
+  kFailure,         // worker(s) crash at at_s (or at rate_per_worker_hour); the agent relaunches
+  kHotServer,       // PS server's latency × 1/factor (async jobs)
+};
+
+struct SpeedGroup {
+  double fraction = 0;  // share of nodes
+  double factor = 1;    // speed multiplier of their hardware
+};
+
+struct ScenarioEvent {
+  EventKind kind = EventKind::kSlowdown;
+  double at_s = 0;
+  int64_t worker = -1, node = -1, server = -1;  // -1: not given
+  double fraction = 0;                          // instead of one target
+  double factor = 1;
+  double duration_s = 0;  // 0 = persistent (until the end, or until cured by a relaunch)
+  double rate_per_worker_hour = 0;
+  double mean_duration_s = 30;
+  // Whether the node's CPU-steal signal shows it (contention) or not (hardware-like, a
+  // deterministic slowdown). Contention on a worker is cured by restarting it; hardware by
+  // migrating it. Default: true except for slowdowns with `contention: false`.
+  bool contention = true;
+  int line = 0;  // 1-based line in the file, for messages
+};
+
+struct ScenarioJob {
+  SimJobMode mode = SimJobMode::kSync;
+  int64_t workers = 0;
+  int64_t workers_per_node = 1;
+  int64_t servers = 0;
+  int64_t global_batch = 0;   // sync: samples per step; async: Σ local batches
+  int64_t total_samples = 0;  // records in the one-epoch dataset
+  double sync_cost_s = 0;     // sync: all-reduce per step; async: push/pull per step
+  double restart_cost_s = 60;
+  double migrate_cost_s = 0;  // 0 = 1.5 × restart_cost_s
+  int64_t batch_cap = 0;      // memory cap on one micro-batch; 0 = none
+  int64_t spare_nodes = -1;   // free nodes for migration; -1 = max(1, nodes / 8)
+};
+
+struct ScenarioSpeeds {
+  double median = 100;  // samples per second of a median worker
+  double sigma = 0;     // lognormal spread of per-worker speed
+  std::vector<SpeedGroup> groups;
+};
+
+struct SimSettings {
+  double tick_s = 1;              // coarse step of the model
+  double report_interval_s = 10;  // SDK report (monitor + progress) interval
+  int64_t shard_size = 0;         // 0 = ~30 s of a median worker's work
+  double max_sim_s = 0;           // 0 = 20 × the bound
+  double reconcile_s = 0;         // 0 = the policy's detection window
+};
+
+struct Scenario {
+  std::string file;  // where it was read from ("" when built in code)
+  std::string name;
+  std::string description;
+  std::string suited = "non-dedicated";
+  uint64_t seed = 1;
+  ScenarioJob job;
+  ScenarioSpeeds speeds;
+  double noise = 0;
+  std::vector<ScenarioEvent> events;
+  SimSettings sim;
+
+  int64_t nodes() const { return (job.workers + job.workers_per_node - 1) / job.workers_per_node; }
+  int64_t spare_nodes() const {
+    return job.spare_nodes >= 0 ? job.spare_nodes : std::max<int64_t>(1, nodes() / 8);
+  }
+  double migrate_cost_s() const {
+    return job.migrate_cost_s > 0 ? job.migrate_cost_s : 1.5 * job.restart_cost_s;
+  }
+};
+
+const char* EventKindName(EventKind kind);
+
+// Parses scenario YAML; `file_name` is used in messages ("FILE:LINE:COL: field 'job.x': ...").
+// INVALID_ARGUMENT on malformed YAML, an unknown or duplicate key, a wrong type, a value out of
+// range or a missing required field. Never throws.
+absl::StatusOr<Scenario> ParseScenario(std::string_view yaml_text, std::string_view file_name);
+
+// Reads and parses a file; NOT_FOUND when it cannot be read.
+absl::StatusOr<Scenario> LoadScenarioFile(const std::string& path);
+
+// Range and cross-field checks (also run by ParseScenario); for scenarios built in code.
+absl::Status ValidateScenario(const Scenario& scenario);
+
+}  // namespace pacer::sim
