@@ -1,0 +1,301 @@
+#include "agent/contention_injector.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "agent/child_process.h"
+#include "agent/proc_stats.h"
+#include "common/log.h"
+
+namespace pacer {
+namespace {
+
+// The kernel's sched_prio_to_weight[] (nice -20 .. 19).
+constexpr int kNiceWeights[40] = {
+    88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916,
+    9548,  7620,  6100,  4904,  3906,  3121,  2501,  1991,  1586,  1277,
+    1024,  820,   655,   526,   423,   335,   272,   215,   172,   137,
+    110,   87,    70,    56,    45,    36,    29,    23,    18,    15};
+
+int NiceForWeight(double weight) {
+  int best = 0;
+  double best_err = 1e18;
+  for (int i = 0; i < 40; ++i) {
+    const double err = std::abs(std::log(kNiceWeights[i] / weight));
+    if (err < best_err) best_err = err, best = i;
+  }
+  return best - 20;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& value) {
+  std::ofstream out(path);
+  if (!out) return absl::UnavailableError("cannot open " + path);
+  out << value;
+  out.flush();
+  if (!out) return absl::UnavailableError("cannot write '" + value + "' to " + path);
+  return absl::OkStatus();
+}
+
+// Moves every process of `from` into `to` (best effort).
+void MoveAllProcs(const std::string& from, const std::string& to) {
+  auto text = ReadSmallFile(from + "/cgroup.procs");
+  if (!text.ok()) return;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    (void)WriteFile(to + "/cgroup.procs", std::string(line));
+  }
+}
+
+std::vector<pid_t> ThreadsOf(const std::string& proc_root, pid_t pid) {
+  std::vector<pid_t> out;
+  const std::string dir = proc_root + "/" + std::to_string(pid) + "/task";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      int tid = 0;
+      if (absl::SimpleAtoi(e->d_name, &tid)) out.push_back(tid);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+// The CPU `pid` last ran on (/proc/<pid>/stat field 39).
+int LastCpuOf(const std::string& proc_root, pid_t pid) {
+  auto text = ReadSmallFile(proc_root + "/" + std::to_string(pid) + "/stat");
+  if (!text.ok()) return 0;
+  const size_t close = text->rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(*text).substr(close + 1), ' ',
+                                                   absl::SkipWhitespace());
+  int cpu = 0;
+  if (f.size() > 36 && absl::SimpleAtoi(f[36], &cpu)) return cpu;
+  return 0;
+}
+
+}  // namespace
+
+const char* ContentionMethodName(ContentionMethod m) {
+  switch (m) {
+    case ContentionMethod::kAuto: return "auto";
+    case ContentionMethod::kCgroup: return "cgroup";
+    case ContentionMethod::kCpuHog: return "cpu-hog";
+  }
+  return "?";
+}
+
+bool ParseContentionMethod(const std::string& s, ContentionMethod* out) {
+  for (auto m : {ContentionMethod::kAuto, ContentionMethod::kCgroup, ContentionMethod::kCpuHog}) {
+    if (s == ContentionMethodName(m)) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+ContentionInjector::ContentionInjector(ContentionOptions options) : options_(std::move(options)) {}
+
+ContentionInjector::~ContentionInjector() { ClearAll(); }
+
+bool ContentionInjector::CgroupWritable() const {
+  const std::string root = options_.cgroup_root + "/cpu";
+  return access((root + "/cpu.cfs_quota_us").c_str(), F_OK) == 0 &&
+         access(root.c_str(), W_OK) == 0;
+}
+
+absl::Status ContentionInjector::Apply(const std::string& worker_id, pid_t pid, double factor,
+                                       double baseline_cores) {
+  if (!(factor > 1.0 && factor <= 100.0)) {
+    return absl::InvalidArgumentError(absl::StrFormat("factor must be in (1, 100], not %g", factor));
+  }
+  if (pid <= 0 || kill(pid, 0) != 0) {
+    return absl::NotFoundError("worker '" + worker_id + "' has no live process");
+  }
+  (void)Clear(worker_id);
+  Entry e;
+  e.factor = factor;
+  e.baseline_cores = baseline_cores > 0.05 ? baseline_cores : 1.0;
+  e.pid = pid;
+  const bool try_cgroup = options_.method == ContentionMethod::kCgroup ||
+                          (options_.method == ContentionMethod::kAuto && CgroupWritable());
+  absl::Status s = absl::UnavailableError("cgroup not tried");
+  if (try_cgroup) {
+    e.method = ContentionMethod::kCgroup;
+    s = ApplyCgroup(worker_id, e);
+    if (!s.ok() && options_.method == ContentionMethod::kAuto) {
+      PACER_LOG(WARNING) << "cgroup contention failed (" << s.message() << "); using a CPU hog";
+      Remove(e);
+    }
+  }
+  if (!s.ok() && options_.method != ContentionMethod::kCgroup) {
+    e.method = ContentionMethod::kCpuHog;
+    s = ApplyCpuHog(e);
+  }
+  if (!s.ok()) {
+    Remove(e);
+    return s;
+  }
+  PACER_LOG(INFO) << "contention on worker " << worker_id << " (pid " << pid << "): factor "
+                  << factor << " by " << ContentionMethodName(e.method)
+                  << (e.method == ContentionMethod::kCgroup
+                          ? absl::StrFormat(" (quota %.3f cores of %.3f)", e.baseline_cores / factor,
+                                            e.baseline_cores)
+                          : absl::StrFormat(" (%d hog(s))", e.hogs.size()));
+  entries_[worker_id] = std::move(e);
+  return absl::OkStatus();
+}
+
+absl::Status ContentionInjector::ApplyCgroup(const std::string& worker_id, Entry& e) {
+  auto rel = CgroupPathOf(options_.proc_root, e.pid, "cpu");
+  if (!rel.ok()) return absl::UnavailableError(std::string(rel.status().message()));
+  std::string base = options_.cgroup_root + "/cpu" + *rel;
+  if (!base.empty() && base.back() == '/') base.pop_back();
+  e.original_dir = base;
+  e.group_dir = absl::StrFormat("%s/pacer-agent-%d-%s", base, getpid(), worker_id);
+  if (mkdir(e.group_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    const std::string why = strerror(errno);
+    e.group_dir.clear();
+    return absl::UnavailableError("mkdir cgroup: " + why);
+  }
+  const int64_t quota = std::max<int64_t>(
+      1000, std::llround(options_.cfs_period_us * e.baseline_cores / e.factor));
+  if (absl::Status s = WriteFile(e.group_dir + "/cpu.cfs_period_us", std::to_string(options_.cfs_period_us)); !s.ok()) return s;
+  if (absl::Status s = WriteFile(e.group_dir + "/cpu.cfs_quota_us", std::to_string(quota)); !s.ok()) return s;
+  return WriteFile(e.group_dir + "/cgroup.procs", std::to_string(e.pid));
+}
+
+absl::Status ContentionInjector::ApplyCpuHog(Entry& e) {
+  const int cpu = LastCpuOf(options_.proc_root, e.pid);
+  cpu_set_t old_set;
+  CPU_ZERO(&old_set);
+  if (sched_getaffinity(e.pid, sizeof(old_set), &old_set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &old_set)) e.original_cpus.push_back(c);
+    }
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  for (pid_t tid : ThreadsOf(options_.proc_root, e.pid)) {
+    if (sched_setaffinity(tid, sizeof(one), &one) != 0) {
+      return absl::UnavailableError("sched_setaffinity: " + std::string(strerror(errno)));
+    }
+  }
+  // Worker weight 1024 (nice 0); the hogs together weigh 1024 * (f - 1).
+  const int hogs = static_cast<int>(std::ceil(e.factor - 1.0 - 1e-9));
+  const int nice = NiceForWeight(1024.0 * (e.factor - 1.0) / hogs);
+  for (int i = 0; i < hogs; ++i) {
+    auto hog = SpawnCpuHog(cpu, nice);
+    if (!hog.ok()) return hog.status();
+    e.hogs.push_back(*hog);
+  }
+  return absl::OkStatus();
+}
+
+void ContentionInjector::Remove(Entry& e) {
+  if (!e.group_dir.empty()) {
+    MoveAllProcs(e.group_dir, e.original_dir);
+    if (rmdir(e.group_dir.c_str()) != 0 && errno != ENOENT) {
+      PACER_LOG(WARNING) << "cannot remove cgroup " << e.group_dir << ": " << strerror(errno);
+    }
+    e.group_dir.clear();
+  }
+  for (pid_t h : e.hogs) kill(h, SIGKILL);  // reaped by the agent's SIGCHLD handler
+  e.hogs.clear();
+  if (!e.original_cpus.empty() && e.pid > 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : e.original_cpus) CPU_SET(c, &set);
+    for (pid_t tid : ThreadsOf(options_.proc_root, e.pid)) sched_setaffinity(tid, sizeof(set), &set);
+    e.original_cpus.clear();
+  }
+}
+
+absl::Status ContentionInjector::Reapply(const std::string& worker_id, pid_t pid) {
+  auto it = entries_.find(worker_id);
+  if (it == entries_.end()) return absl::OkStatus();
+  const double factor = it->second.factor, baseline = it->second.baseline_cores;
+  return Apply(worker_id, pid, factor, baseline);
+}
+
+absl::Status ContentionInjector::Clear(const std::string& worker_id) {
+  auto it = entries_.find(worker_id);
+  if (it == entries_.end()) return absl::OkStatus();
+  Remove(it->second);
+  entries_.erase(it);
+  PACER_LOG(INFO) << "contention on worker " << worker_id << " cleared";
+  return absl::OkStatus();
+}
+
+void ContentionInjector::ClearAll() {
+  while (!entries_.empty()) (void)Clear(entries_.begin()->first);
+}
+
+std::optional<double> ContentionInjector::FactorOf(const std::string& worker_id) const {
+  auto it = entries_.find(worker_id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.factor;
+}
+
+std::string ContentionInjector::MethodOf(const std::string& worker_id) const {
+  auto it = entries_.find(worker_id);
+  return it == entries_.end() ? "" : ContentionMethodName(it->second.method);
+}
+
+std::vector<std::string> ContentionInjector::CpuStatPaths() const {
+  std::vector<std::string> out;
+  for (const auto& [id, e] : entries_) {
+    if (!e.group_dir.empty()) out.push_back(e.group_dir + "/cpu.stat");
+  }
+  return out;
+}
+
+bool ContentionInjector::OnChildExit(pid_t pid) {
+  for (auto& [id, e] : entries_) {
+    auto it = std::find(e.hogs.begin(), e.hogs.end(), pid);
+    if (it == e.hogs.end()) continue;
+    e.hogs.erase(it);
+    PACER_LOG(WARNING) << "CPU hog " << pid << " of worker " << id << " died";
+    return true;
+  }
+  return false;
+}
+
+void ContentionInjector::RemoveStaleGroups() {
+  auto rel = CgroupPathOf(options_.proc_root, getpid(), "cpu");
+  if (!rel.ok()) return;
+  std::string base = options_.cgroup_root + "/cpu" + *rel;
+  if (!base.empty() && base.back() == '/') base.pop_back();
+  DIR* d = opendir(base.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    int owner = 0;
+    absl::string_view name = e->d_name;
+    if (name.rfind("pacer-agent-", 0) != 0) continue;
+    absl::string_view rest = name.substr(12);
+    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &owner)) continue;
+    if (owner == getpid() || kill(owner, 0) == 0) continue;  // its agent is alive
+    stale.push_back(base + "/" + std::string(name));
+  }
+  closedir(d);
+  for (const std::string& g : stale) {
+    MoveAllProcs(g, base);
+    if (rmdir(g.c_str()) == 0) {
+      PACER_LOG(INFO) << "removed stale contention cgroup " << g;
+    }
+  }
+}
+
+}  // namespace pacer

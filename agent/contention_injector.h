@@ -1,0 +1,95 @@
+// ContentionInjector: the fault-injection switch that slows one worker with real CPU contention,
+// so stragglers in tests and demos are real, never faked inside the trainer.
+//
+// `factor` f > 1 means the worker gets 1/f of the CPU it had. Two methods:
+//  - cgroup (cgroup v1 cpu controller writable at <cgroup_root>/cpu): a child group
+//    "pacer-agent-<agent pid>-<worker id>" under the worker's own cpu cgroup with
+//    cpu.cfs_quota_us = period * baseline_cores / f, and the worker's pid moved into it
+//    (children it starts later inherit it). The kernel throttles it; cpu.stat of the group shows
+//    nr_throttled / throttled_time, which the node metrics add up. Clear() moves the processes
+//    back to the original group and removes the group.
+//  - cpu-hog (the fallback when the cgroup is not writable): the worker's threads are pinned to
+//    the CPU it last ran on (sched_setaffinity) and ceil(f-1) busy processes are pinned to the
+//    same CPU, at nice levels chosen so that CFS gives the worker 1/f of that core (weights from
+//    the kernel's nice->weight table; assumes the worker itself runs at nice 0). Clear() kills
+//    the hogs and restores the worker's CPU mask. This method slows a worker relative to one
+//    full core, whatever it used before.
+// Groups left by a previous agent that was SIGKILLed are removed by RemoveStaleGroups().
+//
+// Owns the groups it created and the hog processes (its children: the agent's SIGCHLD handler
+// passes their exits to OnChildExit). Not thread-safe: the agent's event loop owns it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace pacer {
+
+enum class ContentionMethod { kAuto, kCgroup, kCpuHog };
+const char* ContentionMethodName(ContentionMethod m);
+bool ParseContentionMethod(const std::string& s, ContentionMethod* out);
+
+struct ContentionOptions {
+  ContentionMethod method = ContentionMethod::kAuto;
+  std::string cgroup_root = "/sys/fs/cgroup";
+  std::string proc_root = "/proc";
+  int64_t cfs_period_us = 100'000;
+};
+
+class ContentionInjector {
+ public:
+  explicit ContentionInjector(ContentionOptions options);
+  ~ContentionInjector();  // clears every contention it set
+  ContentionInjector(const ContentionInjector&) = delete;
+  ContentionInjector& operator=(const ContentionInjector&) = delete;
+
+  // Slows worker `worker_id` (process `pid`) by `factor` (> 1, <= 100). `baseline_cores` is
+  // the CPU the worker used recently (cgroup method; <= 0: one core). Replaces any contention
+  // already set on that worker. INVALID_ARGUMENT for a bad factor, NOT_FOUND for a dead pid,
+  // UNAVAILABLE when no method works here.
+  absl::Status Apply(const std::string& worker_id, pid_t pid, double factor, double baseline_cores);
+  // Re-applies a worker's contention to its new process after a relaunch (no-op when none).
+  absl::Status Reapply(const std::string& worker_id, pid_t pid);
+  // Removes the contention of one worker (OK when there is none).
+  absl::Status Clear(const std::string& worker_id);
+  void ClearAll();
+
+  std::optional<double> FactorOf(const std::string& worker_id) const;
+  // Method in force for a worker ("cgroup" / "cpu-hog"); empty when none.
+  std::string MethodOf(const std::string& worker_id) const;
+  // cpu.stat files of the groups in force (for the node's throttling metric).
+  std::vector<std::string> CpuStatPaths() const;
+  // True when `pid` was one of the hogs (an unexpected hog death is logged).
+  bool OnChildExit(pid_t pid);
+
+  // Removes "pacer-agent-<pid>-*" groups under the agent's cpu cgroup whose agent is gone.
+  void RemoveStaleGroups();
+
+ private:
+  struct Entry {
+    double factor = 0;
+    double baseline_cores = 0;
+    ContentionMethod method = ContentionMethod::kCgroup;
+    pid_t pid = 0;
+    std::string group_dir;      // cgroup method
+    std::string original_dir;   // the worker's cgroup before
+    std::vector<pid_t> hogs;    // cpu-hog method
+    std::vector<int> original_cpus;
+  };
+
+  absl::Status ApplyCgroup(const std::string& worker_id, Entry& e);
+  absl::Status ApplyCpuHog(Entry& e);
+  void Remove(Entry& e);
+  bool CgroupWritable() const;
+
+  ContentionOptions options_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,111 @@
+// pacer-agent: the node agent (DESIGN.md §5). Launches and supervises the worker processes of
+// one node, reports node metrics and worker states to pacerd, and carries out its commands.
+//
+//   pacer-agent --addr HOST:PORT --token-file F --node N --workers 2 -- python train.py
+//
+// Exit codes: 0 workers finished (or SIGTERM), 1 startup error, 2 bad flags, 3 workers failed
+// (restart limit), 75 migrated (pacerd told the agent to leave this node).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "agent/node_agent.h"
+#include "agent/proc_stats.h"
+#include "common/auth.h"
+#include "common/flags.h"
+#include "common/log.h"
+
+namespace po = boost::program_options;
+
+int main(int argc, char** argv) {
+  pacer::SetLogProgramName("pacer-agent");
+  pacer::NodeAgentOptions o;
+  std::string token_file, tls_ca_file, method = "auto";
+  std::vector<std::string> contention;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  o.node = host;
+  if (const char* n = std::getenv("PACER_NODE"); n && *n) o.node = n;
+  if (const char* a = std::getenv("PACER_ADDR"); a && *a) o.address = a;
+  if (const char* t = std::getenv("PACER_TOKEN"); t && *t) o.token = t;
+
+  po::options_description desc("Options");
+  desc.add_options()
+      ("addr", po::value(&o.address), "pacerd HOST:PORT (default $PACER_ADDR); empty: no pacerd")
+      ("token-file", po::value(&token_file), "job token file (default $PACER_TOKEN)")
+      ("tls-ca", po::value(&tls_ca_file), "CA certificate (PEM) for TLS to pacerd")
+      ("job", po::value(&o.job)->default_value(o.job), "job name (PACER_JOB for workers)")
+      ("node", po::value(&o.node)->default_value(o.node), "node name (default $PACER_NODE or the host name)")
+      ("agent-id", po::value(&o.agent_id), "agent id (default: the node name)")
+      ("workers", po::value(&o.num_workers)->default_value(o.num_workers), "worker processes on this node")
+      ("first-rank", po::value(&o.first_rank)->default_value(o.first_rank), "global rank of local worker 0")
+      ("world-size", po::value(&o.world_size)->default_value(o.world_size), "workers in the job (0: --workers)")
+      ("worker-id-prefix", po::value(&o.worker_id_prefix)->default_value(o.worker_id_prefix),
+       "worker i is PREFIX<rank>")
+      ("max-restarts", po::value(&o.restart.max_restarts)->default_value(o.restart.max_restarts),
+       "crash relaunches per worker before it is marked failed")
+      ("backoff-initial-ms", po::value(&o.restart.backoff_initial_ms)->default_value(o.restart.backoff_initial_ms),
+       "delay before the first relaunch after a crash (doubles per crash in a row)")
+      ("backoff-max-ms", po::value(&o.restart.backoff_max_ms)->default_value(o.restart.backoff_max_ms),
+       "longest relaunch delay")
+      ("reset-after-ms", po::value(&o.restart.reset_after_ms)->default_value(o.restart.reset_after_ms),
+       "a worker that ran this long before crashing starts a new backoff streak")
+      ("stop-grace-ms", po::value(&o.restart.stop_grace_ms)->default_value(o.restart.stop_grace_ms),
+       "SIGTERM, then SIGKILL after this")
+      ("heartbeat-ms", po::value(&o.heartbeat_interval_ms)->default_value(o.heartbeat_interval_ms),
+       "heartbeat interval (pacerd may suggest another)")
+      ("heartbeat-timeout-ms", po::value(&o.heartbeat_timeout_ms)->default_value(o.heartbeat_timeout_ms),
+       "deadline of one heartbeat")
+      ("heartbeat-backoff-max-ms", po::value(&o.heartbeat_backoff_max_ms)->default_value(o.heartbeat_backoff_max_ms),
+       "longest wait between heartbeats while pacerd is unreachable")
+      ("metrics-ms", po::value(&o.metrics_interval_ms)->default_value(o.metrics_interval_ms),
+       "node metrics interval")
+      ("contention", po::value(&contention)->composing(),
+       "WORKER:FACTOR, slow WORKER down FACTOR times with real CPU contention from the start "
+       "(local demos; repeatable)")
+      ("contention-method", po::value(&method)->default_value(method),
+       "auto (cgroup v1 cpu quota where writable, else a pinned CPU hog), cgroup or cpu-hog")
+      ("cgroup-root", po::value(&o.contention.cgroup_root)->default_value(o.contention.cgroup_root),
+       "cgroup mount root")
+      ("no-nvml", "do not try NVML for GPU utilisation")
+      ("kubernetes", po::bool_switch(&o.kubernetes),
+       "migrate by deleting the own pod: NOT IMPLEMENTED (behaves as plain mode)");
+  auto flags = pacer::ParseFlagsOrExit(
+      argc, argv,
+      "Usage: pacer-agent [options] -- <worker command ...>\n\n"
+      "Runs and supervises this node's worker processes for pacerd.\n"
+      "In the worker command, {worker_id}, {rank} and {local_rank} are replaced per worker.\n"
+      "Exit codes: 0 workers finished or SIGTERM, 1 startup error, 2 bad flags, 3 workers failed,\n"
+      "75 migrated (told to leave this node).",
+      desc);
+  o.worker_command = flags.passthrough;
+  if (o.worker_command.empty()) pacer::ExitWithError("pacer-agent", "no worker command after --");
+  if (!pacer::ParseContentionMethod(method, &o.contention.method)) {
+    pacer::ExitWithError("pacer-agent", "--contention-method must be auto, cgroup or cpu-hog");
+  }
+  o.metrics_sources.cgroup_root = o.contention.cgroup_root;
+  o.metrics_sources.use_nvml = !flags.vm.count("no-nvml");
+  for (const std::string& c : contention) {
+    const size_t colon = c.rfind(':');
+    double factor = 0;
+    if (colon == std::string::npos || !absl::SimpleAtod(c.substr(colon + 1), &factor)) {
+      pacer::ExitWithError("pacer-agent", "--contention wants WORKER:FACTOR, not '" + c + "'");
+    }
+    o.initial_contention[c.substr(0, colon)] = factor;
+  }
+  if (!token_file.empty()) {
+    auto t = pacer::LoadToken(token_file, false);
+    if (!t.ok()) pacer::ExitWithError("pacer-agent", std::string(t.status().message()));
+    o.token = *t;
+  }
+  if (!tls_ca_file.empty()) {
+    auto ca = pacer::ReadSmallFile(tls_ca_file);
+    if (!ca.ok()) pacer::ExitWithError("pacer-agent", std::string(ca.status().message()));
+    o.tls_ca = *ca;
+  }
+  auto agent = pacer::NodeAgent::Create(std::move(o));
+  if (!agent.ok()) pacer::ExitWithError("pacer-agent", std::string(agent.status().message()));
+  return (*agent)->Run();
+}

@@ -1,0 +1,482 @@
+#include "agent/node_agent.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "agent/child_process.h"
+#include "common/auth.h"
+#include "common/log.h"
+
+namespace pacer {
+
+constexpr size_t kMaxExitsKept = 10'000;
+constexpr size_t kMaxExecutedKept = 4096;
+
+// One heartbeat RPC. `done` is set by gRPC's callback thread under `mu` before the completion
+// is posted to the loop, so ~NodeAgent can wait for a cancelled call to let go of the loop.
+struct NodeAgent::HeartbeatCall {
+  grpc::ClientContext ctx;
+  AgentHeartbeat req;
+  AgentHeartbeatReply reply;
+  size_t acks_sent = 0;
+  bool final = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+};
+
+std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
+                                         const std::vector<std::string>& base_env) {
+  const uint32_t world = o.world_size ? o.world_size : o.num_workers;
+  std::vector<WorkerSpec> specs;
+  for (uint32_t i = 0; i < o.num_workers; ++i) {
+    WorkerSpec s;
+    s.rank = o.first_rank + i;
+    s.local_rank = i;
+    s.worker_id = o.worker_id_prefix + std::to_string(s.rank);
+    const std::map<std::string, std::string> ours = {
+        {"PACER_ADDR", o.address},
+        {"PACER_JOB", o.job},
+        {"PACER_WORKER_ID", s.worker_id},
+        {"PACER_TOKEN", o.token},
+        {"PACER_NODE", o.node},
+        {"PACER_RANK", std::to_string(s.rank)},
+        {"PACER_WORLD_SIZE", std::to_string(world)},
+        {"PACER_LOCAL_RANK", std::to_string(i)},
+        {"PACER_LOCAL_WORLD_SIZE", std::to_string(o.num_workers)},
+        {"RANK", std::to_string(s.rank)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(i)},
+    };
+    for (const std::string& kv : base_env) {
+      if (!ours.count(kv.substr(0, kv.find('=')))) s.env.push_back(kv);
+    }
+    for (const auto& [k, v] : ours) s.env.push_back(k + "=" + v);
+    for (const std::string& a : o.worker_command) {
+      s.argv.push_back(absl::StrReplaceAll(a, {{"{worker_id}", s.worker_id},
+                                                {"{rank}", std::to_string(s.rank)},
+                                                {"{local_rank}", std::to_string(i)}}));
+    }
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Create(NodeAgentOptions options,
+                                                              const Clock* clock) {
+  if (options.node.empty()) return absl::InvalidArgumentError("node name is required");
+  if (options.worker_command.empty()) return absl::InvalidArgumentError("no worker command");
+  if (options.num_workers == 0) return absl::InvalidArgumentError("need at least one worker");
+  if (options.world_size != 0 && options.first_rank + options.num_workers > options.world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ranks %d..%d do not fit world size %d", options.first_rank,
+        options.first_rank + options.num_workers - 1, options.world_size));
+  }
+  if (options.heartbeat_interval_ms <= 0 || options.metrics_interval_ms <= 0) {
+    return absl::InvalidArgumentError("intervals must be > 0");
+  }
+  if (!options.address.empty() && options.token.empty()) {
+    return absl::InvalidArgumentError("a job token is required to talk to pacerd");
+  }
+  if (options.agent_id.empty()) options.agent_id = options.node;
+  std::unique_ptr<NodeAgent> a(new NodeAgent(std::move(options), clock));
+  for (const auto& [id, factor] : a->options_.initial_contention) {
+    if (!a->supervisor_->Has(id)) return absl::InvalidArgumentError("--contention: unknown worker '" + id + "'");
+    if (!(factor > 1.0 && factor <= 100.0)) {
+      return absl::InvalidArgumentError("--contention: factor must be in (1, 100]");
+    }
+  }
+  return a;
+}
+
+NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      // Grows with each start (ms since epoch), with a random low part against equal starts.
+      incarnation_(static_cast<uint64_t>(clock->NowMs()) * 1000 + (getpid() % 1000)),
+      rng_(static_cast<uint64_t>(clock->MonotonicNs()) ^ static_cast<uint64_t>(getpid())),
+      signals_(io_),
+      heartbeat_timer_(io_),
+      metrics_timer_(io_) {
+  collector_ = std::make_unique<NodeMetricsCollector>(options_.node, clock_, options_.metrics_sources);
+  injector_ = std::make_unique<ContentionInjector>(options_.contention);
+  WorkerSupervisor::Listener listener;
+  listener.on_exit = [this](const WorkerExit& e) {
+    exits_outbox_.push_back(e);
+    if (exits_outbox_.size() > kMaxExitsKept) exits_outbox_.pop_front();
+  };
+  listener.on_launch = [this](const std::string& id, pid_t pid) {
+    if (absl::Status s = injector_->Reapply(id, pid); !s.ok()) {
+      PACER_LOG(WARNING) << "contention on relaunched worker " << id << ": " << s.message();
+    }
+    supervisor_->SetContentionFactor(id, injector_->FactorOf(id).value_or(0));
+  };
+  supervisor_ = std::make_unique<WorkerSupervisor>(
+      io_, clock_, options_.restart, BuildWorkerSpecs(options_, CurrentEnvironment()),
+      std::move(listener), options_.stdout_fd, options_.stderr_fd);
+  if (!options_.address.empty()) {
+    grpc::ChannelArguments args;
+    // Reconnect quickly once pacerd is back (gRPC's default backoff grows to 2 minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    std::shared_ptr<grpc::ChannelCredentials> creds;
+    if (!options_.tls_ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options_.tls_ca;
+      creds = grpc::SslCredentials(ssl);
+    } else {
+      creds = grpc::InsecureChannelCredentials();
+    }
+    stub_ = AgentService::NewStub(grpc::CreateCustomChannel(options_.address, creds, args));
+  }
+}
+
+NodeAgent::~NodeAgent() {
+  if (in_flight_) {
+    in_flight_->ctx.TryCancel();
+    std::unique_lock<std::mutex> l(in_flight_->mu);
+    in_flight_->cv.wait(l, [&] { return in_flight_->done; });
+  }
+  injector_.reset();    // removes groups, kills hogs
+  supervisor_.reset();  // SIGKILLs whatever still runs
+}
+
+int NodeAgent::Run() {
+  signals_.add(SIGCHLD);
+  signals_.add(SIGTERM);
+  signals_.add(SIGINT);
+  std::function<void(const boost::system::error_code&, int)> on_signal;
+  on_signal = [this, &on_signal](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    OnSignal(sig);
+    if (!done_) signals_.async_wait(on_signal);
+  };
+  signals_.async_wait(on_signal);
+
+  injector_->RemoveStaleGroups();
+  PACER_LOG(INFO) << "agent " << options_.agent_id << " on node " << options_.node
+                  << " (incarnation " << incarnation_ << "): " << options_.num_workers
+                  << " worker(s), pacerd " << (options_.address.empty() ? "none" : options_.address);
+  supervisor_->StartAll();
+  for (const auto& [id, factor] : options_.initial_contention) {
+    absl::Status s = injector_->Apply(id, supervisor_->Pid(id), factor, 0);
+    if (!s.ok()) {
+      PACER_LOG(ERROR) << "--contention " << id << ": " << s.message();
+    }
+    supervisor_->SetContentionFactor(id, injector_->FactorOf(id).value_or(0));
+  }
+  CollectMetrics();  // the first sample starts the first interval
+  ScheduleMetrics();
+  if (stub_) ScheduleHeartbeat(0);
+  io_.run();
+  return exit_code_.value_or(kAgentExitOk);
+}
+
+void NodeAgent::OnSignal(int sig) {
+  if (sig == SIGCHLD) {
+    ReapChildren();
+    return;
+  }
+  PACER_LOG(INFO) << "signal " << sig << ": stopping workers";
+  BeginExit(kAgentExitOk, strsignal(sig));
+}
+
+void NodeAgent::ReapChildren() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    if (supervisor_->OnChildExit(pid, status)) continue;
+    if (injector_->OnChildExit(pid)) continue;
+  }
+  CheckFinished();
+}
+
+void NodeAgent::CheckFinished() {
+  if (exit_code_ || !supervisor_->AllFinished()) return;
+  const bool failed = supervisor_->AnyFailed();
+  BeginExit(failed ? kAgentExitWorkersFailed : kAgentExitOk,
+            failed ? "every worker ended, some failed" : "every worker finished");
+}
+
+void NodeAgent::BeginExit(int code, const std::string& why) {
+  if (exit_code_) return;
+  exit_code_ = code;
+  PACER_LOG(INFO) << "agent leaving (" << why << "), exit code " << code;
+  stopping_workers_ = true;
+  supervisor_->StopAll([this](absl::Status) {
+    stopping_workers_ = false;
+    injector_->ClearAll();
+    CollectMetrics();
+    if (!stub_) return FinishExit();
+    heartbeat_timer_.cancel();
+    if (!in_flight_) SendHeartbeat(/*final=*/true);
+    // else: OnHeartbeatDone sends the final one when the current call ends.
+  });
+}
+
+void NodeAgent::FinishExit() {
+  if (done_) return;
+  done_ = true;
+  heartbeat_timer_.cancel();
+  metrics_timer_.cancel();
+  signals_.cancel();
+  io_.stop();
+}
+
+void NodeAgent::ScheduleMetrics() {
+  metrics_timer_.expires_after(std::chrono::milliseconds(options_.metrics_interval_ms));
+  metrics_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || done_) return;
+    CollectMetrics();
+    ScheduleMetrics();
+  });
+}
+
+void NodeAgent::CollectMetrics() {
+  std::map<std::string, pid_t> pids;
+  for (const std::string& id : supervisor_->WorkerIds()) pids[id] = supervisor_->Pid(id);
+  auto sample = collector_->Sample(pids, injector_->CpuStatPaths());
+  if (!sample.ok()) {
+    PACER_LOG(WARNING) << "node metrics: " << sample.status().message();
+    return;
+  }
+  if (!sample->has_value()) return;
+  for (const auto& [id, cores] : (*sample)->worker_cores) {
+    supervisor_->SetCpuCores(id, cores);
+    if (pids[id] > 0 && cores > 0) last_cores_[id] = cores;
+  }
+  unsent_metrics_ = std::move((*sample)->metrics);
+}
+
+void NodeAgent::ScheduleHeartbeat(int64_t delay_ms) {
+  heartbeat_timer_.expires_after(std::chrono::milliseconds(delay_ms));
+  heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || done_ || exit_code_) return;
+    SendHeartbeat(/*final=*/false);
+  });
+}
+
+void NodeAgent::SendHeartbeat(bool final) {
+  auto call = std::make_shared<HeartbeatCall>();
+  call->final = final;
+  if (final) final_heartbeat_sent_ = true;
+  AgentHeartbeat& r = call->req;
+  r.set_job(options_.job);
+  r.set_node(options_.node);
+  r.set_agent_id(options_.agent_id);
+  r.set_incarnation(incarnation_);
+  r.set_leaving(exit_code_.has_value());
+  if (unsent_metrics_) *r.mutable_node_metrics() = *unsent_metrics_;
+  for (WorkerProcess& w : supervisor_->Snapshot()) *r.add_workers() = std::move(w);
+  for (const WorkerExit& e : exits_outbox_) *r.add_exits() = e;
+  for (const CommandAck& a : acks_outbox_) *r.add_acks() = a;
+  call->acks_sent = acks_outbox_.size();
+  AttachToken(&call->ctx, options_.token);
+  call->ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(options_.heartbeat_timeout_ms));
+  in_flight_ = call;
+  stub_->async()->Heartbeat(&call->ctx, &call->req, &call->reply,
+                            [this, call](grpc::Status status) {
+                              std::lock_guard<std::mutex> l(call->mu);
+                              boost::asio::post(io_, [this, call, status] {
+                                OnHeartbeatDone(call, status);
+                              });
+                              call->done = true;
+                              call->cv.notify_all();
+                            });
+}
+
+void NodeAgent::OnHeartbeatDone(const std::shared_ptr<HeartbeatCall>& call,
+                                const grpc::Status& status) {
+  if (in_flight_ == call) in_flight_.reset();
+  if (done_) return;
+  if (status.ok()) {
+    if (!connected_ || heartbeat_failures_ > 0) {
+      PACER_LOG(INFO) << "pacerd " << options_.address << " reachable"
+                      << (heartbeat_failures_ ? absl::StrFormat(" again after %d failed heartbeats",
+                                                                heartbeat_failures_)
+                                              : "");
+    }
+    connected_ = true;
+    heartbeat_failures_ = 0;
+    if (call->reply.registered()) {
+      ++registrations_;
+      PACER_LOG(INFO) << (registrations_ == 1 ? "registered" : "re-registered") << " with pacerd as "
+                      << options_.agent_id << " (incarnation " << incarnation_ << ")";
+    }
+    if (call->req.has_node_metrics() && unsent_metrics_ &&
+        unsent_metrics_->time_ms() == call->req.node_metrics().time_ms()) {
+      unsent_metrics_.reset();
+    }
+    acks_outbox_.erase(acks_outbox_.begin(),
+                       acks_outbox_.begin() + std::min(call->acks_sent, acks_outbox_.size()));
+    while (!exits_outbox_.empty() && exits_outbox_.front().seq() <= call->reply.exits_acked_through()) {
+      exits_outbox_.pop_front();
+    }
+    if (!exit_code_) {
+      for (const AgentCommand& c : call->reply.commands()) HandleCommand(c);
+    }
+  } else {
+    ++heartbeat_failures_;
+    if (heartbeat_failures_ == 1 || heartbeat_failures_ % 10 == 0) {
+      PACER_LOG(WARNING) << "heartbeat to " << options_.address << " failed ("
+                         << heartbeat_failures_ << " in a row): " << status.error_message()
+                         << "; workers keep running";
+    }
+  }
+  if (exit_code_) {
+    if (call->final) return FinishExit();  // sent or not: the agent leaves either way
+    if (!stopping_workers_) SendHeartbeat(/*final=*/true);
+    return;
+  }
+  int64_t delay = options_.heartbeat_interval_ms;
+  if (status.ok() && call->reply.heartbeat_interval_ms() > 0) {
+    delay = call->reply.heartbeat_interval_ms();
+  }
+  if (heartbeat_failures_ > 0) {
+    const double backoff = static_cast<double>(options_.heartbeat_interval_ms) *
+                           std::pow(2.0, std::min<uint32_t>(heartbeat_failures_ - 1, 20));
+    const double jitter = std::uniform_real_distribution<double>(0.8, 1.2)(rng_);
+    delay = static_cast<int64_t>(
+        std::min(backoff, static_cast<double>(options_.heartbeat_backoff_max_ms)) * jitter);
+  }
+  ScheduleHeartbeat(delay);
+}
+
+std::optional<std::string> NodeAgent::Refusal(const AgentCommand& cmd) const {
+  auto known = [&](const std::string& id) -> std::optional<std::string> {
+    if (id.empty()) return "malformed: worker_id is empty";
+    if (!supervisor_->Has(id)) return "unknown worker '" + id + "' on node " + options_.node;
+    return std::nullopt;
+  };
+  switch (cmd.action_case()) {
+    case AgentCommand::kRestartWorker:
+      return known(cmd.restart_worker().worker_id());
+    case AgentCommand::kStop:
+      if (cmd.stop().all() == !cmd.stop().worker_id().empty()) {
+        return "malformed: stop needs exactly one of worker_id / all";
+      }
+      return cmd.stop().all() ? std::nullopt : known(cmd.stop().worker_id());
+    case AgentCommand::kMigrate:
+      return std::nullopt;
+    case AgentCommand::kSetContention: {
+      if (auto r = known(cmd.set_contention().worker_id())) return r;
+      const double f = cmd.set_contention().factor();
+      if (!(f > 1.0 && f <= 100.0)) {
+        return absl::StrFormat("malformed: contention factor must be in (1, 100], not %g", f);
+      }
+      return std::nullopt;
+    }
+    case AgentCommand::kClearContention:
+      if (cmd.clear_contention().worker_id().empty()) return std::nullopt;
+      return known(cmd.clear_contention().worker_id());
+    case AgentCommand::ACTION_NOT_SET:
+      return "malformed: command has no action";
+  }
+  return "malformed: unknown action";
+}
+
+void NodeAgent::HandleCommand(const AgentCommand& cmd) {
+  if (cmd.command_id().empty()) {
+    PACER_LOG(WARNING) << "ignoring a command without an id (cannot be acknowledged): "
+                       << cmd.ShortDebugString();
+    return;
+  }
+  auto it = executed_.find(cmd.command_id());
+  if (it != executed_.end()) {
+    if (it->second.finished) {  // a replay: acknowledge again, do not execute
+      CommandAck ack = it->second.ack;
+      ack.set_duplicate(true);
+      acks_outbox_.push_back(ack);
+      PACER_LOG(INFO) << "command " << cmd.command_id() << " replayed: acknowledged, not executed again";
+    }
+    return;  // still running: its ack comes when it ends
+  }
+  executed_[cmd.command_id()] = Executed{};
+  executed_order_.push_back(cmd.command_id());
+  while (executed_order_.size() > kMaxExecutedKept) {
+    executed_.erase(executed_order_.front());
+    executed_order_.pop_front();
+  }
+  if (auto reason = Refusal(cmd)) {
+    PACER_LOG(WARNING) << "refusing command " << cmd.command_id() << ": " << *reason;
+    Acknowledge(cmd.command_id(), absl::InvalidArgumentError(*reason));
+    return;
+  }
+  PACER_LOG(INFO) << "executing command " << cmd.ShortDebugString();
+  Execute(cmd);
+}
+
+void NodeAgent::Execute(const AgentCommand& cmd) {
+  const std::string id = cmd.command_id();
+  auto done = [this, id](absl::Status s) { Acknowledge(id, s); };
+  switch (cmd.action_case()) {
+    case AgentCommand::kRestartWorker:
+      (void)supervisor_->Restart(cmd.restart_worker().worker_id(), done);
+      return;
+    case AgentCommand::kStop:
+      if (cmd.stop().all()) {
+        supervisor_->StopAll(done);
+      } else {
+        (void)supervisor_->Stop(cmd.stop().worker_id(), done);
+      }
+      return;
+    case AgentCommand::kMigrate:
+      if (options_.kubernetes) {
+        PACER_LOG(ERROR) << "Kubernetes migration (deleting the own pod) is NOT IMPLEMENTED; "
+                            "leaving as in plain mode (exit "
+                         << kAgentExitMigrated << ")";
+      }
+      // The ack goes out with the final heartbeat, after every worker stopped.
+      Acknowledge(id, absl::OkStatus());
+      BeginExit(kAgentExitMigrated, "migrate: " + cmd.migrate().reason());
+      return;
+    case AgentCommand::kSetContention: {
+      const std::string& w = cmd.set_contention().worker_id();
+      auto cores = last_cores_.find(w);
+      done(injector_->Apply(w, supervisor_->Pid(w), cmd.set_contention().factor(),
+                            cores == last_cores_.end() ? 0 : cores->second));
+      supervisor_->SetContentionFactor(w, injector_->FactorOf(w).value_or(0));
+      return;
+    }
+    case AgentCommand::kClearContention: {
+      const std::string& w = cmd.clear_contention().worker_id();
+      if (w.empty()) {
+        injector_->ClearAll();
+      } else {
+        (void)injector_->Clear(w);
+      }
+      for (const std::string& wid : supervisor_->WorkerIds()) {
+        supervisor_->SetContentionFactor(wid, injector_->FactorOf(wid).value_or(0));
+      }
+      done(absl::OkStatus());
+      return;
+    }
+    case AgentCommand::ACTION_NOT_SET:
+      break;
+  }
+  done(absl::InvalidArgumentError("malformed: command has no action"));
+}
+
+void NodeAgent::Acknowledge(const std::string& command_id, absl::Status outcome) {
+  CommandAck ack;
+  ack.set_command_id(command_id);
+  ack.set_ok(outcome.ok());
+  ack.set_reason(std::string(outcome.message()));
+  if (auto it = executed_.find(command_id); it != executed_.end()) {
+    it->second.finished = true;
+    it->second.ack = ack;
+  }
+  acks_outbox_.push_back(std::move(ack));
+}
+
+}  // namespace pacer

@@ -1,0 +1,151 @@
+// NodeAgent: the body of `pacer-agent` (DESIGN.md §5). One Boost.Asio event loop, run by the
+// thread that calls Run(), owns all of the agent's state: the WorkerSupervisor (worker
+// processes), the NodeMetricsCollector, the ContentionInjector, the outboxes of exits and
+// command acks, and the heartbeat to pacerd. The only other threads are gRPC's: a heartbeat's
+// completion is posted back onto the loop, so no state is shared and nothing is locked.
+//
+// Heartbeat protocol (see proto/pacer/agent.proto for the command walk-through):
+//  1. Every interval the loop sends one AgentHeartbeat (node metrics of the last interval not
+//     sent yet, every worker's state, unacknowledged exits and acks) and waits for its reply
+//     before the next one: at most one call in flight.
+//  2. On failure (pacerd down, timeout) the next try waits interval * 2^failures, capped at
+//     heartbeat_backoff_max_ms, with +-20 % jitter. Workers keep running and being supervised;
+//     exits and acks accumulate in the outboxes.
+//  3. On success the acknowledged exits and the acks carried are dropped; `registered` in the
+//     reply means pacerd did not know this incarnation (first contact, or pacerd restarted), and
+//     the agent logs it as a (re-)registration.
+//  4. Each command id is executed at most once per incarnation (a replay is acked with
+//     `duplicate`); an invalid command (no action, unknown worker, bad factor, ambiguous stop)
+//     is refused with a reason and changes nothing.
+//
+// Exit codes of Run(): 0 every worker finished (or SIGTERM/SIGINT stopped them), 3 every worker
+// ended and at least one FAILED (restart limit), 75 migrated (told to leave the node).
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/contention_injector.h"
+#include "agent/node_metrics_collector.h"
+#include "agent/restart_backoff.h"
+#include "agent/worker_supervisor.h"
+#include "common/clock.h"
+#include "proto/pacer/agent.grpc.pb.h"
+
+namespace pacer {
+
+constexpr int kAgentExitOk = 0;
+constexpr int kAgentExitWorkersFailed = 3;
+constexpr int kAgentExitMigrated = 75;  // EX_TEMPFAIL: "run me somewhere else"
+
+struct NodeAgentOptions {
+  std::string address;   // pacerd HOST:PORT; empty = supervise only, no heartbeats
+  std::string token;     // job token
+  std::string tls_ca;    // PEM of the CA for TLS to pacerd; empty = plaintext
+  std::string job = "job";
+  std::string node;      // required
+  std::string agent_id;  // default: node
+  uint32_t num_workers = 1;
+  uint32_t first_rank = 0;   // global rank of local worker 0
+  uint32_t world_size = 0;   // 0: num_workers
+  std::string worker_id_prefix = "w";  // worker i is <prefix><first_rank + i>
+  std::vector<std::string> worker_command;  // {worker_id}, {rank}, {local_rank} substituted
+  RestartPolicy restart;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 3000;
+  int64_t heartbeat_backoff_max_ms = 10'000;
+  int64_t metrics_interval_ms = 1000;
+  ContentionOptions contention;
+  std::map<std::string, double> initial_contention;  // worker id -> factor (local demos)
+  bool kubernetes = false;  // migrate by deleting the own pod: NOT IMPLEMENTED (stub, see README)
+  NodeMetricsSources metrics_sources;
+  int stdout_fd = 1, stderr_fd = 2;
+};
+
+// The per-worker specs: ids, ranks, the job environment (PACER_ADDR, PACER_JOB,
+// PACER_WORKER_ID, PACER_TOKEN, PACER_NODE, PACER_RANK, PACER_WORLD_SIZE, PACER_LOCAL_RANK,
+// PACER_LOCAL_WORLD_SIZE and the torch-style RANK, WORLD_SIZE, LOCAL_RANK) over `base_env`.
+std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& options,
+                                         const std::vector<std::string>& base_env);
+
+class NodeAgent {
+ public:
+  // Validates the options. `clock` must outlive the agent.
+  static absl::StatusOr<std::unique_ptr<NodeAgent>> Create(NodeAgentOptions options,
+                                                           const Clock* clock = RealClock::Get());
+  ~NodeAgent();
+
+  // Starts the workers and runs the loop until the agent exits; returns the exit code. Call
+  // once, from the thread that will live as long as the workers (their parent-death signal is
+  // tied to it). Blocks SIGTERM/SIGINT/SIGCHLD handling into the loop via asio::signal_set.
+  int Run();
+
+ private:
+  struct HeartbeatCall;
+  struct Executed {
+    bool finished = false;
+    CommandAck ack;
+  };
+
+  NodeAgent(NodeAgentOptions options, const Clock* clock);
+  void OnSignal(int sig);
+  void ReapChildren();
+  void CollectMetrics();
+  void ScheduleMetrics();
+  void ScheduleHeartbeat(int64_t delay_ms);
+  void SendHeartbeat(bool final);
+  void OnHeartbeatDone(const std::shared_ptr<HeartbeatCall>& call, const grpc::Status& status);
+  void HandleCommand(const AgentCommand& cmd);
+  // Validates a command against the current workers; the reason when it must be refused.
+  std::optional<std::string> Refusal(const AgentCommand& cmd) const;
+  void Execute(const AgentCommand& cmd);
+  void Acknowledge(const std::string& command_id, absl::Status outcome);
+  void CheckFinished();
+  // Stops every worker, sends a last heartbeat (leaving) and ends Run() with `code`.
+  void BeginExit(int code, const std::string& why);
+  void FinishExit();
+
+  NodeAgentOptions options_;
+  const Clock* clock_;
+  uint64_t incarnation_;
+  std::mt19937_64 rng_;
+
+  boost::asio::io_context io_;  // declared first: destroyed last
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer metrics_timer_;
+  std::unique_ptr<NodeMetricsCollector> collector_;
+  std::unique_ptr<ContentionInjector> injector_;
+  std::unique_ptr<WorkerSupervisor> supervisor_;
+  std::unique_ptr<AgentService::Stub> stub_;
+
+  std::deque<WorkerExit> exits_outbox_;
+  std::vector<CommandAck> acks_outbox_;
+  std::map<std::string, Executed> executed_;  // by command id
+  std::deque<std::string> executed_order_;    // for bounding executed_
+  std::optional<NodeMetrics> unsent_metrics_;
+  std::map<std::string, double> last_cores_;
+
+  std::shared_ptr<HeartbeatCall> in_flight_;
+  uint32_t heartbeat_failures_ = 0;
+  uint32_t registrations_ = 0;
+  bool connected_ = false;
+
+  std::optional<int> exit_code_;  // set once the agent is leaving
+  bool stopping_workers_ = false;
+  bool final_heartbeat_sent_ = false;
+  bool done_ = false;
+};
+
+}  // namespace pacer
