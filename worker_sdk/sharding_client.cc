@@ -62,6 +62,7 @@ absl::Status ShardingClient::Retry(const char* what,
   const auto start = std::chrono::steady_clock::now();
   int64_t backoff = options_.backoff_initial_ms;
   for (int attempt = 1;; ++attempt) {
+    if (cancelled()) return absl::CancelledError(std::string(what) + ": client shut down");
     grpc::ClientContext ctx;
     AttachToken(&ctx, options_.token);
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -80,8 +81,12 @@ absl::Status ShardingClient::Retry(const char* what,
       PACER_LOG(WARNING) << what << ": " << s.error_message() << "; retrying";
     }
     // Backoff between attempts (not synchronisation): full jitter, capped.
-    std::uniform_int_distribution<int64_t> d(backoff / 2, backoff);
-    std::this_thread::sleep_for(std::chrono::milliseconds(d(jitter_)));
+    int64_t pause_ms;
+    {
+      std::lock_guard<std::mutex> l(jitter_mu_);
+      pause_ms = std::uniform_int_distribution<int64_t>(backoff / 2, backoff)(jitter_);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     backoff = std::min(backoff * 2, options_.backoff_max_ms);
   }
 }

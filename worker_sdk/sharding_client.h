@@ -7,14 +7,17 @@
 // answers a retried report or completion of an already-ended lease with success when the
 // records were counted (and FAILED_PRECONDITION when they were not).
 //
-// Thread-compatible: one client per worker thread (the heartbeat thread of the SDK's Client
-// uses its own).
+// Thread-safe: the SDK's Client shares one ShardingClient (one registration, one incarnation)
+// between its reporter thread and the ShardReader's prefetch thread. Cancel() makes every call
+// in a retry loop return CANCELLED at its next attempt (used on shutdown).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -61,6 +64,11 @@ class ShardingClient {
   absl::StatusOr<ListDatasetsResponse> ListDatasets();
 
   ShardingService::Stub* stub() { return stub_.get(); }
+  const ShardingClientOptions& options() const { return options_; }
+
+  // Stops retrying: calls in progress return CANCELLED at their next attempt, new calls at once.
+  void Cancel() { cancelled_.store(true, std::memory_order_release); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
  private:
   explicit ShardingClient(ShardingClientOptions options);
@@ -71,7 +79,9 @@ class ShardingClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ShardingService::Stub> stub_;
   RegisterWorkerResponse registration_;
-  std::mt19937_64 jitter_;
+  std::mutex jitter_mu_;
+  std::mt19937_64 jitter_;  // guarded by jitter_mu_
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace pacer

@@ -1,0 +1,274 @@
+// pacer-train-mlp: example (a) of the worker SDK, a synchronous data-parallel trainer.
+//
+// Each worker process reads its records through ShardReader (the sharding service decides who
+// trains on what), runs the local batch its BatchPlan gives for the step (uneven across
+// workers; micro-batches x accumulation steps), averages gradients with the SDK's weighted
+// all-reduce on Gloo (sum b_i g_i / sum b_i, so the update equals a full-batch update), times
+// data wait / communication / compute with StepTimer, and reports progress after each update.
+// The model is a one-hidden-layer MLP on a synthetic nonlinear task (synthetic_task.h). At the
+// end every worker evaluates the same held-out set and prints (and writes --result-file):
+// accuracy, steps, samples and a checksum of the parameters (equal on every rank).
+//
+//   pacer-train-mlp --addr HOST:PORT --token-file F --worker-id w0 --rank 0 --world-size 4
+//       --store-dir /tmp/run1/gloo --batch 8 --register-records 20000 --epochs 2
+//
+// --collective none trains each worker alone (no all-reduce): the mode the crash tests use to
+// kill and restart a worker mid-shard. --ledger keeps the exactly-once ledger of
+// examples/consumer/ledger.h.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include "common/flags.h"
+#include "common/log.h"
+#include "examples/consumer/ledger.h"
+#include "examples/mlp_trainer/mlp.h"
+#include "examples/mlp_trainer/synthetic_task.h"
+#include "worker_sdk/client.h"
+#include "worker_sdk/collective.h"
+#include "worker_sdk/gloo_collective.h"
+#include "worker_sdk/shard_reader.h"
+#include "worker_sdk/step_timer.h"
+
+namespace po = boost::program_options;
+using namespace pacer;
+using namespace pacer::examples;
+
+namespace {
+
+class SoloCollective final : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  absl::Status AllReduceSum(std::span<float>) override { return absl::OkStatus(); }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+};
+
+class LedgerAcks final : public ReportListener {
+ public:
+  explicit LedgerAcks(LedgerWriter* w) : w_(w) {}
+  void OnAcknowledged(uint64_t lease, uint64_t done) override { w_->Ack(lease, done); }
+
+ private:
+  LedgerWriter* w_;
+};
+
+uint64_t Checksum(const std::vector<float>& p) {
+  uint64_t h = 1469598103934665603ull;
+  for (float v : p) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  return h;
+}
+
+[[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
+  ExitWithError("pacer-train-mlp", what + ": " + std::string(s.message()), 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SetLogProgramName("pacer-train-mlp");
+  ClientOptions copts;
+  std::string dataset = "train", store_dir, collective_kind = "gloo", result_file, ledger_path;
+  uint64_t register_records = 0, shard_size = 0, eval_records = 2000, max_steps = 0;
+  uint32_t epochs = 1, batch = 32, accumulation = 1, hidden = 32, rank = 0, world = 1;
+  float lr = 0.2f;
+  double target = 0, step_ms = 0;
+  uint64_t seed = 1;
+  po::options_description desc("Options");
+  AddClientFlags(desc, &copts);
+  desc.add_options()
+      ("dataset", po::value(&dataset)->default_value(dataset), "dataset to train on")
+      ("register-records", po::value(&register_records), "register the dataset with this many records first (same on every worker)")
+      ("shard-size", po::value(&shard_size), "records per shard when registering (default 10 x batch)")
+      ("epochs", po::value(&epochs)->default_value(epochs), "epochs when registering")
+      ("batch", po::value(&batch)->default_value(batch), "initial local micro batch (until a batch plan arrives)")
+      ("accumulation", po::value(&accumulation)->default_value(accumulation), "initial accumulation steps")
+      ("rank", po::value(&rank)->default_value(rank), "this worker's rank in the all-reduce group")
+      ("world-size", po::value(&world)->default_value(world), "all-reduce group size")
+      ("store-dir", po::value(&store_dir), "Gloo FileStore directory shared by the ranks (fresh per run)")
+      ("collective", po::value(&collective_kind)->default_value(collective_kind), "gloo | none")
+      ("hidden", po::value(&hidden)->default_value(hidden), "hidden units")
+      ("lr", po::value(&lr)->default_value(lr), "learning rate")
+      ("seed", po::value(&seed)->default_value(seed), "model init seed (same on every rank)")
+      ("eval-records", po::value(&eval_records)->default_value(eval_records), "held-out samples")
+      ("target-accuracy", po::value(&target)->default_value(0), "exit 3 when the final accuracy is below")
+      ("max-steps", po::value(&max_steps)->default_value(0), "stop after this many steps (0: end of data)")
+      ("step-ms", po::value(&step_ms)->default_value(0), "extra simulated compute per step (demos)")
+      ("result-file", po::value(&result_file), "write a JSON line with the results here")
+      ("ledger", po::value(&ledger_path), "keep the exactly-once ledger here");
+  ParseFlagsOrExit(argc, argv, "Usage: pacer-train-mlp [options]", desc);
+  if (batch == 0 || accumulation == 0) ExitWithError("pacer-train-mlp", "--batch and --accumulation must be > 0");
+  if (collective_kind != "gloo" && collective_kind != "none") {
+    ExitWithError("pacer-train-mlp", "--collective: gloo | none");
+  }
+  copts.initial_micro_batch = batch;
+  copts.initial_accumulation_steps = accumulation;
+
+  auto client_or = Client::Connect(copts);
+  if (!client_or.ok()) Fail("connect", client_or.status());
+  Client& client = **client_or;
+
+  std::optional<LedgerWriter> ledger;
+  std::optional<LedgerAcks> ledger_acks;
+  ShardReaderOptions ropts;
+  ropts.dataset = dataset;
+  if (!ledger_path.empty()) {
+    auto w = LedgerWriter::Open(ledger_path);
+    if (!w.ok()) Fail("ledger", w.status());
+    ledger.emplace(std::move(*w));
+    const int resolved = ResolvePendingIntents(ledger_path, client.registration(), *ledger);
+    if (resolved > 0) {
+      PACER_LOG(INFO) << "resolved " << resolved << " unacknowledged reports";
+    }
+    ledger_acks.emplace(&*ledger);
+    client.AddListener(&*ledger_acks);
+    ropts.on_lease = [&](const Lease& l) { ledger->Leased(l); };
+    ropts.on_report = [&](uint64_t lease, uint64_t prefix) { ledger->Intent(lease, prefix); };
+  }
+  if (register_records > 0) {
+    DatasetSpec spec;
+    spec.set_name(dataset);
+    spec.set_num_records(register_records);
+    spec.set_shard_size(shard_size);
+    spec.set_num_epochs(epochs);
+    spec.set_shuffle(SHUFFLE_SHARDS);
+    spec.set_seed(17);
+    auto created = client.sharding().RegisterDataset(spec);
+    if (!created.ok()) Fail("register dataset", created.status());
+  }
+  auto reader_or = ShardReader::Create(&client, ropts);
+  if (!reader_or.ok()) Fail("reader", reader_or.status());
+  ShardReader& reader = **reader_or;
+
+  std::unique_ptr<Collective> collective;
+  if (collective_kind == "gloo" && world > 1) {
+    if (store_dir.empty()) ExitWithError("pacer-train-mlp", "--store-dir is required with --world-size > 1");
+    GlooOptions g;
+    g.rank = static_cast<int>(rank);
+    g.size = static_cast<int>(world);
+    g.store_dir = store_dir;
+    g.prefix = dataset;
+    auto c = GlooCollective::Create(g);
+    if (!c.ok()) Fail("all-reduce group", c.status());
+    collective = std::move(*c);
+  } else {
+    collective = std::make_unique<SoloCollective>();
+  }
+  const bool lockstep = collective->size() > 1;
+
+  SyntheticTask task(TaskSpec{});
+  const uint32_t dims = task.spec().dims;
+  Mlp model(dims, hidden, task.spec().classes, seed);
+  StepTimer timer(&client);
+  std::vector<uint64_t> ids;
+  std::vector<float> x, grad, step_grad, scratch;
+  std::vector<uint32_t> labels;
+  uint64_t step = 0, samples_total = 0;
+  double last_loss = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (max_steps > 0 && step >= max_steps) break;
+    const LocalBatch& plan = client.batch_plan().ForStep(step);
+    client.SetStep(step);
+    timer.BeginStep(step);
+    step_grad.assign(model.num_params(), 0.0f);
+    uint64_t samples = 0;
+    bool ended = false;
+    double loss_sum = 0;
+    for (uint32_t k = 0; k < plan.accumulation_steps && !ended; ++k) {
+      ids.clear();
+      absl::StatusOr<ShardReader::Outcome> got;
+      {
+        auto scope = timer.Time(StepTimer::Phase::kDataWait);
+        got = reader.Next(plan.micro_batch, &ids,
+                          lockstep ? ShardReader::Blocking::kUntilPrefetched
+                                   : ShardReader::Blocking::kUntilData);
+      }
+      if (!got.ok()) Fail("read", got.status());
+      if (*got == ShardReader::Outcome::kEndOfData) ended = true;
+      if (ids.empty()) break;
+      x.resize(ids.size() * dims);
+      labels.resize(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) labels[i] = task.Sample(ids[i], &x[i * dims]);
+      loss_sum += model.Gradient(x.data(), labels.data(), ids.size(), &grad) * ids.size();
+      for (size_t i = 0; i < grad.size(); ++i) step_grad[i] += grad[i] * static_cast<float>(ids.size());
+      samples += ids.size();
+    }
+    if (samples > 0) {
+      for (float& v : step_grad) v /= static_cast<float>(samples);
+      last_loss = loss_sum / static_cast<double>(samples);
+    }
+    if (step_ms > 0) {  // simulated extra compute (demos), not synchronisation
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(step_ms * 1000)));
+    }
+    double total = 0;
+    {
+      auto scope = timer.Time(StepTimer::Phase::kCommunication);
+      absl::Status s = WeightedAverage(*collective, step_grad, static_cast<double>(samples), &total, &scratch);
+      if (!s.ok()) Fail("all-reduce", s);
+    }
+    // Step decay: the final iterate, not a lucky one, is evaluated.
+    if (total > 0) model.Step(step_grad, lr / (1.0f + static_cast<float>(step) / 200.0f));
+    reader.MarkConsumed();
+    samples_total += samples;
+    if (samples > 0) timer.EndStep(plan.micro_batch, samples);
+    ++step;
+    if (total == 0) {
+      // Nobody had data this step: either every worker has ended, or the rest of the epoch is
+      // in flight elsewhere. Every rank sees total == 0 at the same step, so this extra
+      // collective stays in lockstep.
+      float running = ended ? 0.0f : 1.0f;
+      absl::Status s = collective->AllReduceSum(std::span<float>(&running, 1));
+      if (!s.ok()) Fail("all-reduce", s);
+      if (running == 0.0f) break;
+      if (!lockstep) std::this_thread::yield();
+    }
+    if (client.stop_requested()) {
+      PACER_LOG(INFO) << "stop requested: " << client.stop_reason();
+      break;
+    }
+    if (step % 200 == 0) {
+      PACER_LOG(INFO) << "step " << step << " loss " << last_loss << " local batch "
+                      << plan.micro_batch << "x" << plan.accumulation_steps;
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  absl::Status flushed = client.Flush(30'000);
+  if (!flushed.ok()) Fail("flush", flushed);
+
+  std::vector<float> ex(dims);
+  uint64_t correct = 0;
+  for (uint64_t i = 0; i < eval_records; ++i) {
+    const uint32_t label = task.Sample(kEvalIdBase + i, ex.data());
+    correct += model.Predict(ex.data()) == label;
+  }
+  const double accuracy = eval_records ? static_cast<double>(correct) / eval_records : 0;
+  const auto stats = client.stats();
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "{\"worker\":\"%s\",\"rank\":%u,\"accuracy\":%.4f,\"steps\":%llu,\"samples\":%llu,"
+                "\"final_batch\":%u,\"plans_received\":%llu,\"seconds\":%.2f,\"checksum\":\"%016llx\"}",
+                client.worker_id().c_str(), rank, accuracy, static_cast<unsigned long long>(step),
+                static_cast<unsigned long long>(samples_total), client.batch_plan().current().micro_batch,
+                static_cast<unsigned long long>(stats.plans_received), secs,
+                static_cast<unsigned long long>(Checksum(model.params())));
+  std::cout << line << std::endl;
+  if (!result_file.empty()) {
+    std::ofstream(result_file) << line << "\n";
+  }
+  client.Close();
+  reader_or->reset();
+  if (target > 0 && accuracy < target) {
+    std::cerr << "pacer-train-mlp: accuracy " << accuracy << " below target " << target << "\n";
+    return 3;
+  }
+  return 0;
+}

@@ -1,0 +1,397 @@
+#include "worker_sdk/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "common/auth.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace pacer {
+namespace {
+
+constexpr int kMaxProgressPerHeartbeat = 1024;  // the service's limit
+constexpr size_t kMaxQueuedSteps = 16'384;      // the monitor's per-request limit
+constexpr size_t kMaxStepsPerRequest = 4'096;
+
+bool Retryable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+}
+
+LocalBatch InitialBatch(const ClientOptions& o) {
+  LocalBatch b;
+  b.micro_batch = o.initial_micro_batch;
+  b.accumulation_steps = o.initial_accumulation_steps;
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  RETURN_IF_ERROR(options.Resolve());
+  ShardingClientOptions so;
+  so.address = options.address;
+  so.token = options.token;
+  so.worker_id = options.worker_id;
+  so.node = options.node;
+  so.rpc_timeout_ms = options.rpc_timeout_ms;
+  so.retry_budget_ms = options.connect_budget_ms;
+  so.credentials = options.credentials;
+  auto sharding = ShardingClient::Connect(so);
+  if (!sharding.ok()) {
+    return Annotate(sharding.status(), "worker '" + options.worker_id + "' registering with pacerd at " +
+                                           options.address);
+  }
+  std::unique_ptr<Client> c(new Client(std::move(options), std::move(*sharding)));
+  if (c->options_.report_steps) {
+    absl::Status s = c->RegisterWithMonitor();
+    if (s.code() == absl::StatusCode::kUnimplemented) {
+      PACER_LOG(WARNING) << "pacerd has no monitor service; step reports are off";
+      c->monitor_enabled_ = false;
+    } else if (!s.ok()) {
+      c->sharding_->Cancel();
+      return Annotate(s, "registering with the monitor");
+    }
+  } else {
+    c->monitor_enabled_ = false;
+  }
+  c->reporter_ = std::thread([p = c.get()] { p->ReporterLoop(); });
+  return c;
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<ShardingClient> sharding)
+    : options_(std::move(options)), sharding_(std::move(sharding)), plan_(InitialBatch(options_)) {
+  interval_ms_ = options_.heartbeat_interval_ms > 0
+                     ? options_.heartbeat_interval_ms
+                     : std::max<int64_t>(10, sharding_->registration().heartbeat_interval_ms());
+  if (sharding_->registration().heartbeat_interval_ms() <= 0 && options_.heartbeat_interval_ms <= 0) {
+    interval_ms_ = 1'000;
+  }
+  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+  monitor_channel_ = grpc::CreateChannel(options_.address, creds);
+  monitor_ = Monitor::NewStub(monitor_channel_);
+}
+
+Client::~Client() { Close(2'000); }
+
+absl::Status Client::RegisterWithMonitor() {
+  MonitorRegisterRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_node(options_.node);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(options_.connect_budget_ms);
+  int64_t backoff_ms = 20;
+  std::mt19937_64 jitter(std::random_device{}());
+  for (;;) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, options_.token);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(options_.rpc_timeout_ms));
+    MonitorRegisterResponse resp;
+    absl::Status s = FromGrpcStatus(monitor_->RegisterWorker(&ctx, req, &resp));
+    if (s.ok() || !Retryable(s.code()) || sharding_->cancelled() ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return s;
+    }
+    // Backoff between attempts (not synchronisation).
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(jitter)));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 1'000);
+  }
+}
+
+void Client::EnqueueProgress(const Lease& lease, uint64_t records_done) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (completions_.count(lease.lease_id())) return;
+  auto [it, inserted] = progress_.try_emplace(lease.lease_id());
+  ProgressRequest& r = it->second.request;
+  if (inserted) {
+    r.set_worker_id(options_.worker_id);
+    r.set_incarnation(sharding_->incarnation());
+    r.set_lease_id(lease.lease_id());
+    r.set_fencing_token(lease.fencing_token());
+  }
+  r.set_records_done(std::max(r.records_done(), records_done));
+}
+
+void Client::EnqueueCompletion(const Lease& lease) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    progress_.erase(lease.lease_id());
+    completions_[lease.lease_id()].lease = lease;
+    urgent_ = true;
+  }
+  wake_.notify_one();
+}
+
+void Client::EnqueueStep(const StepReport& report) {
+  if (!monitor_enabled_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (steps_.size() >= kMaxQueuedSteps) {
+    steps_.erase(steps_.begin());  // the monitor was unreachable for long: oldest go first
+    ++stats_.steps_dropped;
+  }
+  steps_.push_back(report);
+  steps_.back().set_worker_id(options_.worker_id);
+}
+
+std::string Client::stop_reason() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stop_reason_;
+}
+
+absl::Status Client::health() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return health_;
+}
+
+ClientStats Client::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+void Client::AddListener(ReportListener* listener) {
+  std::lock_guard<std::mutex> l(listeners_mu_);
+  listeners_.push_back(listener);
+}
+
+void Client::RemoveListener(ReportListener* listener) {
+  std::lock_guard<std::mutex> l(listeners_mu_);
+  listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener), listeners_.end());
+}
+
+bool Client::Drained() const {
+  return progress_.empty() && completions_.empty() && in_flight_ == 0;
+}
+
+absl::Status Client::Flush(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  urgent_ = true;
+  wake_.notify_one();
+  const bool done = drained_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] {
+    return Drained() || !health_.ok() || stopping_;
+  });
+  if (!health_.ok()) return health_;
+  if (!done || !Drained()) {
+    return absl::DeadlineExceededError("flush: reports still unacknowledged after " +
+                                       std::to_string(timeout_ms) + " ms (pacerd unreachable?)");
+  }
+  return absl::OkStatus();
+}
+
+void Client::Close(int64_t flush_timeout_ms) {
+  std::call_once(closed_, [&] {
+    if (reporter_.joinable() && health().ok()) {
+      absl::Status s = Flush(flush_timeout_ms);
+      if (!s.ok()) {
+        PACER_LOG(WARNING) << "closing with unacknowledged reports: " << s.message();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    sharding_->Cancel();
+    wake_.notify_all();
+    drained_.notify_all();
+    if (reporter_.joinable()) reporter_.join();
+  });
+}
+
+void Client::LatchPermanent(const absl::Status& s) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (health_.ok()) {
+    health_ = s;
+    PACER_LOG(ERROR) << "worker '" << options_.worker_id << "': " << s.message();
+  }
+  drained_.notify_all();
+}
+
+void Client::Acknowledge(uint64_t lease_id, uint64_t records_done) {
+  std::lock_guard<std::mutex> l(listeners_mu_);
+  for (ReportListener* r : listeners_) r->OnAcknowledged(lease_id, records_done);
+}
+
+void Client::Cancelled(uint64_t lease_id) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.leases_cancelled;
+  }
+  std::lock_guard<std::mutex> l(listeners_mu_);
+  for (ReportListener* r : listeners_) r->OnLeaseCancelled(lease_id);
+}
+
+void Client::ReporterLoop() {
+  auto next = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      wake_.wait_until(l, next, [&] { return stopping_ || urgent_; });
+      if (stopping_) break;
+      urgent_ = false;
+    }
+    next = std::chrono::steady_clock::now() + std::chrono::milliseconds(interval_ms_);
+    if (!health().ok()) continue;  // latched: nothing more will be accepted
+    ReportOnce();
+  }
+}
+
+void Client::ReportOnce() {
+  SendHeartbeat();
+  SendCompletions();
+  SendSteps();
+  std::lock_guard<std::mutex> l(mu_);
+  if (Drained()) drained_.notify_all();
+}
+
+void Client::SendHeartbeat() {
+  HeartbeatRequest req;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [id, p] : progress_) {
+      if (req.progress_size() >= kMaxProgressPerHeartbeat) {
+        urgent_ = true;  // the rest goes in the next round, at once
+        break;
+      }
+      *req.add_progress() = p.request;
+    }
+    in_flight_ += req.progress_size();
+  }
+  req.set_step(step_.load(std::memory_order_relaxed));
+  req.set_plan_version(plan_.newest_version());
+  auto resp = sharding_->Heartbeat(req);
+  std::vector<std::pair<uint64_t, uint64_t>> acked;
+  std::vector<uint64_t> cancelled;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    in_flight_ -= req.progress_size();
+    if (!resp.ok()) {
+      ++stats_.heartbeat_failures;
+    } else {
+      ++stats_.heartbeats_ok;
+      cancelled.assign(resp->cancelled_leases().begin(), resp->cancelled_leases().end());
+      for (const auto& p : req.progress()) {
+        const bool was_cancelled =
+            std::find(cancelled.begin(), cancelled.end(), p.lease_id()) != cancelled.end();
+        auto it = progress_.find(p.lease_id());
+        if (was_cancelled) {
+          if (it != progress_.end()) progress_.erase(it);
+          continue;
+        }
+        acked.emplace_back(p.lease_id(), p.records_done());
+        ++stats_.progress_acked;
+        if (it != progress_.end() && it->second.request.records_done() <= p.records_done()) {
+          progress_.erase(it);
+        }
+      }
+      for (uint64_t id : cancelled) {
+        progress_.erase(id);
+        completions_.erase(id);
+      }
+      for (const auto& cmd : resp->commands()) {
+        if (cmd.has_batch_plan()) {
+          if (plan_.Offer(cmd.batch_plan())) ++stats_.plans_received;
+        } else if (cmd.kind_case() == WorkerCommand::kStop) {
+          stop_reason_ = cmd.stop();
+          stop_requested_.store(true, std::memory_order_release);
+        }
+      }
+    }
+  }
+  if (!resp.ok()) {
+    if (!Retryable(resp.status().code()) && resp.status().code() != absl::StatusCode::kCancelled) {
+      LatchPermanent(Annotate(resp.status(), "heartbeat"));
+    } else if (resp.status().code() != absl::StatusCode::kCancelled) {
+      PACER_LOG(WARNING) << "heartbeat: " << resp.status().message() << "; will retry";
+    }
+    return;
+  }
+  for (const auto& [id, done] : acked) Acknowledge(id, done);
+  for (uint64_t id : cancelled) Cancelled(id);
+}
+
+void Client::SendCompletions() {
+  std::vector<Lease> todo;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [id, c] : completions_) todo.push_back(c.lease);
+    in_flight_ += todo.size();
+  }
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const Lease& lease = todo[i];
+    absl::Status s = sharding_->Complete(lease);
+    const uint64_t len = lease.end() - lease.begin();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      --in_flight_;
+      if (s.ok()) {
+        completions_.erase(lease.lease_id());
+        ++stats_.completions_acked;
+      } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+        completions_.erase(lease.lease_id());
+      }
+    }
+    if (s.ok()) {
+      Acknowledge(lease.lease_id(), len);
+    } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      PACER_LOG(WARNING) << "lease " << lease.lease_id() << " not completed: " << s.message();
+      Cancelled(lease.lease_id());
+    } else {
+      if (!Retryable(s.code()) && s.code() != absl::StatusCode::kCancelled) {
+        LatchPermanent(Annotate(s, "complete shard"));
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      in_flight_ -= todo.size() - i - 1;  // the rest stays queued for the next round
+      return;
+    }
+  }
+}
+
+void Client::SendSteps() {
+  if (!monitor_enabled_.load(std::memory_order_relaxed)) return;
+  ReportStepsRequest req;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const size_t n = std::min(steps_.size(), kMaxStepsPerRequest);
+    if (n == 0) return;
+    for (size_t i = 0; i < n; ++i) *req.add_steps() = std::move(steps_[i]);
+    steps_.erase(steps_.begin(), steps_.begin() + static_cast<long>(n));
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, options_.token);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(options_.rpc_timeout_ms));
+    ReportStepsResponse resp;
+    absl::Status s = FromGrpcStatus(monitor_->ReportSteps(&ctx, req, &resp));
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (s.code() == absl::StatusCode::kUnimplemented) {
+        monitor_enabled_ = false;
+        return;
+      }
+      // Put them back in front (bounded); the monitor drops reports that grew stale.
+      std::vector<StepReport> back(req.steps().begin(), req.steps().end());
+      steps_.insert(steps_.begin(), back.begin(), back.end());
+      if (steps_.size() > kMaxQueuedSteps) {
+        stats_.steps_dropped += steps_.size() - kMaxQueuedSteps;
+        steps_.erase(steps_.begin(), steps_.begin() + static_cast<long>(steps_.size() - kMaxQueuedSteps));
+      }
+      return;
+    }
+    auto unknown = resp.rejected_by_reason().find("unknown_worker");
+    const bool forgotten = unknown != resp.rejected_by_reason().end() && unknown->second > 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stats_.steps_sent += resp.accepted() + resp.clamped();
+      if (!forgotten || attempt == 1) stats_.steps_rejected += resp.rejected();
+    }
+    // pacerd restarted: the monitor's state is soft. Declare the worker again and resend once.
+    if (!forgotten || attempt == 1 || !RegisterWithMonitor().ok()) return;
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.monitor_reregistrations;
+  }
+}
+
+}  // namespace pacer

@@ -1,0 +1,166 @@
+// Client: a worker's connection to its job's pacerd (DESIGN.md §1, §6).
+//
+// Connect() registers the worker with the sharding service (a new incarnation; the reply lists
+// the leases the previous incarnation held, with their final done prefix) and with the
+// monitor, then starts one background *reporter* thread. Every heartbeat interval (from the
+// registration reply unless overridden) the reporter sends, in this order:
+//   1. one Sharding Heartbeat carrying every queued progress report (absolute done prefixes,
+//      the newest per lease), the training step and the newest batch-plan version held; the
+//      reply renews the worker's leases and carries cancelled leases and WorkerCommands;
+//   2. a CompleteShard for every lease the trainer finished (queued, idempotent on retry);
+//   3. one Monitor ReportSteps with the queued StepTimer reports.
+// Queued completions and Flush() wake it early. A report leaves the queue only when pacerd
+// acknowledged it (the heartbeat returned OK and did not list the lease as cancelled), so a
+// pacerd restart or a network outage loses nothing: the reporter retries with capped backoff
+// and jitter (ShardingClient), and resending an absolute prefix is idempotent.
+//
+// The training thread only touches in-memory queues and atomics: EnqueueProgress,
+// EnqueueCompletion, EnqueueStep (a short uncontended mutex each), stop_requested(),
+// batch_plan().ForStep(). No RPC ever runs on it except the explicitly blocking calls
+// (Flush, and sharding() used by ShardReader's own prefetch thread).
+//
+// Listeners (AddListener) hear acknowledgements and cancelled leases on the reporter thread,
+// with the listener lock held: they must be quick and must not call Add/RemoveListener.
+//
+// Errors: Connect() returns INVALID_ARGUMENT (missing id/token), UNAUTHENTICATED (wrong token,
+// at once, no retry) or UNAVAILABLE (pacerd unreachable for connect_budget_ms). Afterwards a
+// permanent background failure (this incarnation was replaced or declared lost, the token was
+// revoked) is latched in health(); transient ones are retried forever and counted in stats().
+//
+// Thread-safe. Close() (or the destructor) flushes for a bounded time, then stops the thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/pacer/monitor.grpc.pb.h"
+#include "proto/pacer/sharding.pb.h"
+#include "worker_sdk/batch_plan.h"
+#include "worker_sdk/client_options.h"
+#include "worker_sdk/sharding_client.h"
+
+namespace pacer {
+
+class ReportListener {
+ public:
+  virtual ~ReportListener() = default;
+  // pacerd counted the first `records_done` records of `lease_id` (durably).
+  virtual void OnAcknowledged(uint64_t lease_id, uint64_t records_done) {}
+  // The lease ended elsewhere (expired, fenced, restored): stop reading it; reports of its
+  // records past the counted prefix were not counted.
+  virtual void OnLeaseCancelled(uint64_t lease_id) {}
+};
+
+struct ClientStats {
+  uint64_t heartbeats_ok = 0;
+  uint64_t heartbeat_failures = 0;  // attempts cycles that ended without an answer
+  uint64_t progress_acked = 0;      // progress reports acknowledged
+  uint64_t completions_acked = 0;
+  uint64_t leases_cancelled = 0;
+  uint64_t steps_sent = 0;
+  uint64_t steps_rejected = 0;      // by the monitor's validation
+  uint64_t steps_dropped = 0;       // queue over its bound while the monitor was unreachable
+  uint64_t monitor_reregistrations = 0;
+  uint64_t plans_received = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::string& worker_id() const { return options_.worker_id; }
+  const ClientOptions& options() const { return options_; }
+  const RegisterWorkerResponse& registration() const { return sharding_->registration(); }
+  int64_t heartbeat_interval_ms() const { return interval_ms_; }
+
+  // ---- training thread: never blocks on the network ----
+  // Queues `records_done` (absolute prefix) for `lease`; a newer prefix replaces an older one.
+  void EnqueueProgress(const Lease& lease, uint64_t records_done);
+  // Queues the completion of `lease` (all its records done); supersedes its progress.
+  void EnqueueCompletion(const Lease& lease);
+  void EnqueueStep(const StepReport& report);
+  void SetStep(uint64_t step) { step_.store(step, std::memory_order_relaxed); }
+  BatchPlan& batch_plan() { return plan_; }
+  // A stop command arrived (finish the current step and exit).
+  bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
+  std::string stop_reason() const;
+
+  // ---- any thread ----
+  // Blocks until everything queued before the call is acknowledged, or `timeout_ms` passes
+  // (DEADLINE_EXCEEDED), or health() fails.
+  absl::Status Flush(int64_t timeout_ms);
+  // OK, or the first permanent failure of the reporter.
+  absl::Status health() const;
+  ClientStats stats() const;
+  void AddListener(ReportListener* listener);
+  void RemoveListener(ReportListener* listener);
+  // The shared synchronous client (thread-safe); for fetches and checkpoints off the
+  // training path.
+  ShardingClient& sharding() { return *sharding_; }
+  // Flushes for up to `flush_timeout_ms`, then stops the reporter. Idempotent.
+  void Close(int64_t flush_timeout_ms = 5'000);
+
+ private:
+  struct PendingProgress {
+    ProgressRequest request;  // records_done is the newest queued prefix
+  };
+  struct PendingCompletion {
+    Lease lease;
+  };
+
+  Client(ClientOptions options, std::unique_ptr<ShardingClient> sharding);
+  absl::Status RegisterWithMonitor();
+  void ReporterLoop();
+  // One round: heartbeat + completions + step reports. Returns false when the client stops.
+  void ReportOnce();
+  void SendHeartbeat();
+  void SendCompletions();
+  void SendSteps();
+  void Acknowledge(uint64_t lease_id, uint64_t records_done);
+  void Cancelled(uint64_t lease_id);
+  void LatchPermanent(const absl::Status& s);
+  bool Drained() const;  // requires mu_
+
+  const ClientOptions options_;
+  std::unique_ptr<ShardingClient> sharding_;
+  std::shared_ptr<grpc::Channel> monitor_channel_;
+  std::unique_ptr<Monitor::Stub> monitor_;
+  int64_t interval_ms_ = 1'000;
+  BatchPlan plan_;
+  std::atomic<uint64_t> step_{0};
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> monitor_enabled_{true};
+
+  mutable std::mutex mu_;  // guards everything below until the thread
+  std::condition_variable wake_;     // the reporter waits on it
+  std::condition_variable drained_;  // Flush waits on it
+  std::map<uint64_t, PendingProgress> progress_;   // by lease id
+  std::map<uint64_t, PendingCompletion> completions_;
+  std::vector<StepReport> steps_;
+  uint64_t in_flight_ = 0;  // reports taken by the reporter, not yet answered
+  bool urgent_ = false;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  absl::Status health_;
+  ClientStats stats_;
+
+  std::mutex listeners_mu_;
+  std::vector<ReportListener*> listeners_;  // guarded by listeners_mu_
+
+  std::thread reporter_;
+  std::once_flag closed_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,51 @@
+// ClientOptions: how a worker finds its job's pacerd, from flags or the environment the node
+// agent sets (DESIGN.md §5): PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE.
+//
+// Precedence: an explicit field (a flag) wins over the environment, which wins over defaults.
+// A token may come from a file (`token_file`, 0600, as pacerd writes <data_dir>/job.token).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/security/credentials.h>
+
+#include "absl/status/status.h"
+
+namespace boost::program_options {
+class options_description;
+}
+
+namespace pacer {
+
+struct ClientOptions {
+  std::string address;     // host:port of pacerd; PACER_ADDR; default 127.0.0.1:7070
+  std::string job;         // PACER_JOB; names the job in log lines (pacerd serves one job)
+  std::string worker_id;   // PACER_WORKER_ID; required
+  std::string token;       // PACER_TOKEN; required (or token_file)
+  std::string token_file;  // read when `token` is empty
+  std::string node;        // PACER_NODE; the node (host, pod) this worker runs on
+
+  int64_t rpc_timeout_ms = 10'000;      // one attempt of one RPC
+  int64_t connect_budget_ms = 60'000;   // Connect retries an unreachable pacerd this long
+  int64_t call_budget_ms = 120'000;     // background calls (fetch, heartbeat) per attempt cycle
+  int64_t heartbeat_interval_ms = 0;    // 0: the interval pacerd returns at registration
+  bool report_steps = true;             // send StepTimer reports to the monitor
+
+  // The batch plan in force until the controller sends one (see batch_plan.h).
+  uint32_t initial_micro_batch = 32;
+  uint32_t initial_accumulation_steps = 1;
+
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback only)
+
+  // Fills empty fields from the environment, then reads token_file when the token is still
+  // empty. INVALID_ARGUMENT names what is missing or unreadable.
+  absl::Status Resolve();
+};
+
+// Adds --addr, --job, --worker-id, --token, --token-file, --node, --heartbeat-ms to `desc`,
+// writing into `options` (flags override the environment; call Resolve() after parsing).
+void AddClientFlags(boost::program_options::options_description& desc, ClientOptions* options);
+
+}  // namespace pacer

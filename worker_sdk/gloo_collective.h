@@ -1,0 +1,57 @@
+// GlooCollective: the CPU all-reduce backend on Gloo's TCP transport.
+//
+// Rendezvous goes through a Gloo store. For local runs (tests, the examples, one machine) it
+// is a FileStore in a directory every rank can see; each run must use a fresh directory or a
+// fresh `prefix` (keys of an old run would be read as this run's). A store served by pacerd
+// (so that ranks on different machines rendezvous without a shared file system, and a
+// restarted worker re-rendezvouses without a job restart) is future work: see worker_sdk/README.md.
+//
+// Owns the Gloo context (a full mesh of TCP pairs). Every operation has a timeout, so a dead
+// peer yields UNAVAILABLE instead of a hang. Gloo reports errors by exceptions; they are caught
+// here and become absl::Status. Not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker_sdk/collective.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace pacer {
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string store_dir;          // FileStore directory shared by every rank
+  std::string prefix = "pacer";   // namespace inside the store (a run / generation id)
+  std::string hostname = "127.0.0.1";  // address this rank listens on
+  int64_t timeout_ms = 60'000;    // rendezvous and every collective
+};
+
+class GlooCollective final : public Collective {
+ public:
+  // Blocks until every rank has joined (or the timeout passes: UNAVAILABLE).
+  static absl::StatusOr<std::unique_ptr<GlooCollective>> Create(const GlooOptions& options);
+  ~GlooCollective() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status AllReduceSum(std::span<float> data) override;
+  absl::Status Barrier() override;
+
+ private:
+  GlooCollective(int rank, int size, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), timeout_(timeout) {}
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 1;
+};
+
+}  // namespace pacer

@@ -1,0 +1,221 @@
+#include "worker_sdk/shard_reader.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/log.h"
+
+namespace pacer {
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Create(Client* client,
+                                                                 ShardReaderOptions options) {
+  if (client == nullptr) return absl::InvalidArgumentError("ShardReader: client is null");
+  if (options.dataset.empty()) return absl::InvalidArgumentError("ShardReader: dataset is empty");
+  if (options.prefetch_leases < 1 || options.prefetch_leases > 3) {
+    return absl::InvalidArgumentError("ShardReader: prefetch_leases must be 1..3");
+  }
+  std::unique_ptr<ShardReader> r(new ShardReader(client, std::move(options)));
+  client->AddListener(r.get());
+  r->prefetch_ = std::thread([p = r.get()] { p->PrefetchLoop(); });
+  return r;
+}
+
+ShardReader::ShardReader(Client* client, ShardReaderOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+ShardReader::~ShardReader() {
+  client_->RemoveListener(this);
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_all();
+  if (prefetch_.joinable()) prefetch_.join();
+}
+
+void ShardReader::OnLeaseCancelled(uint64_t lease_id) {
+  std::lock_guard<std::mutex> l(cancel_mu_);
+  cancelled_.insert(lease_id);
+  cancel_generation_.fetch_add(1, std::memory_order_release);
+}
+
+void ShardReader::PrefetchLoop() {
+  const size_t depth = static_cast<size_t>(options_.prefetch_leases);
+  int64_t wait_ms = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(q_mu_);
+      if (wait_ms > 0) {
+        // The service asked us to come back later (WAIT): an interruptible pause.
+        q_cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [&] { return stopping_; });
+        wait_ms = 0;
+      }
+      q_cv_.wait(l, [&] {
+        return stopping_ || (!paused_ && !end_of_data_ && error_.ok() && ready_.size() < depth);
+      });
+      if (stopping_) return;
+    }
+    auto resp = client_->sharding().Fetch(options_.dataset);
+    std::lock_guard<std::mutex> l(q_mu_);
+    if (!resp.ok()) {
+      if (resp.status().code() == absl::StatusCode::kUnavailable ||
+          resp.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        PACER_LOG(WARNING) << "fetch: " << resp.status().message() << "; will retry";
+        wait_ms = 1'000;
+        continue;
+      }
+      error_ = resp.status();
+      q_cv_.notify_all();
+      return;
+    }
+    switch (resp->outcome()) {
+      case FetchShardResponse::LEASED:
+        if (!paused_) ready_.push_back(resp->lease());
+        // else: granted before a restore; the restore cancels it on the service.
+        service_waiting_ = false;
+        break;
+      case FetchShardResponse::WAIT:
+        service_waiting_ = true;
+        wait_ms = std::clamp<int64_t>(resp->retry_after_ms(), 10, 1'000);
+        break;
+      case FetchShardResponse::END_OF_DATA:
+        end_of_data_ = true;
+        break;
+      default:
+        error_ = absl::InternalError("fetch: unknown outcome");
+    }
+    q_cv_.notify_all();
+  }
+}
+
+bool ShardReader::TakeReady() {
+  Lease lease;
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    if (ready_.empty()) return false;
+    lease = std::move(ready_.front());
+    ready_.pop_front();
+  }
+  q_cv_.notify_all();  // room for the next prefetch
+  OpenLease o;
+  o.total = lease.end() - lease.begin();
+  o.handed = o.reported = std::min(lease.records_done(), o.total);
+  // Skip the done prefix (a lease handed out again after a restore keeps its prefix).
+  uint64_t skip = o.handed;
+  while (o.range < static_cast<size_t>(lease.records_size())) {
+    const uint64_t len = lease.records(o.range).end() - lease.records(o.range).begin();
+    if (skip < len) {
+      o.offset = skip;
+      break;
+    }
+    skip -= len;
+    ++o.range;
+  }
+  o.lease = std::move(lease);
+  ++leases_read_;
+  if (options_.on_lease) options_.on_lease(o.lease);
+  open_.push_back(std::move(o));
+  return true;
+}
+
+void ShardReader::DropCancelled() {
+  const uint64_t gen = cancel_generation_.load(std::memory_order_acquire);
+  if (gen == seen_cancel_generation_) return;
+  seen_cancel_generation_ = gen;
+  std::set<uint64_t> cancelled;
+  {
+    std::lock_guard<std::mutex> l(cancel_mu_);
+    cancelled = cancelled_;
+  }
+  open_.erase(std::remove_if(open_.begin(), open_.end(),
+                             [&](const OpenLease& o) { return cancelled.count(o.lease.lease_id()); }),
+              open_.end());
+  std::lock_guard<std::mutex> l(q_mu_);
+  ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                              [&](const Lease& x) { return cancelled.count(x.lease_id()); }),
+               ready_.end());
+  q_cv_.notify_all();
+}
+
+absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uint64_t>* ids,
+                                                       Blocking blocking) {
+  DropCancelled();
+  size_t got = 0;
+  while (got < n) {
+    if (open_.empty() || open_.back().handed == open_.back().total) {
+      if (TakeReady()) continue;
+      std::unique_lock<std::mutex> l(q_mu_);
+      if (blocking != Blocking::kNever) {
+        q_cv_.wait(l, [&] {
+          return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ ||
+                 (blocking == Blocking::kUntilPrefetched && service_waiting_);
+        });
+        if (!ready_.empty()) continue;
+      }
+      if (!error_.ok()) return error_;
+      if (end_of_data_ && ready_.empty()) return got > 0 ? Outcome::kRecords : Outcome::kEndOfData;
+      if (stopping_) return absl::CancelledError("reader stopped");
+      return got > 0 ? Outcome::kRecords : Outcome::kWait;
+    }
+    OpenLease& o = open_.back();
+    while (got < n && o.handed < o.total) {
+      const Range& r = o.lease.records(static_cast<int>(o.range));
+      const uint64_t take = std::min<uint64_t>(n - got, (r.end() - r.begin()) - o.offset);
+      for (uint64_t i = 0; i < take; ++i) ids->push_back(r.begin() + o.offset + i);
+      got += take;
+      o.handed += take;
+      o.offset += take;
+      if (o.offset == r.end() - r.begin()) {
+        ++o.range;
+        o.offset = 0;
+      }
+    }
+  }
+  records_read_ += got;
+  return Outcome::kRecords;
+}
+
+void ShardReader::MarkConsumed() {
+  DropCancelled();
+  for (auto it = open_.begin(); it != open_.end();) {
+    OpenLease& o = *it;
+    if (o.handed == o.total) {
+      if (options_.on_report) options_.on_report(o.lease.lease_id(), o.total);
+      client_->EnqueueCompletion(o.lease);
+      it = open_.erase(it);
+      continue;
+    }
+    if (o.handed > o.reported) {
+      if (options_.on_report) options_.on_report(o.lease.lease_id(), o.handed);
+      client_->EnqueueProgress(o.lease, o.handed);
+      o.reported = o.handed;
+    }
+    ++it;
+  }
+}
+
+absl::Status ShardReader::SaveCheckpoint(const std::string& tag, int64_t flush_timeout_ms) {
+  MarkConsumed();
+  if (absl::Status s = client_->Flush(flush_timeout_ms); !s.ok()) return s;
+  return client_->sharding().SaveCheckpoint(tag);
+}
+
+absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    paused_ = true;
+  }
+  absl::Status s = client_->sharding().RestoreCheckpoint(tag);
+  open_.clear();
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    ready_.clear();
+    end_of_data_ = false;
+    service_waiting_ = false;
+    paused_ = false;
+  }
+  q_cv_.notify_all();
+  return s;
+}
+
+}  // namespace pacer

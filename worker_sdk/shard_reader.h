@@ -1,0 +1,131 @@
+// ShardReader: the records of a dataset, read through leases of the sharding service
+// (DESIGN.md §2, §6).
+//
+// Owns a prefetch thread that keeps up to `prefetch_leases` leases ready beyond the one being
+// read, so the next shard is leased before the current one ends and training never waits on
+// the control plane (it waits only when the service has nothing to hand out). Leases list
+// their record ids as ranges in delivery order; Next() hands them out in that order, across
+// lease boundaries.
+//
+// Progress protocol (exactly once, with the service's guarantees):
+//   1. Next(n) hands out record ids; they are *in training*, not done.
+//   2. MarkConsumed() declares every record handed out so far trained: for each lease touched
+//      it queues the absolute done prefix on the Client (or the completion, when the lease is
+//      exhausted). The Client's reporter sends them batched with the heartbeat.
+//   3. pacerd acknowledges; only then are those records counted. A worker killed before the
+//      acknowledgement is resolved at restart from the registration's previous_leases.
+// A lease cancelled by pacerd (expired, fenced by a backup partner, a checkpoint restore) is
+// dropped at the next Next(): its unconsumed suffix belongs to another worker now.
+//
+// Checkpoints: SaveCheckpoint(tag) flushes this worker's reports and pins the job's data
+// position on pacerd (call it on the chief after every worker has flushed, e.g. after a
+// barrier); RestoreCheckpoint(tag) moves the job back to it and drops local leases.
+//
+// Thread-safety: Next, MarkConsumed, Save/RestoreCheckpoint from one training thread. The
+// prefetch thread and the Client's reporter thread synchronise through q_mu_ and cancel_mu_.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/pacer/sharding.pb.h"
+#include "worker_sdk/client.h"
+
+namespace pacer {
+
+struct ShardReaderOptions {
+  std::string dataset = "train";
+  int prefetch_leases = 1;  // leases kept ready beyond the current one (the service allows 4)
+  // Hooks for an exactly-once ledger (examples/consumer/ledger.h); run on the training thread.
+  std::function<void(const Lease&)> on_lease;                  // a lease is first read from
+  std::function<void(uint64_t lease, uint64_t prefix)> on_report;  // before a report is queued
+};
+
+class ShardReader : public ReportListener {
+ public:
+  enum class Outcome { kRecords, kWait, kEndOfData };
+  // How long Next() may block when no record is ready:
+  //   kNever:           return at once (kWait when nothing is ready);
+  //   kUntilPrefetched: wait for a fetch in flight, but not when the service itself said WAIT
+  //                     (the other workers hold the rest of the epoch). Synchronous all-reduce
+  //                     trainers use this and contribute weight 0 on kWait, so that nobody
+  //                     blocks a collective waiting for data a peer holds;
+  //   kUntilData:       wait until records come or the data ends (independent workers).
+  enum class Blocking { kNever, kUntilPrefetched, kUntilData };
+
+  // `client` must outlive the reader.
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Create(Client* client,
+                                                             ShardReaderOptions options);
+  ~ShardReader() override;
+
+  // Appends up to `n` record ids to `ids` and returns kRecords when it appended any (fewer than
+  // `n` only at the end of the data or when `blocking` allowed no more waiting), else kWait or
+  // kEndOfData. Errors: the service refused permanently (unknown dataset, failed dataset,
+  // lost worker).
+  absl::StatusOr<Outcome> Next(size_t n, std::vector<uint64_t>* ids,
+                               Blocking blocking = Blocking::kUntilData);
+  // Queues progress for every record handed out so far (see the protocol above).
+  void MarkConsumed();
+  absl::Status SaveCheckpoint(const std::string& tag, int64_t flush_timeout_ms = 30'000);
+  absl::Status RestoreCheckpoint(const std::string& tag);
+
+  uint64_t records_read() const { return records_read_; }
+  uint64_t leases_read() const { return leases_read_; }
+
+  // ReportListener (reporter thread).
+  void OnLeaseCancelled(uint64_t lease_id) override;
+
+ private:
+  struct OpenLease {
+    Lease lease;
+    uint64_t total = 0;     // records in the lease
+    uint64_t handed = 0;    // prefix handed out by Next
+    uint64_t reported = 0;  // prefix queued as done
+    size_t range = 0;       // cursor: index into lease.records and offset within it
+    uint64_t offset = 0;
+    bool cancelled = false;
+  };
+
+  ShardReader(Client* client, ShardReaderOptions options);
+  void PrefetchLoop();
+  // Moves a ready lease into open_ (training thread). Returns false when none is ready.
+  bool TakeReady();
+  void DropCancelled();
+
+  Client* const client_;
+  const ShardReaderOptions options_;
+
+  // Training thread only.
+  std::deque<OpenLease> open_;  // front: being read; earlier ones await MarkConsumed
+  uint64_t records_read_ = 0;
+  uint64_t leases_read_ = 0;
+  uint64_t seen_cancel_generation_ = 0;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<Lease> ready_;       // guarded by q_mu_
+  bool end_of_data_ = false;      // guarded by q_mu_
+  bool service_waiting_ = false;  // guarded by q_mu_: the last fetch said WAIT
+  bool stopping_ = false;         // guarded by q_mu_
+  bool paused_ = false;           // guarded by q_mu_: during a checkpoint restore
+  absl::Status error_;            // guarded by q_mu_
+
+  std::mutex cancel_mu_;
+  std::set<uint64_t> cancelled_;  // guarded by cancel_mu_
+  std::atomic<uint64_t> cancel_generation_{0};
+
+  std::thread prefetch_;
+};
+
+}  // namespace pacer

@@ -1,0 +1,34 @@
+#include "worker_sdk/step_timer.h"
+
+#include <algorithm>
+
+#include "worker_sdk/client.h"
+
+namespace pacer {
+
+StepTimer::StepTimer(Client* client, const Clock* clock) : client_(client), clock_(clock) {}
+
+void StepTimer::BeginStep(uint64_t step) {
+  step_ = step;
+  phase_ns_[0] = phase_ns_[1] = 0;
+  begin_ns_ = clock_->MonotonicNs();
+}
+
+StepReport StepTimer::EndStep(uint32_t local_batch, uint64_t samples) {
+  const int64_t wall_ns = clock_->MonotonicNs() - begin_ns_;
+  const int64_t data_ns = phase_ns_[static_cast<int>(Phase::kDataWait)];
+  const int64_t comm_ns = phase_ns_[static_cast<int>(Phase::kCommunication)];
+  StepReport r;
+  r.set_step(step_);
+  r.set_local_batch(local_batch);
+  r.set_samples(samples);
+  r.set_wall_s(static_cast<double>(wall_ns) / 1e9);
+  r.set_data_wait_s(static_cast<double>(data_ns) / 1e9);
+  r.set_comm_s(static_cast<double>(comm_ns) / 1e9);
+  r.set_compute_s(static_cast<double>(std::max<int64_t>(0, wall_ns - data_ns - comm_ns)) / 1e9);
+  r.set_time_ms(clock_->NowMs());
+  if (client_ != nullptr) client_->EnqueueStep(r);
+  return r;
+}
+
+}  // namespace pacer

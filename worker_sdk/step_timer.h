@@ -1,0 +1,57 @@
+// StepTimer: per-step time split into data wait, communication and compute (DESIGN.md §3).
+//
+// The monitor needs compute time, not wall time: in synchronous all-reduce every worker's wall
+// step equals the slowest one's. The trainer brackets input waits and collective / PS calls
+// with Time(Phase::kDataWait) / Time(Phase::kCommunication) (RAII scopes); compute is the rest
+// of the step (wall - communication - data wait). EndStep() builds the StepReport and queues it
+// on the Client (a lock and a vector push; the Client's reporter thread sends it batched).
+//
+// Thread-compatible: one StepTimer per training thread. Reads time through an injected Clock.
+#pragma once
+
+#include <cstdint>
+
+#include "common/clock.h"
+#include "proto/pacer/monitor.pb.h"
+
+namespace pacer {
+
+class Client;
+
+class StepTimer {
+ public:
+  enum class Phase { kDataWait = 0, kCommunication = 1 };
+
+  class Scope {
+   public:
+    Scope(StepTimer* timer, Phase phase)
+        : timer_(timer), phase_(phase), start_ns_(timer->clock_->MonotonicNs()) {}
+    ~Scope() { timer_->phase_ns_[static_cast<int>(phase_)] += timer_->clock_->MonotonicNs() - start_ns_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    StepTimer* timer_;
+    Phase phase_;
+    int64_t start_ns_;
+  };
+
+  // `client` may be null (reports are then only returned). `clock` must outlive the timer.
+  explicit StepTimer(Client* client, const Clock* clock = RealClock::Get());
+
+  void BeginStep(uint64_t step);
+  [[nodiscard]] Scope Time(Phase phase) { return Scope(this, phase); }
+  void Add(Phase phase, int64_t ns) { phase_ns_[static_cast<int>(phase)] += ns; }
+  // Ends the step begun last; `local_batch` is the planned micro batch, `samples` the samples
+  // actually processed (micro batches x accumulation). Queues the report on the client.
+  StepReport EndStep(uint32_t local_batch, uint64_t samples);
+
+ private:
+  Client* client_;
+  const Clock* clock_;
+  uint64_t step_ = 0;
+  int64_t begin_ns_ = 0;
+  int64_t phase_ns_[2] = {0, 0};
+};
+
+}  // namespace pacer
