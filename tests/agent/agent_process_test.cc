@@ -1,0 +1,530 @@
+// Multi-process tests of pacer-agent (label integration): the real agent binary supervises real
+// worker processes (agent_test_worker) and talks to an AgentRegistry hosted in this process on a
+// loopback port chosen by the OS. Timing is asserted only where it is the property under test
+// (backoff delays, contention); everything else waits on conditions with deadlines.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "agent/agent_registry.h"
+#include "agent/grpc_agent_service.h"
+#include "agent/proc_stats.h"
+#include "common/auth.h"
+#include "common/status.h"
+#include "tests/testing/test_util.h"
+
+namespace pacer {
+namespace {
+
+using testing::BinaryPath;
+using testing::ReadFileOrEmpty;
+using testing::Subprocess;
+using testing::TempDir;
+using testing::WaitFor;
+using namespace std::chrono_literals;
+
+constexpr char kToken[] = "job-token-for-tests";
+
+// An AgentService on loopback. `port` 0 lets the OS choose; a later server may take the same
+// port again (pacerd restarting).
+class AgentServer {
+ public:
+  explicit AgentServer(int port = 0) : auth_(kToken, "admin-token") {
+    AgentRegistryOptions o;
+    o.heartbeat_interval_ms = 200;
+    o.agent_timeout_ms = 3000;
+    registry_ = std::make_unique<AgentRegistry>(o, RealClock::Get());
+    service_ = std::make_unique<GrpcAgentService>(registry_.get(), &auth_);
+    // The old port may still be held for a moment after a restart: retry with a deadline.
+    WaitFor([&] {
+      grpc::ServerBuilder b;
+      b.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(), &port_);
+      b.RegisterService(service_.get());
+      server_ = b.BuildAndStart();
+      return server_ && port_ != 0;
+    }, 10s, 100ms);
+  }
+  ~AgentServer() { Stop(); }
+  void Stop() {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + 1s);
+    server_.reset();
+  }
+  int port() const { return port_; }
+  AgentRegistry& registry() { return *registry_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  Authenticator auth_;
+  std::unique_ptr<AgentRegistry> registry_;
+  std::unique_ptr<GrpcAgentService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override { std::ofstream(dir_.Sub("token")) << kToken << "\n"; }
+
+  // Starts pacer-agent against `address` with `workers` workers running `worker_args`.
+  void StartAgent(const std::string& address, int workers, std::vector<std::string> worker_args,
+                  std::vector<std::string> extra_flags = {}) {
+    std::vector<std::string> argv = {BinaryPath("pacer-agent"), "--addr", address, "--token-file",
+                                     dir_.Sub("token"), "--node", "node-a", "--job", "testjob",
+                                     "--workers", std::to_string(workers), "--heartbeat-ms", "200",
+                                     "--metrics-ms", "250", "--heartbeat-backoff-max-ms", "500",
+                                     "--stop-grace-ms", "2000", "--no-nvml"};
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    argv.push_back("--");
+    argv.push_back(BinaryPath("agent_test_worker"));
+    argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+    agent_ = Subprocess::Start(argv, {}, dir_.Sub("agent.log"));
+  }
+  std::string Log() const { return ReadFileOrEmpty(dir_.Sub("agent.log")); }
+
+  // The worker's last reported state; a default one when unknown.
+  static WorkerProcess W(AgentRegistry& r, const std::string& id) {
+    auto w = r.Worker(id);
+    return w.ok() ? *w : WorkerProcess();
+  }
+  static bool AllRunning(AgentRegistry& r, const std::vector<std::string>& ids) {
+    for (const auto& id : ids) {
+      WorkerProcess w = W(r, id);
+      if (w.state() != WORKER_STATE_RUNNING || w.pid() <= 0) return false;
+    }
+    return true;
+  }
+  static bool CommandEnded(AgentRegistry& r, const std::string& id) {
+    auto c = r.Command(id);
+    return c.ok() && c->state != CommandState::kPending;
+  }
+
+  TempDir dir_;
+  Subprocess agent_;
+};
+
+// A process that is gone (or a zombie waiting for init to reap it) no longer runs.
+bool ProcessGone(pid_t pid) {
+  if (kill(pid, 0) != 0) return true;
+  const std::string stat = ReadFileOrEmpty("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return stat.empty() || (close != std::string::npos && stat.size() > close + 2 && stat[close + 2] == 'Z');
+}
+
+// Every process whose process group is `pgid`, zombies excluded.
+std::vector<pid_t> LiveMembersOfGroup(pid_t pgid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = ReadFileOrEmpty(e.path().string() + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (sscanf(stat.c_str() + close + 2, "%c %d %d", &state, &ppid, &pgrp) != 3) continue;
+    if (pgrp == pgid && state != 'Z') out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST_F(AgentTest, CrashingWorkerIsRestartedWithBackoffAndTheLimitIsEnforced) {
+  AgentServer server;
+  StartAgent(server.address(), 1, {"crash", "--after-ms", "0", "--code", "7"},
+             {"--max-restarts", "3", "--backoff-initial-ms", "200", "--backoff-max-ms", "5000"});
+  // 1 run + 3 relaunches = 4 exits, then the worker is FAILED and the agent exits with 3.
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 30s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status())) << Log();
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 3) << Log();
+  std::vector<WorkerExit> exits = server.registry().Exits();
+  ASSERT_EQ(exits.size(), 4u) << Log();
+  for (size_t i = 0; i < exits.size(); ++i) {
+    EXPECT_EQ(exits[i].worker_id(), "w0");
+    EXPECT_EQ(exits[i].exit_code(), 7);
+    EXPECT_EQ(exits[i].signal(), 0);
+    EXPECT_EQ(exits[i].cause(), "crash");
+    EXPECT_EQ(exits[i].seq(), i + 1);
+  }
+  // Backoff doubles: the gaps between exits are >= 200, 400, 800 ms (plus the run time).
+  for (size_t i = 1; i < exits.size(); ++i) {
+    const int64_t gap = exits[i].time_ms() - exits[i - 1].time_ms();
+    const int64_t want = 200 << (i - 1);
+    EXPECT_GE(gap, want) << "gap " << i;
+    EXPECT_LT(gap, want + 2000) << "gap " << i;  // and not wildly more
+    std::cout << "exit " << i << " after " << gap << " ms (backoff " << want << " ms)" << std::endl;
+  }
+  WorkerProcess w = W(server.registry(), "w0");
+  EXPECT_EQ(w.state(), WORKER_STATE_FAILED);
+  EXPECT_EQ(w.crash_restarts(), 3u);
+  EXPECT_EQ(w.last_exit_code(), 7);
+}
+
+TEST_F(AgentTest, RestartCommandRestartsExactlyTheNamedWorker) {
+  AgentServer server;
+  StartAgent(server.address(), 3, {"sleep"});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1", "w2"}); }, 20s)) << Log();
+  const pid_t p0 = W(r, "w0").pid(), p1 = W(r, "w1").pid(), p2 = W(r, "w2").pid();
+  auto id = r.RestartWorker("w1");
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor([&] { return CommandEnded(r, *id); }, 20s)) << Log();
+  EXPECT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+  ASSERT_TRUE(WaitFor([&] { return W(r, "w1").restarts() == 1 && AllRunning(r, {"w1"}); }, 10s));
+  EXPECT_NE(W(r, "w1").pid(), p1);
+  EXPECT_TRUE(ProcessGone(p1));
+  EXPECT_EQ(W(r, "w0").pid(), p0);
+  EXPECT_EQ(W(r, "w2").pid(), p2);
+  EXPECT_EQ(W(r, "w0").restarts(), 0u);
+  EXPECT_EQ(W(r, "w2").restarts(), 0u);
+  EXPECT_EQ(kill(p0, 0), 0);
+  EXPECT_EQ(kill(p2, 0), 0);
+  std::vector<WorkerExit> exits = r.Exits();
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].worker_id(), "w1");
+  EXPECT_EQ(exits[0].pid(), p1);
+  EXPECT_EQ(exits[0].signal(), SIGTERM);
+  EXPECT_EQ(exits[0].cause(), "command");
+}
+
+TEST_F(AgentTest, SigkillOfTheAgentLeavesNoWorkerBehind) {
+  AgentServer server;
+  StartAgent(server.address(), 3, {"spin", "--progress", dir_.Sub("{worker_id}.progress"), "--only", "w0"});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1", "w2"}); }, 20s)) << Log();
+  std::vector<pid_t> pids;
+  for (const char* id : {"w0", "w1", "w2"}) {
+    const pid_t pid = W(r, id).pid();
+    pids.push_back(pid);
+    // Each worker leads its own process group.
+    EXPECT_EQ(getpgid(pid), pid);
+  }
+  kill(agent_.pid(), SIGKILL);  // the agent alone, not its process group
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 10s));
+  EXPECT_TRUE(WaitFor([&] {
+    for (pid_t p : pids) {
+      if (!ProcessGone(p) || !LiveMembersOfGroup(p).empty()) return false;
+    }
+    return true;
+  }, 10s)) << "a worker outlived the agent";
+}
+
+TEST_F(AgentTest, KeepsWorkersRunningWhilePacerdIsDownAndReRegisters) {
+  // The issue asks for 30 s down; 5 s keeps the suite short and still spans many failed
+  // heartbeats (200 ms interval, backoff capped at 500 ms) and a worker crash in the outage.
+  constexpr auto kOutage = 5s;
+  auto server = std::make_unique<AgentServer>();
+  const int port = server->port();
+  StartAgent(server->address(), 2, {"sleep"}, {"--backoff-initial-ms", "100"});
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(server->registry(), {"w0", "w1"}); }, 20s)) << Log();
+  const pid_t p0 = W(server->registry(), "w0").pid(), p1 = W(server->registry(), "w1").pid();
+
+  server.reset();  // pacerd goes away, with everything it knew about the agent
+  kill(p0, SIGKILL);  // a worker dies during the outage: the agent must restart it and report it
+  std::this_thread::sleep_for(kOutage);  // the outage itself (scenario time, not synchronisation)
+  EXPECT_TRUE(agent_.running()) << Log();
+  EXPECT_EQ(kill(p1, 0), 0) << "w1 must keep running while pacerd is down";
+
+  AgentServer back(port);
+  ASSERT_EQ(back.port(), port);
+  AgentRegistry& r = back.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}) && !r.Exits().empty(); }, 20s)) << Log();
+  auto agents = r.Agents();
+  ASSERT_EQ(agents.size(), 1u);
+  EXPECT_EQ(agents[0].registrations, 1u);  // one registration with the new pacerd
+  EXPECT_EQ(W(r, "w1").pid(), p1);         // untouched
+  EXPECT_EQ(W(r, "w1").restarts(), 0u);
+  EXPECT_NE(W(r, "w0").pid(), p0);         // restarted during the outage
+  EXPECT_EQ(W(r, "w0").crash_restarts(), 1u);
+  std::vector<WorkerExit> exits = r.Exits();  // nothing lost: the outage's exit arrives now
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].worker_id(), "w0");
+  EXPECT_EQ(exits[0].pid(), p0);
+  EXPECT_EQ(exits[0].signal(), SIGKILL);
+  const std::string log = Log();
+  EXPECT_NE(log.find("re-registered with pacerd"), std::string::npos) << log;
+  EXPECT_NE(log.find("failed heartbeats"), std::string::npos);
+}
+
+// Rate of a spinning worker over `window`: iterations per wall second, from its progress file.
+struct Progress {
+  uint64_t iterations = 0;
+  int64_t cpu_ns = 0, wall_ns = 0;
+};
+Progress ReadProgress(const std::string& path) {
+  Progress p;
+  std::ifstream in(path);
+  unsigned long long it = 0;
+  long long cpu = 0, wall = 0;
+  if (in >> it >> cpu >> wall) p = {it, cpu, wall};
+  return p;
+}
+std::map<std::string, double> MeasureRates(const std::string& dir, const std::vector<std::string>& ids,
+                                           std::chrono::milliseconds window) {
+  std::map<std::string, Progress> a, b;
+  for (const auto& id : ids) a[id] = ReadProgress(dir + "/" + id + ".progress");
+  std::this_thread::sleep_for(window);  // the measurement window
+  for (const auto& id : ids) b[id] = ReadProgress(dir + "/" + id + ".progress");
+  std::map<std::string, double> rate;
+  for (const auto& id : ids) {
+    const double dt = static_cast<double>(b[id].wall_ns - a[id].wall_ns) / 1e9;
+    rate[id] = dt > 0 ? static_cast<double>(b[id].iterations - a[id].iterations) / dt : 0;
+  }
+  return rate;
+}
+
+void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
+                                              const std::string& dir, double factor,
+                                              const std::string& method) {
+  AgentRegistry& r = server.registry();
+  const std::vector<std::string> ids = {"w0", "w1"};
+  ASSERT_TRUE(WaitFor([&] {
+    return ReadProgress(dir + "/w0.progress").iterations > 0 &&
+           ReadProgress(dir + "/w1.progress").iterations > 0 && r.Worker("w0").ok() &&
+           r.Worker("w0")->cpu_cores() > 0;
+  }, 20s));
+  auto before = MeasureRates(dir, ids, 2000ms);
+  auto id = r.SetContention("w0", factor);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor([&] {
+    auto c = r.Command(*id);
+    return c.ok() && c->state != CommandState::kPending;
+  }, 20s));
+  ASSERT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+  std::this_thread::sleep_for(300ms);  // let the first throttled periods pass before measuring
+  auto during = MeasureRates(dir, ids, 2000ms);
+  const double slowdown0 = before["w0"] / during["w0"];
+  const double slowdown1 = before["w1"] / during["w1"];
+  std::cout << method << ": factor " << factor << ": w0 " << before["w0"] << " -> " << during["w0"]
+            << " it/s (slowdown " << slowdown0 << "), w1 " << before["w1"] << " -> "
+            << during["w1"] << " it/s (slowdown " << slowdown1 << ")" << std::endl;
+  EXPECT_NEAR(slowdown0, factor, 0.2 * factor);
+  EXPECT_LT(slowdown1, 1.2) << "the other worker must not be slowed";
+  EXPECT_DOUBLE_EQ(r.Worker("w0")->contention_factor(), factor);
+  EXPECT_DOUBLE_EQ(r.Worker("w1")->contention_factor(), 0);
+
+  auto clear = r.ClearContention("node-a", "");
+  ASSERT_TRUE(clear.ok());
+  ASSERT_TRUE(WaitFor([&] { return r.Command(*clear).ok() && r.Command(*clear)->state == CommandState::kDone; }, 20s));
+  auto after = MeasureRates(dir, ids, 1500ms);
+  std::cout << "cleared: w0 " << after["w0"] << " it/s" << std::endl;
+  EXPECT_GT(after["w0"], 0.8 * before["w0"] / 1.2) << "w0 must recover once cleared";
+}
+
+TEST_F(AgentTest, ContentionByCgroupQuotaSlowsTheChosenWorkerByTheFactor) {
+  if (access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", W_OK) != 0) {
+    GTEST_SKIP() << "cgroup v1 cpu controller not writable here";
+  }
+  AgentServer server;
+  StartAgent(server.address(), 2, {"spin", "--progress", dir_.Sub("{worker_id}.progress")},
+             {"--contention-method", "cgroup"});
+  ExpectContentionSlowsOnlyTheChosenWorker(server, dir_.path(), 3.0, "cgroup");
+  // The group is gone after the clear.
+  bool left = false;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/fs/cgroup/cpu")) {
+    if (e.path().filename().string().rfind("pacer-agent-" + std::to_string(agent_.pid()), 0) == 0) left = true;
+  }
+  EXPECT_FALSE(left) << "contention cgroup not removed";
+}
+
+TEST_F(AgentTest, ContentionByPinnedCpuHogSlowsTheChosenWorkerByTheFactor) {
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
+  AgentServer server;
+  StartAgent(server.address(), 2, {"spin", "--progress", dir_.Sub("{worker_id}.progress")},
+             {"--contention-method", "cpu-hog"});
+  ExpectContentionSlowsOnlyTheChosenWorker(server, dir_.path(), 2.0, "cpu-hog");
+}
+
+TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
+  AgentServer server;
+  std::vector<NodeMetrics> metrics;
+  std::mutex mu;
+  server.registry().SetNodeMetricsSink([&](const NodeMetrics& m) {
+    std::lock_guard<std::mutex> l(mu);
+    metrics.push_back(m);
+  });
+  StartAgent(server.address(), 2,
+             {"spin", "--progress", dir_.Sub("{worker_id}.progress"), "--only", "w0",
+              "--env-file", dir_.Sub("{worker_id}.env")});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}) && W(r, "w0").cpu_cores() > 0; }, 20s)) << Log();
+  // Compare the agent's per-worker figure with the kernel's counter read here over ~2 s.
+  const pid_t p0 = W(r, "w0").pid();
+  auto t0 = ProcessCpuTicks("/proc", p0);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> reported0, reported1;
+  WaitFor([&] {
+    reported0.push_back(W(r, "w0").cpu_cores());
+    reported1.push_back(W(r, "w1").cpu_cores());
+    return std::chrono::steady_clock::now() - start > 2s;
+  }, 5s, 250ms);
+  auto t1 = ProcessCpuTicks("/proc", p0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  const double kernel_cores = static_cast<double>(*t1 - *t0) / TicksPerSecond() / secs;
+  double mean0 = 0, max1 = 0;
+  for (double v : reported0) mean0 += v / reported0.size();
+  for (double v : reported1) max1 = std::max(max1, v);
+  std::cout << "w0 reported " << mean0 << " cores (kernel " << kernel_cores << "), w1 max " << max1
+            << std::endl;
+  EXPECT_NEAR(mean0, kernel_cores, 0.25);
+  EXPECT_GT(mean0, 0.4);
+  EXPECT_LT(max1, 0.05);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_FALSE(metrics.empty());
+    const NodeMetrics& m = metrics.back();
+    EXPECT_EQ(m.node(), "node-a");
+    EXPECT_GT(m.interval_s(), 0);
+    EXPECT_GE(m.cpu_busy_frac(), 0.8 * 0.4 / m.num_cpus());
+    EXPECT_EQ(m.gpu_util_size(), 0);  // --no-nvml
+  }
+  // The job environment.
+  const std::string env = ReadFileOrEmpty(dir_.Sub("w1.env"));
+  for (const char* kv : {"PACER_WORKER_ID=w1", "PACER_RANK=1", "PACER_LOCAL_RANK=1",
+                         "PACER_WORLD_SIZE=2", "PACER_NODE=node-a", "PACER_JOB=testjob"}) {
+    EXPECT_NE(env.find(kv), std::string::npos) << kv << " missing in\n" << env;
+  }
+  EXPECT_NE(env.find(std::string("PACER_TOKEN=") + kToken), std::string::npos);
+  EXPECT_NE(env.find("PACER_ADDR=" + server.address()), std::string::npos);
+  // Worker output is forwarded with its id.
+  EXPECT_NE(Log().find("[w1] started"), std::string::npos);
+}
+
+// Delegates to the registry, then appends scripted raw commands to its replies (commands the
+// registry itself would refuse to queue), and records every ack the agent sends.
+class ScriptedAgentService final : public AgentService::CallbackService {
+ public:
+  ScriptedAgentService(AgentRegistry* registry, const Authenticator* auth)
+      : inner_(registry, auth), registry_(registry) {}
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const AgentHeartbeat* req,
+                                      AgentHeartbeatReply* reply) override {
+    absl::Status s = registry_->Heartbeat(*req, reply);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const CommandAck& a : req->acks()) acks_.push_back(a);
+      for (const AgentCommand& c : inject_) *reply->add_commands() = c;
+      inject_.clear();
+    }
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  void Inject(AgentCommand c) {
+    std::lock_guard<std::mutex> l(mu_);
+    inject_.push_back(std::move(c));
+  }
+  std::vector<CommandAck> Acks(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<CommandAck> out;
+    for (const auto& a : acks_) {
+      if (a.command_id() == id) out.push_back(a);
+    }
+    return out;
+  }
+
+ private:
+  GrpcAgentService inner_;
+  AgentRegistry* registry_;
+  std::mutex mu_;
+  std::vector<AgentCommand> inject_;
+  std::vector<CommandAck> acks_;
+};
+
+TEST_F(AgentTest, BadCommandsAreRefusedWithAReasonAndChangeNothing) {
+  // Host the scripted service around a registry of our own.
+  Authenticator auth(kToken, "admin");
+  AgentRegistryOptions o;
+  o.heartbeat_interval_ms = 200;
+  AgentRegistry registry(o, RealClock::Get());
+  ScriptedAgentService scripted(&registry, &auth);
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&scripted);
+  auto server = b.BuildAndStart();
+  ASSERT_TRUE(server && port != 0);
+
+  StartAgent("127.0.0.1:" + std::to_string(port), 2, {"sleep"});
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(registry, {"w0", "w1"}); }, 20s)) << Log();
+  const pid_t p0 = W(registry, "w0").pid(), p1 = W(registry, "w1").pid();
+
+  auto cmd = [](const std::string& id) {
+    AgentCommand c;
+    c.set_command_id(id);
+    return c;
+  };
+  std::vector<std::pair<AgentCommand, std::string>> bad;
+  AgentCommand c = cmd("bad-unknown-worker");
+  c.mutable_restart_worker()->set_worker_id("w9");
+  bad.push_back({c, "unknown worker 'w9'"});
+  bad.push_back({cmd("bad-no-action"), "malformed: command has no action"});
+  c = cmd("bad-stop-both");
+  c.mutable_stop()->set_worker_id("w0");
+  c.mutable_stop()->set_all(true);
+  bad.push_back({c, "malformed: stop needs exactly one"});
+  c = cmd("bad-factor");
+  c.mutable_set_contention()->set_worker_id("w0");
+  c.mutable_set_contention()->set_factor(0.5);
+  bad.push_back({c, "malformed: contention factor"});
+  c = cmd("bad-empty-worker");
+  c.mutable_stop()->set_worker_id("");
+  bad.push_back({c, "malformed: stop needs exactly one"});
+  for (const auto& [command, reason] : bad) scripted.Inject(command);
+  for (const auto& [command, reason] : bad) {
+    ASSERT_TRUE(WaitFor([&] { return !scripted.Acks(command.command_id()).empty(); }, 10s))
+        << command.command_id() << "\n" << Log();
+    const CommandAck a = scripted.Acks(command.command_id())[0];
+    EXPECT_FALSE(a.ok()) << command.command_id();
+    EXPECT_NE(a.reason().find(reason), std::string::npos) << a.reason();
+  }
+
+  // A good command, then the same id replayed: executed once, the replay acked as a duplicate.
+  c = cmd("restart-w0-once");
+  c.mutable_restart_worker()->set_worker_id("w0");
+  scripted.Inject(c);
+  ASSERT_TRUE(WaitFor([&] { return !scripted.Acks("restart-w0-once").empty(); }, 20s)) << Log();
+  EXPECT_TRUE(scripted.Acks("restart-w0-once")[0].ok());
+  scripted.Inject(c);
+  ASSERT_TRUE(WaitFor([&] { return scripted.Acks("restart-w0-once").size() >= 2; }, 10s)) << Log();
+  const CommandAck replay = scripted.Acks("restart-w0-once")[1];
+  EXPECT_TRUE(replay.duplicate());
+  EXPECT_TRUE(replay.ok());
+  ASSERT_TRUE(WaitFor([&] { return W(registry, "w0").restarts() == 1 && AllRunning(registry, {"w0"}); }, 10s));
+  // Let a few more heartbeats pass so a wrong second restart would show.
+  const uint64_t beats = registry.Agents()[0].heartbeats;
+  ASSERT_TRUE(WaitFor([&] { return registry.Agents()[0].heartbeats >= beats + 3; }, 10s));
+  EXPECT_EQ(W(registry, "w0").restarts(), 1u);   // once, not twice
+  EXPECT_NE(W(registry, "w0").pid(), p0);
+  EXPECT_EQ(W(registry, "w1").pid(), p1);        // the bad commands changed nothing
+  EXPECT_EQ(W(registry, "w1").restarts(), 0u);
+  EXPECT_DOUBLE_EQ(W(registry, "w0").contention_factor(), 0);
+  EXPECT_EQ(registry.Exits().size(), 1u);        // only the good restart
+  server->Shutdown(std::chrono::system_clock::now() + 1s);
+}
+
+TEST_F(AgentTest, MigrateStopsWorkersAndExitsWithTheDocumentedCode) {
+  AgentServer server;
+  StartAgent(server.address(), 2, {"sleep"});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}); }, 20s)) << Log();
+  const pid_t p0 = W(r, "w0").pid(), p1 = W(r, "w1").pid();
+  auto id = r.Migrate("node-a", "node is slow");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 20s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status()));
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 75);
+  EXPECT_TRUE(ProcessGone(p0));
+  EXPECT_TRUE(ProcessGone(p1));
+  EXPECT_EQ(r.Command(*id)->state, CommandState::kDone);  // acked by the final heartbeat
+  EXPECT_TRUE(r.Agents()[0].leaving);
+  EXPECT_EQ(r.Exits().size(), 2u);
+}
+
+}  // namespace
+}  // namespace pacer
