@@ -2,11 +2,11 @@
 
 namespace pacer {
 
-BatchPlan::BatchPlan(LocalBatch initial) : current_(initial) {
+LocalBatchPlan::LocalBatchPlan(LocalBatch initial) : current_(initial) {
   newest_version_.store(initial.version, std::memory_order_release);
 }
 
-bool BatchPlan::Offer(const BatchPlanCommand& c) {
+bool LocalBatchPlan::Offer(const BatchPlanCommand& c) {
   if (c.micro_batch() == 0 || c.accumulation_steps() == 0) return false;
   std::lock_guard<std::mutex> l(mu_);
   if (c.version() <= newest_version_.load(std::memory_order_relaxed)) return false;
@@ -22,7 +22,7 @@ bool BatchPlan::Offer(const BatchPlanCommand& c) {
   return true;
 }
 
-const LocalBatch& BatchPlan::ForStep(uint64_t step) {
+const LocalBatch& LocalBatchPlan::ForStep(uint64_t step) {
   if (!has_pending_.load(std::memory_order_acquire)) return current_;
   std::lock_guard<std::mutex> l(mu_);
   // Newest plan whose effective step has come wins; older ones it supersedes are dropped.

@@ -1,4 +1,5 @@
-// BatchPlan: this worker's local batch for the current training step (DESIGN.md §4 ADJUST_BS).
+// LocalBatchPlan (the SDK's BatchPlan; the controller's BatchPlan is the job-wide plan it
+// derives commands from): this worker's local batch for the current step (DESIGN.md §4).
 //
 // The controller sends plans on heartbeat replies (BatchPlanCommand: version, effective_step,
 // micro_batch, accumulation_steps, samples). A plan takes effect at its effective step: the
@@ -31,9 +32,9 @@ struct LocalBatch {
   uint64_t samples() const { return uint64_t{micro_batch} * accumulation_steps; }
 };
 
-class BatchPlan {
+class LocalBatchPlan {
  public:
-  explicit BatchPlan(LocalBatch initial);
+  explicit LocalBatchPlan(LocalBatch initial);
 
   // Queues a plan; returns false (and ignores it) when it is not newer or is malformed
   // (micro_batch or accumulation_steps of 0).

@@ -92,7 +92,7 @@ class Client {
   void EnqueueCompletion(const Lease& lease);
   void EnqueueStep(const StepReport& report);
   void SetStep(uint64_t step) { step_.store(step, std::memory_order_relaxed); }
-  BatchPlan& batch_plan() { return plan_; }
+  LocalBatchPlan& batch_plan() { return plan_; }
   // A stop command arrived (finish the current step and exit).
   bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
   std::string stop_reason() const;
@@ -138,7 +138,7 @@ class Client {
   std::shared_ptr<grpc::Channel> monitor_channel_;
   std::unique_ptr<Monitor::Stub> monitor_;
   int64_t interval_ms_ = 1'000;
-  BatchPlan plan_;
+  LocalBatchPlan plan_;
   std::atomic<uint64_t> step_{0};
   std::atomic<bool> stop_requested_{false};
   std::atomic<bool> monitor_enabled_{true};
