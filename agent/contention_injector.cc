@@ -115,7 +115,7 @@ bool ContentionInjector::CgroupWritable() const {
 }
 
 absl::Status ContentionInjector::Apply(const std::string& worker_id, pid_t pid, double factor,
-                                       double baseline_cores) {
+                                       double baseline_cores, const std::vector<pid_t>& others) {
   if (!(factor > 1.0 && factor <= 100.0)) {
     return absl::InvalidArgumentError(absl::StrFormat("factor must be in (1, 100], not %g", factor));
   }
@@ -127,6 +127,7 @@ absl::Status ContentionInjector::Apply(const std::string& worker_id, pid_t pid, 
   e.factor = factor;
   e.baseline_cores = baseline_cores > 0.05 ? baseline_cores : 1.0;
   e.pid = pid;
+  e.others = others;
   const bool try_cgroup = options_.method == ContentionMethod::kCgroup ||
                           (options_.method == ContentionMethod::kAuto && CgroupWritable());
   absl::Status s = absl::UnavailableError("cgroup not tried");
@@ -140,7 +141,7 @@ absl::Status ContentionInjector::Apply(const std::string& worker_id, pid_t pid, 
   }
   if (!s.ok() && options_.method != ContentionMethod::kCgroup) {
     e.method = ContentionMethod::kCpuHog;
-    s = ApplyCpuHog(e);
+    s = ApplyCpuHog(e, others);
   }
   if (!s.ok()) {
     Remove(e);
@@ -175,7 +176,26 @@ absl::Status ContentionInjector::ApplyCgroup(const std::string& worker_id, Entry
   return WriteFile(e.group_dir + "/cgroup.procs", std::to_string(e.pid));
 }
 
-absl::Status ContentionInjector::ApplyCpuHog(Entry& e) {
+std::vector<int> CpusOf(pid_t pid) {
+  std::vector<int> out;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(pid, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+void PinThreads(const std::string& proc_root, pid_t pid, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  for (pid_t tid : ThreadsOf(proc_root, pid)) sched_setaffinity(tid, sizeof(set), &set);
+}
+
+absl::Status ContentionInjector::ApplyCpuHog(Entry& e, const std::vector<pid_t>& others) {
   const int cpu = LastCpuOf(options_.proc_root, e.pid);
   cpu_set_t old_set;
   CPU_ZERO(&old_set);
@@ -200,6 +220,15 @@ absl::Status ContentionInjector::ApplyCpuHog(Entry& e) {
     if (!hog.ok()) return hog.status();
     e.hogs.push_back(*hog);
   }
+  for (pid_t other : others) {  // keep the node's other workers off the contended CPU
+    std::vector<int> cpus = CpusOf(other), rest;
+    for (int c : cpus) {
+      if (c != cpu) rest.push_back(c);
+    }
+    if (other <= 0 || other == e.pid || rest.empty() || rest.size() == cpus.size()) continue;
+    PinThreads(options_.proc_root, other, rest);
+    e.moved_others.push_back({other, cpus});
+  }
   return absl::OkStatus();
 }
 
@@ -214,19 +243,19 @@ void ContentionInjector::Remove(Entry& e) {
   for (pid_t h : e.hogs) kill(h, SIGKILL);  // reaped by the agent's SIGCHLD handler
   e.hogs.clear();
   if (!e.original_cpus.empty() && e.pid > 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c : e.original_cpus) CPU_SET(c, &set);
-    for (pid_t tid : ThreadsOf(options_.proc_root, e.pid)) sched_setaffinity(tid, sizeof(set), &set);
+    PinThreads(options_.proc_root, e.pid, e.original_cpus);
     e.original_cpus.clear();
   }
+  for (const auto& [pid, cpus] : e.moved_others) PinThreads(options_.proc_root, pid, cpus);
+  e.moved_others.clear();
 }
 
 absl::Status ContentionInjector::Reapply(const std::string& worker_id, pid_t pid) {
   auto it = entries_.find(worker_id);
   if (it == entries_.end()) return absl::OkStatus();
   const double factor = it->second.factor, baseline = it->second.baseline_cores;
-  return Apply(worker_id, pid, factor, baseline);
+  const std::vector<pid_t> others = it->second.others;
+  return Apply(worker_id, pid, factor, baseline, others);
 }
 
 absl::Status ContentionInjector::Clear(const std::string& worker_id) {

@@ -11,8 +11,10 @@
 //  - cpu-hog (the fallback when the cgroup is not writable): the worker's threads are pinned to
 //    the CPU it last ran on (sched_setaffinity) and ceil(f-1) busy processes are pinned to the
 //    same CPU, at nice levels chosen so that CFS gives the worker 1/f of that core (weights from
-//    the kernel's nice->weight table; assumes the worker itself runs at nice 0). Clear() kills
-//    the hogs and restores the worker's CPU mask. This method slows a worker relative to one
+//    the kernel's nice->weight table; assumes the worker itself runs at nice 0). The other
+//    workers named in Apply() are kept off that CPU (when the node has another), so the hogs do
+//    not slow them; they are not re-pinned if they are relaunched meanwhile. Clear() kills the
+//    hogs and restores every CPU mask it changed. This method slows a worker relative to one
 //    full core, whatever it used before.
 // Groups left by a previous agent that was SIGKILLed are removed by RemoveStaleGroups().
 //
@@ -53,7 +55,9 @@ class ContentionInjector {
   // the CPU the worker used recently (cgroup method; <= 0: one core). Replaces any contention
   // already set on that worker. INVALID_ARGUMENT for a bad factor, NOT_FOUND for a dead pid,
   // UNAVAILABLE when no method works here.
-  absl::Status Apply(const std::string& worker_id, pid_t pid, double factor, double baseline_cores);
+  // `others`: the node's other worker processes (cpu-hog method: kept off the hog's CPU).
+  absl::Status Apply(const std::string& worker_id, pid_t pid, double factor, double baseline_cores,
+                     const std::vector<pid_t>& others = {});
   // Re-applies a worker's contention to its new process after a relaunch (no-op when none).
   absl::Status Reapply(const std::string& worker_id, pid_t pid);
   // Removes the contention of one worker (OK when there is none).
@@ -75,16 +79,18 @@ class ContentionInjector {
   struct Entry {
     double factor = 0;
     double baseline_cores = 0;
+    std::vector<pid_t> others;
     ContentionMethod method = ContentionMethod::kCgroup;
     pid_t pid = 0;
     std::string group_dir;      // cgroup method
     std::string original_dir;   // the worker's cgroup before
     std::vector<pid_t> hogs;    // cpu-hog method
     std::vector<int> original_cpus;
+    std::vector<std::pair<pid_t, std::vector<int>>> moved_others;  // pid, original CPUs
   };
 
   absl::Status ApplyCgroup(const std::string& worker_id, Entry& e);
-  absl::Status ApplyCpuHog(Entry& e);
+  absl::Status ApplyCpuHog(Entry& e, const std::vector<pid_t>& others);
   void Remove(Entry& e);
   bool CgroupWritable() const;
 

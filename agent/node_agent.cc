@@ -168,7 +168,11 @@ int NodeAgent::Run() {
                   << " worker(s), pacerd " << (options_.address.empty() ? "none" : options_.address);
   supervisor_->StartAll();
   for (const auto& [id, factor] : options_.initial_contention) {
-    absl::Status s = injector_->Apply(id, supervisor_->Pid(id), factor, 0);
+    std::vector<pid_t> others;
+    for (const std::string& o : supervisor_->WorkerIds()) {
+      if (o != id && supervisor_->Pid(o) > 0) others.push_back(supervisor_->Pid(o));
+    }
+    absl::Status s = injector_->Apply(id, supervisor_->Pid(id), factor, 0, others);
     if (!s.ok()) {
       PACER_LOG(ERROR) << "--contention " << id << ": " << s.message();
     }
@@ -443,8 +447,12 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
     case AgentCommand::kSetContention: {
       const std::string& w = cmd.set_contention().worker_id();
       auto cores = last_cores_.find(w);
+      std::vector<pid_t> others;
+      for (const std::string& o : supervisor_->WorkerIds()) {
+        if (o != w && supervisor_->Pid(o) > 0) others.push_back(supervisor_->Pid(o));
+      }
       done(injector_->Apply(w, supervisor_->Pid(w), cmd.set_contention().factor(),
-                            cores == last_cores_.end() ? 0 : cores->second));
+                            cores == last_cores_.end() ? 0 : cores->second, others));
       supervisor_->SetContentionFactor(w, injector_->FactorOf(w).value_or(0));
       return;
     }
