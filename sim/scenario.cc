@@ -252,6 +252,7 @@ class ScenarioParser {
     Fields f = {
         {"tick_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.tick_s, 0.01, 3600); }},
         {"report_interval_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.report_interval_s, 0.1, 3600); }},
+        {"progress_interval_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.progress_interval_s, 0, 3600); }},
         {"shard_size", [&](const YAML::Node& v, const std::string& p) { return Int(v, p, &s.shard_size, 0, int64_t{1} << 32); }},
         {"max_sim_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.max_sim_s, 0, 1e8); }},
         {"reconcile_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.reconcile_s, 0, 3600); }},

@@ -12,7 +12,7 @@
 //   speeds: {median, sigma, groups: [{fraction, factor}]}    groups are by node (hardware)
 //   noise: 0.05                                               per-step uniform ±noise
 //   events: [{at_s, kind, ...}]                               see EventKind below
-//   sim: {tick_s, report_interval_s, shard_size, max_sim_s, reconcile_s}   (ext)
+//   sim: {tick_s, report_interval_s, progress_interval_s, shard_size, max_sim_s, reconcile_s}   (ext)
 //
 // Plain value type; a Scenario returned by ParseScenario has passed every range check.
 #pragma once
@@ -82,7 +82,8 @@ struct ScenarioSpeeds {
 
 struct SimSettings {
   double tick_s = 1;              // coarse step of the model
-  double report_interval_s = 10;  // SDK report (monitor + progress) interval
+  double report_interval_s = 10;  // SDK step-report interval (one mean step per interval)
+  double progress_interval_s = 0;  // progress acknowledgements; 0 = report_interval_s
   int64_t shard_size = 0;         // 0 = ~30 s of a median worker's work
   double max_sim_s = 0;           // 0 = 20 × the bound
   double reconcile_s = 0;         // 0 = the policy's detection window

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace pacer::sim {
 
@@ -57,13 +58,26 @@ void FillWorkerViews(const std::vector<WorkerStatus>& workers, const std::vector
 void FillServerViews(const std::vector<WorkerStatus>& servers, double hot_threshold,
                      ClusterView* view) {
   view->servers.clear();
+  // MonitorState::Servers() leaves relative_speed unset (an API gap): relative latency is
+  // computed here as latency / median latency over the servers that reported.
+  std::vector<double> lat;
+  for (const auto& s : servers)
+    if (s.latency_ms() > 0) lat.push_back(s.latency_ms());
+  double median = 0;
+  if (!lat.empty()) {
+    std::sort(lat.begin(), lat.end());
+    const size_t n = lat.size();
+    median = n % 2 ? lat[n / 2] : 0.5 * (lat[n / 2 - 1] + lat[n / 2]);
+  }
   for (const auto& s : servers) {
     ServerView v;
     v.id = s.id();
     v.node = s.node();
     v.latency_ms = s.latency_ms();
     // The monitor's relative speed of a server is median latency / latency.
-    v.relative_latency = s.relative_speed() > 0 ? 1.0 / s.relative_speed() : 1.0;
+    v.relative_latency = s.relative_speed() > 0   ? 1.0 / s.relative_speed()
+                         : median > 0 && v.latency_ms > 0 ? v.latency_ms / median
+                                                          : 1.0;
     v.hot = s.classification().worker_class() == WORKER_CLASS_STRAGGLER ||
             v.relative_latency >= hot_threshold;
     v.persistent = s.classification().persistence() == PERSISTENCE_PERSISTENT;
