@@ -106,7 +106,7 @@ class JobSimulation {
   double t_ = 0;
   int64_t step_ = 0;
   double next_report_ = 0, next_reconcile_ = 0, last_report_t_ = 0;
-  double next_progress_ = 0, progress_interval_s_ = 0;
+  double next_progress_ = 0, progress_interval_s_ = 0, next_node_report_ = 0;
   double stall_until_ = 0;  // job-wide stall (sync relaunch, PS server restart)
   std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
   std::optional<BatchPlan> pending_plan_;
@@ -242,7 +242,11 @@ absl::Status JobSimulation::Fetch(SimWorker& w) {
 
 absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
   if (w.lease == 0 || (!complete && w.consumed == w.acked)) return absl::OkStatus();
-  if (!state_.CheckLease(w.id, w.incarnation, w.lease, w.token).ok()) {
+  // Only a lease in a tail-backup pair can be fenced behind the worker's back (its partner
+  // completed first); every other lease ends only through this worker, so the service's
+  // token check (a std::map lookup per report) is needed only for pairs.
+  const bool may_be_fenced = w.pair_key != 0 || state_.FindLease(w.lease) == nullptr;
+  if (may_be_fenced && !state_.CheckLease(w.id, w.incarnation, w.lease, w.token).ok()) {
     // Fenced off (the backup partner completed first): the un-acknowledged work is wasted.
     ++run_.fenced_reports;
     run_.wasted_samples += w.consumed - w.acked;
@@ -400,8 +404,13 @@ absl::Status JobSimulation::Report() {
     monitor_->IngestStep(std::move(r));
     w.rep_compute = w.rep_wall = w.rep_steps = 0;
   }
-  // Node agents: CPU steal shows contention (hardware slowness leaves no trace).
-  for (int64_t nd = 0; nd < model_.nodes(); ++nd) {
+  // Node agents: CPU steal shows contention (hardware slowness leaves no trace). They report
+  // every 20 s (within the monitor's node_metrics_max_age_ms of 30 s) or every interval when
+  // reports are rarer.
+  const bool nodes_due = t_ >= next_node_report_;
+  if (nodes_due)
+    while (next_node_report_ <= t_) next_node_report_ += std::max(20.0, sc_.sim.report_interval_s);
+  for (int64_t nd = 0; nodes_due && nd < model_.nodes(); ++nd) {
     if (speed_.workers_on(nd).empty()) continue;
     NodeMetrics m;
     m.set_node(node_names_[nd]);
