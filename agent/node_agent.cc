@@ -114,6 +114,7 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
     if (exits_outbox_.size() > kMaxExitsKept) exits_outbox_.pop_front();
   };
   listener.on_launch = [this](const std::string& id, pid_t pid) {
+    recent_cores_.erase(id);  // a new process: its CPU history starts now
     if (absl::Status s = injector_->Reapply(id, pid); !s.ok()) {
       PACER_LOG(WARNING) << "contention on relaunched worker " << id << ": " << s.message();
     }
@@ -256,7 +257,11 @@ void NodeAgent::CollectMetrics() {
   if (!sample->has_value()) return;
   for (const auto& [id, cores] : (*sample)->worker_cores) {
     supervisor_->SetCpuCores(id, cores);
-    if (pids[id] > 0 && cores > 0) last_cores_[id] = cores;
+    if (pids[id] <= 0) continue;
+    auto& recent = recent_cores_[id];
+    recent.push_back(cores);
+    const size_t keep = static_cast<size_t>(std::max<int64_t>(1, 2000 / options_.metrics_interval_ms));
+    while (recent.size() > keep) recent.pop_front();
   }
   unsent_metrics_ = std::move((*sample)->metrics);
 }
@@ -446,13 +451,12 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
       return;
     case AgentCommand::kSetContention: {
       const std::string& w = cmd.set_contention().worker_id();
-      auto cores = last_cores_.find(w);
       std::vector<pid_t> others;
       for (const std::string& o : supervisor_->WorkerIds()) {
         if (o != w && supervisor_->Pid(o) > 0) others.push_back(supervisor_->Pid(o));
       }
       done(injector_->Apply(w, supervisor_->Pid(w), cmd.set_contention().factor(),
-                            cores == last_cores_.end() ? 0 : cores->second, others));
+                            RecentCores(w), others));
       supervisor_->SetContentionFactor(w, injector_->FactorOf(w).value_or(0));
       return;
     }
@@ -473,6 +477,14 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
       break;
   }
   done(absl::InvalidArgumentError("malformed: command has no action"));
+}
+
+double NodeAgent::RecentCores(const std::string& worker_id) const {
+  auto it = recent_cores_.find(worker_id);
+  if (it == recent_cores_.end() || it->second.empty()) return 0;
+  double sum = 0;
+  for (double c : it->second) sum += c;
+  return sum / static_cast<double>(it->second.size());
 }
 
 void NodeAgent::Acknowledge(const std::string& command_id, absl::Status outcome) {

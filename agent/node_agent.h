@@ -135,7 +135,10 @@ class NodeAgent {
   std::map<std::string, Executed> executed_;  // by command id
   std::deque<std::string> executed_order_;    // for bounding executed_
   std::optional<NodeMetrics> unsent_metrics_;
-  std::map<std::string, double> last_cores_;
+  // CPU cores each worker used in the last few metrics intervals (~2 s): the baseline a
+  // contention factor applies to.
+  std::map<std::string, std::deque<double>> recent_cores_;
+  double RecentCores(const std::string& worker_id) const;
 
   std::shared_ptr<HeartbeatCall> in_flight_;
   uint32_t heartbeat_failures_ = 0;

@@ -318,8 +318,9 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
   ASSERT_TRUE(clear.ok());
   ASSERT_TRUE(WaitFor([&] { return r.Command(*clear).ok() && r.Command(*clear)->state == CommandState::kDone; }, 20s));
   auto after = MeasureRates(dir, ids, 1500ms);
-  std::cout << "cleared: w0 " << after["w0"] << " it/s" << std::endl;
-  EXPECT_GT(after["w0"], 0.8 * before["w0"] / 1.2) << "w0 must recover once cleared";
+  std::cout << "cleared: w0 " << after["w0"] << " it/s, w1 " << after["w1"] << " it/s" << std::endl;
+  // Both uncontended again, in the same window: comparable rates (not a 1/factor one).
+  EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
 }
 
 TEST_F(AgentTest, ContentionByCgroupQuotaSlowsTheChosenWorkerByTheFactor) {
