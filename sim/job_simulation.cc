@@ -114,6 +114,7 @@ class JobSimulation {
   double last_throughput_ = 0, last_step_wall_ = 0;
   std::vector<double> shard_times_;  // recent completed lease durations (ring)
   size_t shard_times_next_ = 0;
+  std::vector<WorkerStatus> last_statuses_;
   PolicyRun run_;
 };
 
@@ -463,7 +464,8 @@ absl::Status JobSimulation::Reconcile() {
     facts[i].shard_elapsed_s = w.lease != 0 ? t_ - w.lease_start : 0;
     facts[i].node = w.node_name;
   }
-  FillWorkerViews(monitor_->Workers(), facts, &view);
+  last_statuses_ = monitor_->Workers();
+  FillWorkerViews(last_statuses_, facts, &view);
   FillServerViews(monitor_->Servers(), policy_.server.hot_threshold, &view);
   FillNodeViews(monitor_->Nodes(), &view);
   JobView& j = view.job;
@@ -474,7 +476,23 @@ absl::Status JobSimulation::Reconcile() {
   j.heartbeat_interval_s = 1;
   const uint64_t done = DoneTotal();
   j.remaining_samples = static_cast<int64_t>(static_cast<uint64_t>(sc_.job.total_samples) - done);
-  j.throughput = last_throughput_;
+  // Throughput as pacerd measures it (controller/reconciler.cc): sync, Σ local batches over the
+  // median step wall time; async, Σ b_i / wall_i (each worker at its own pace).
+  {
+    std::vector<double> walls;
+    double batch_sum = 0, async_rate = 0;
+    const std::vector<WorkerStatus>& st = last_statuses_;
+    for (size_t i = 0; i < st.size(); ++i) {
+      if (w_[i].down || st[i].wall_s() <= 0) continue;
+      walls.push_back(st[i].wall_s());
+      batch_sum += static_cast<double>(w_[i].batch);
+      async_rate += static_cast<double>(w_[i].batch) / st[i].wall_s();
+    }
+    if (!walls.empty()) {
+      std::nth_element(walls.begin(), walls.begin() + static_cast<long>(walls.size() / 2), walls.end());
+      j.throughput = sync() ? batch_sum / walls[walls.size() / 2] : async_rate;
+    }
+  }
   j.restart_cost_s = sc_.job.restart_cost_s;
   j.migrate_cost_s = sc_.migrate_cost_s();
   j.lost_work_s = progress_interval_s_ / 2;

@@ -1,5 +1,7 @@
 #include "sim/view_builder.h"
 
+#include "controller/reconciler.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -7,16 +9,12 @@
 namespace pacer::sim {
 
 MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy) {
-  MonitorOptions o;
-  const DetectionConfig& d = policy.detection;
-  o.window_ms = static_cast<int64_t>(std::llround(d.window_s * 1000));
-  o.straggler_threshold = d.straggler_threshold;
-  o.leader_threshold = d.leader_threshold;
-  o.persistent_k = static_cast<uint32_t>(d.persistent_windows);
-  o.persistent_w = static_cast<uint32_t>(std::max(d.history_windows, d.persistent_windows));
-  // Ten windows of history are enough for every policy rule and keep 4 096 workers small.
-  o.history_ms = std::max<int64_t>(10, o.persistent_w) * o.window_ms;
-  return o;
+  // pacerd's mapping (controller/reconciler.h), on a base that keeps ten windows of history:
+  // enough for every policy rule, and 4 096 workers × 6 policies stay small.
+  MonitorOptions base;
+  base.history_ms = std::max<int64_t>(10, policy.detection.history_windows) *
+                    static_cast<int64_t>(std::llround(policy.detection.window_s * 1000));
+  return MonitorOptionsFromPolicy(policy.detection, base);
 }
 
 void FillWorkerViews(const std::vector<WorkerStatus>& workers, const std::vector<WorkerFacts>& facts,

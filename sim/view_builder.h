@@ -1,7 +1,8 @@
-// The glue pacerd will need and does not have yet: the monitor's state → the controller's
-// ClusterView, and a policy file's detection section → MonitorOptions. The simulator keeps it
-// here (issue 6 forbids editing monitor/ and controller/); it belongs in a shared place once
-// pacerd wires the controller (see docs/simulator.md, "API wishes").
+// The monitor's state → the controller's ClusterView, and a policy → MonitorOptions, for the
+// simulator. pacerd's Reconciler (controller/reconciler.h) does the same from the monitor
+// *service*; its view builder is private to it and bound to the gRPC-era services, so the
+// simulator keeps this copy (same field mapping, plus the server relative latency the monitor
+// leaves unset; see docs/simulator.md, "API wishes").
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -17,7 +18,7 @@
 
 namespace pacer::sim {
 
-// Window, thresholds and K-of-W from the policy's detection section; the rest default.
+// pacerd's MonitorOptionsFromPolicy, with ten windows of history.
 MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy);
 
 // What the simulator knows about a worker that the monitor does not (the agent's and the
