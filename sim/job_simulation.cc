@@ -26,6 +26,7 @@ namespace {
 constexpr char kDataset[] = "train";
 constexpr int64_t kStartMs = 1'700'000'000'000;
 constexpr double kServerLatencyMs = 5.0;
+constexpr double kReportLeadS = 0.002;  // reports leave this long before a window ends
 
 struct SimWorker {
   std::string id, node_name;
@@ -106,6 +107,7 @@ class JobSimulation {
   double t_ = 0;
   int64_t step_ = 0;
   double next_report_ = 0, next_reconcile_ = 0, last_report_t_ = 0;
+  double next_window_ = 0;
   double next_progress_ = 0, progress_interval_s_ = 0, next_node_report_ = 0;
   double stall_until_ = 0;  // job-wide stall (sync relaunch, PS server restart)
   std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
@@ -174,7 +176,7 @@ absl::Status JobSimulation::Init() {
     if (sc_.job.batch_cap > 0) caps_[w.id] = sc_.job.batch_cap;
     if (absl::Status s = Up(i); !s.ok()) return s;
   }
-  next_report_ = sc_.sim.report_interval_s;
+  next_report_ = sc_.sim.report_interval_s - kReportLeadS;
   progress_interval_s_ = std::max(sc_.sim.report_interval_s, sc_.sim.progress_interval_s);
   next_progress_ = progress_interval_s_;
   return absl::OkStatus();
@@ -380,8 +382,6 @@ absl::Status JobSimulation::Report() {
   SetClock(t_);
   const int64_t now_ms = clock_.NowMs();
   const int64_t n = model_.workers();
-  std::vector<ClassificationEvent> events;
-  monitor_->AdvanceWindows(&events);
   const bool progress_due = t_ >= next_progress_;
   if (progress_due)
     while (next_progress_ <= t_) next_progress_ += progress_interval_s_;
@@ -620,6 +620,8 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   const uint64_t total = static_cast<uint64_t>(sc_.job.total_samples);
   const double reconcile_s = sc_.sim.reconcile_s > 0 ? sc_.sim.reconcile_s : policy_.detection.window_s;
   next_reconcile_ = reconcile_s;
+  const double window_s = policy_.detection.window_s;
+  next_window_ = window_s;
   std::vector<int64_t> failed;
   uint64_t timeline_changes = 0;
   while (t_ < max_sim_s_) {
@@ -651,16 +653,25 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
         next_up = std::min(next_up, w_[i].up_at);
       }
     }
+    // Reports go out just before a window ends (kReportLeadS), so each lands in the window it
+    // describes, as a real SDK's per-second reports would; the window then closes and the
+    // controller reconciles on fresh data.
     if (t_ >= next_report_) {
       if (absl::Status s = Report(); !s.ok()) return s;
       while (next_report_ <= t_) next_report_ += sc_.sim.report_interval_s;
+    }
+    if (t_ >= next_window_) {
+      std::vector<ClassificationEvent> events;
+      monitor_->AdvanceWindows(&events);
+      while (next_window_ <= t_) next_window_ += window_s;
       if (t_ >= next_reconcile_) {
         if (absl::Status s = Reconcile(); !s.ok()) return s;
         while (next_reconcile_ <= t_) next_reconcile_ += reconcile_s;
       }
     }
     if (DoneTotal() >= total) break;
-    double boundary = std::min({next_report_, speed_.NextChange(), next_up, t_ + sc_.sim.tick_s});
+    double boundary =
+        std::min({next_report_, next_window_, speed_.NextChange(), next_up, t_ + sc_.sim.tick_s});
     for (const auto& r : pending_relief_) boundary = std::min(boundary, r.first);
     ++run_.chunks;
     if (t_ < stall_until_) {

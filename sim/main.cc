@@ -27,10 +27,11 @@ int main(int argc, char** argv) {
        "where policy NAMEs are looked up")
       ("json", "print JSON instead of the table")
       ("svg", po::value<std::string>(), "write a throughput-over-time plot to this file")
+      ("json-file", po::value<std::string>(), "also write the JSON report to this file")
       ("threads", po::value<int>()->default_value(0),
        "policies run in parallel (0 = one per core); results do not depend on it");
   pacer::ParsedFlags f = pacer::ParseFlagsOrExit(
-      argc, argv, "usage: pacer-sim --scenario FILE [--policy NAME|FILE ...] [--json] [--svg FILE]",
+      argc, argv, "usage: pacer-sim --scenario FILE [--policy NAME|FILE ...] [--json] [--svg FILE] [--json-file FILE]",
       opts);
   const std::string prog = "pacer-sim";
   if (!f.vm.count("scenario")) pacer::ExitWithError(prog, "--scenario FILE is required");
@@ -51,6 +52,11 @@ int main(int argc, char** argv) {
   auto c = pacer::sim::RunComparison(*sc, policies, threads);
   if (!c.ok()) pacer::ExitWithError(prog, std::string(c.status().message()), 1);
   std::cout << (f.vm.count("json") ? pacer::sim::FormatJson(*c) : pacer::sim::FormatTable(*c));
+  if (f.vm.count("json-file")) {
+    std::ofstream out(f.vm["json-file"].as<std::string>());
+    out << pacer::sim::FormatJson(*c);
+    if (!out) pacer::ExitWithError(prog, "cannot write " + f.vm["json-file"].as<std::string>(), 1);
+  }
   if (f.vm.count("svg")) {
     std::ofstream out(f.vm["svg"].as<std::string>());
     out << pacer::sim::FormatSvg(*c);
