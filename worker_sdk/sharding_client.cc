@@ -48,13 +48,27 @@ absl::StatusOr<std::unique_ptr<ShardingClient>> ShardingClient::Connect(
   }
   if (options.token.empty()) return absl::InvalidArgumentError("token is required (or PACER_TOKEN)");
   std::unique_ptr<ShardingClient> c(new ShardingClient(std::move(options)));
-  RegisterWorkerRequest req;
-  req.set_worker_id(c->options_.worker_id);
-  req.set_node(c->options_.node);
-  RETURN_IF_ERROR(c->Retry("RegisterWorker", [&](grpc::ClientContext* ctx) {
-    return c->stub_->RegisterWorker(ctx, req, &c->registration_);
-  }));
+  RETURN_IF_ERROR(c->Reregister());
   return c;
+}
+
+absl::Status ShardingClient::Reregister() {
+  RegisterWorkerRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_node(options_.node);
+  RegisterWorkerResponse resp;
+  RETURN_IF_ERROR(Retry("RegisterWorker", [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return stub_->RegisterWorker(ctx, req, &resp);
+  }));
+  registration_ = std::move(resp);
+  return absl::OkStatus();
+}
+
+bool ShardingClient::IsIncarnationGone(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         (status.message().find("declared lost") != std::string_view::npos ||
+          status.message().find("stale incarnation") != std::string_view::npos);
 }
 
 absl::Status ShardingClient::Retry(const char* what,

@@ -46,6 +46,13 @@ class ShardingClient {
   // Connects and registers a new incarnation of options.worker_id.
   static absl::StatusOr<std::unique_ptr<ShardingClient>> Connect(ShardingClientOptions options);
 
+  // Registers a new incarnation (after the service declared this worker lost, or to start
+  // over): the previous incarnation's leases end, and registration() lists their final done
+  // prefixes.
+  absl::Status Reregister();
+  // True for the FAILED_PRECONDITION a lost or replaced incarnation gets.
+  static bool IsIncarnationGone(const absl::Status& status);
+
   const RegisterWorkerResponse& registration() const { return registration_; }
   uint64_t incarnation() const { return registration_.incarnation(); }
   const std::string& worker_id() const { return options_.worker_id; }

@@ -82,6 +82,16 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.detection, options.monitor);
   ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(monitor_options, clock, &d->metrics_));
   d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get());
+  d->agents_ = std::make_unique<AgentRegistry>(options.agents, clock, &d->metrics_);
+  d->agents_->SetNodeMetricsSink([m = d->monitor_.get()](const NodeMetrics& nm) {
+    ReportNodeRequest req;
+    *req.mutable_metrics() = nm;
+    ReportNodeResponse resp;
+    if (absl::Status s = m->ReportNode(req, &resp); !s.ok()) {
+      PACER_LOG(WARNING) << "node metrics from agent: " << s;
+    }
+  });
+  d->agents_grpc_ = std::make_unique<GrpcAgentService>(d->agents_.get(), d->auth_.get());
   ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
@@ -89,6 +99,22 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
                                                 d->sharding_.get(), clock, ro);
   d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
   Reconciler* reconciler = d->reconciler_.get();
+  reconciler->SetAgentDispatcher([agents = d->agents_.get()](const Action& a)
+                                     -> absl::StatusOr<std::string> {
+    switch (a.kind) {
+      case ActionKind::kRestart: {
+        ASSIGN_OR_RETURN(std::string id, agents->RestartWorker(a.target));
+        return "restart sent to the agent (command " + id + ")";
+      }
+      case ActionKind::kMigrate: {
+        ASSIGN_OR_RETURN(std::string id, agents->Migrate(a.node, a.reason));
+        return "the agent on " + a.node + " told to leave the node (command " + id + ")";
+      }
+      default:
+        return absl::UnimplementedError(std::string("no agent action for ") +
+                                        ActionKindName(a.kind) + " yet (parameter servers)");
+    }
+  });
   d->sharding_->SetHeartbeatHook(
       [reconciler](const HeartbeatRequest& req, HeartbeatResponse* resp) {
         reconciler->OnHeartbeat(req, resp);
@@ -103,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   builder.RegisterService(d->sharding_grpc_.get());
   builder.RegisterService(d->monitor_grpc_.get());
   builder.RegisterService(d->controller_grpc_.get());
+  builder.RegisterService(d->agents_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {

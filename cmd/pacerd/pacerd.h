@@ -1,6 +1,7 @@
 // Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
 //
-// Owns the sharding service, the monitor and the controller's reconcile loop, their gRPC
+// Owns the sharding service, the monitor, the agent registry and the controller's reconcile
+// loop, their gRPC
 // server, the metrics endpoint and a housekeeping thread that expires silent workers' leases,
 // closes monitor windows and reconciles. Start() binds (port 0 = the OS picks) and returns once
 // serving; Shutdown() (or the destructor) stops accepting, finishes in-flight calls and flushes
@@ -16,6 +17,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "agent/agent_registry.h"
+#include "agent/grpc_agent_service.h"
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -40,6 +43,7 @@ struct PacerdOptions {
   MonitorOptions monitor;     // detection thresholds are taken from the policy
   std::string policy_file;    // empty: the "none" policy (observe, never act)
   ReconcilerOptions reconciler;
+  AgentRegistryOptions agents;
 };
 
 class Pacerd {
@@ -59,6 +63,7 @@ class Pacerd {
   ShardingServiceImpl* sharding() { return sharding_.get(); }
   MonitorServiceImpl* monitor() { return monitor_.get(); }
   Reconciler* reconciler() { return reconciler_.get(); }
+  AgentRegistry* agents() { return agents_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
 
  private:
@@ -74,6 +79,8 @@ class Pacerd {
   std::unique_ptr<GrpcShardingService> sharding_grpc_;
   std::unique_ptr<MonitorServiceImpl> monitor_;
   std::unique_ptr<GrpcMonitorService> monitor_grpc_;
+  std::unique_ptr<AgentRegistry> agents_;  // feeds the monitor: destroyed before it
+  std::unique_ptr<GrpcAgentService> agents_grpc_;
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
   std::unique_ptr<grpc::Server> server_;

@@ -82,6 +82,16 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     auto resp = c.Fetch(dataset);
+    if (!resp.ok() && pacer::ShardingClient::IsIncarnationGone(resp.status())) {
+      // Silent too long (e.g. starved on a loaded node): the service ended our leases and
+      // declared us lost. Register again, settle what the ledger left open, carry on.
+      PACER_LOG(WARNING) << resp.status().message() << "; registering again";
+      if (absl::Status s = c.Reregister(); !s.ok()) {
+        pacer::ExitWithError("pacer-consume", std::string(s.message()), 1);
+      }
+      if (ledger) pacer::ResolvePendingIntents(ledger_path, c.registration(), *ledger);
+      continue;
+    }
     if (!resp.ok()) pacer::ExitWithError("pacer-consume", std::string(resp.status().message()), 1);
     if (resp->outcome() == pacer::FetchShardResponse::END_OF_DATA) break;
     if (resp->outcome() == pacer::FetchShardResponse::WAIT) {

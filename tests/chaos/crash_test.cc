@@ -43,7 +43,7 @@ class PacerdProcess {
       proc_ = Subprocess::Start(
           {BinaryPath("pacerd"), "--data-dir", dir_.Sub("data"), "--listen",
            "127.0.0.1:" + std::to_string(port_), "--metrics-listen", "", "--port-file", port_file,
-           "--lease-timeout-ms", "2000", "--worker-timeout-ms", "4000", "--snapshot-every", "300"},
+           "--lease-timeout-ms", "2000", "--worker-timeout-ms", "6000", "--snapshot-every", "300"},
           {}, dir_.Sub("pacerd.log"));
       if (WaitFor([&] { return std::filesystem::exists(port_file) || !proc_.running(); },
                   std::chrono::seconds(20))) {
