@@ -64,7 +64,8 @@ class ShardReader : public ReportListener {
   //   kUntilData:       wait until records come or the data ends (independent workers).
   enum class Blocking { kNever, kUntilPrefetched, kUntilData };
 
-  // `client` must outlive the reader.
+  // `client` must outlive the reader. Destroy the reader after Client::Close() (which cancels
+  // the client's retries); otherwise a fetch retrying an unreachable pacerd delays it.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Create(Client* client,
                                                              ShardReaderOptions options);
   ~ShardReader() override;
