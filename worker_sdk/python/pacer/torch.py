@@ -1,0 +1,198 @@
+"""PyTorch helpers for the Pacer worker SDK (DESIGN.md §6).
+
+- ``LeasedShardDataset``: an ``IterableDataset`` of batches read from leased shards through a
+  ``pacer.ShardReader`` (the reader prefetches leases itself; use it in the training process,
+  ``num_workers=0``).
+- ``WeightedAverageState`` + ``weighted_average_hook``: a DDP communication hook that averages
+  gradients weighted by each rank's local batch size, sum_i b_i g_i / sum_i b_i, in one
+  all-reduce per bucket (the scaled gradient with b_i appended). With uneven batches (or a rank
+  with none, b_i = 0) the update equals the full-batch gradient of the union of the batches.
+- ``timed_step``: a context manager around one training step with a ``pacer.StepTimer``.
+- ``BatchPlanCallback``: applies the controller's batch plan at the start of every step.
+- ``all_ranks_done``: the lockstep end-of-data agreement for synchronous trainers.
+
+Loss convention: each rank's loss is the *mean over its local batch* (sum / b_i, 0 when
+b_i = 0); the hook turns the local means into the global weighted mean.
+"""
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset
+
+import pacer
+
+
+class LeasedBatch:
+    """One batch: the record ids, what ``load(ids)`` made of them, and whether this rank's data
+    has ended (then ``ids`` is empty)."""
+
+    __slots__ = ("ids", "data", "end_of_data")
+
+    def __init__(self, ids, data, end_of_data):
+        self.ids = ids
+        self.data = data
+        self.end_of_data = end_of_data
+
+    def __len__(self):
+        return len(self.ids)
+
+
+class LeasedShardDataset(IterableDataset):
+    """Batches of records from the shards this worker leases.
+
+    ``load(ids)`` turns a list of record ids into the batch's data (e.g. ``(x, y)`` tensors); it
+    must accept an empty list when ``lockstep`` is on. ``batch_size`` may change between batches
+    (``BatchPlanCallback`` sets it from the plan).
+
+    ``lockstep=False`` (independent workers, parameter server): blocks until records come and
+    stops at the end of the data.
+    ``lockstep=True`` (synchronous all-reduce): never blocks on data another rank holds; when
+    the service says WAIT or this rank's data has ended it yields an *empty* batch (the rank
+    then contributes weight 0 to the weighted average) and it never stops by itself: the
+    training loop stops when ``all_ranks_done`` says every rank has ended.
+
+    After training on a batch call ``mark_consumed()``: it queues the progress of every record
+    handed out so far (never blocks; the client's reporter sends it).
+    """
+
+    def __init__(self, reader, load, batch_size=32, lockstep=False):
+        super().__init__()
+        if batch_size <= 0:
+            raise ValueError("batch_size must be > 0")
+        self.reader = reader
+        self.load = load
+        self.batch_size = batch_size
+        self.lockstep = lockstep
+
+    def __iter__(self):
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError(
+                "LeasedShardDataset must be read in the training process (DataLoader "
+                "num_workers=0): its ShardReader prefetches leases itself")
+        blocking = pacer.Blocking.UNTIL_PREFETCHED if self.lockstep else pacer.Blocking.UNTIL_DATA
+        ended = False
+        while True:
+            if not ended:
+                outcome, ids = self.reader.next(self.batch_size, blocking)
+                ended = outcome == pacer.Outcome.END_OF_DATA
+            else:
+                ids = []
+            if not ids and not self.lockstep:
+                if ended:
+                    return
+                continue  # UNTIL_DATA returns records or the end; never spin here
+            yield LeasedBatch(ids, self.load(ids), ended and not ids)
+
+    def mark_consumed(self):
+        self.reader.mark_consumed()
+
+
+class WeightedAverageState:
+    """State of ``weighted_average_hook`` for one DDP model.
+
+    Set ``local_batch`` to the number of samples this rank's loss averaged over *before*
+    ``backward()`` every step. After ``backward()``, ``last_total`` is sum_i b_i over the group
+    (0: nobody had data; skip the optimizer step) and ``comm_ns`` the time the step's
+    all-reduces were in flight (they overlap backward compute: an upper bound on the wait).
+    """
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self.local_batch = 0
+        self.last_total = None
+        self.comm_ns = 0
+
+
+def weighted_average_hook(state, bucket):
+    """DDP communication hook: the bucket's gradient becomes sum_i b_i g_i / sum_i b_i.
+
+    One all-reduce per bucket of [b_i * g_i, b_i] (b_i packed in the gradient's dtype: exact for
+    integer batch sizes below 2**24 in float32). A rank with b_i = 0 contributes zeros even when
+    its local gradient is NaN (the mean over an empty batch). Register with
+    ``ddp_model.register_comm_hook(state, weighted_average_hook)``.
+    """
+    grad = bucket.buffer()
+    b = float(state.local_batch)
+    packed = torch.empty(grad.numel() + 1, dtype=grad.dtype, device=grad.device)
+    if b > 0:
+        torch.mul(grad.reshape(-1), b, out=packed[:-1])
+    else:
+        packed[:-1].zero_()
+    packed[-1] = b
+    start = time.monotonic_ns()
+    fut = dist.all_reduce(packed, group=state.process_group, async_op=True).get_future()
+
+    def finish(f):
+        reduced = f.value()[0]
+        total = float(reduced[-1].item())
+        state.last_total = total
+        state.comm_ns += time.monotonic_ns() - start
+        if total > 0:
+            grad.copy_(reduced[:-1].view_as(grad).div_(total))
+        else:
+            grad.zero_()
+        return grad
+
+    return fut.then(finish)
+
+
+class StepRecord:
+    """What ``timed_step`` yields: set ``samples`` to the samples the step processed."""
+
+    __slots__ = ("samples", "report")
+
+    def __init__(self):
+        self.samples = 0
+        self.report = None  # the StepReport dict once the step ended
+
+
+@contextlib.contextmanager
+def timed_step(timer, step, local_batch, hook_state=None):
+    """Times one step with a ``pacer.StepTimer``: wrap input waits in ``timer.data_wait()``;
+    with ``hook_state`` the hook's all-reduce time counts as communication. The report is
+    queued on the client (batched) when the block ends normally; a block that raises reports
+    nothing."""
+    record = StepRecord()
+    timer.begin_step(step)
+    if hook_state is not None:
+        hook_state.comm_ns = 0
+    yield record
+    if hook_state is not None and hook_state.comm_ns:
+        timer.add(pacer.Phase.COMMUNICATION, hook_state.comm_ns)
+    record.report = timer.end_step(local_batch, record.samples)
+
+
+class BatchPlanCallback:
+    """Call at the start of every step: returns the ``pacer.LocalBatch`` in force at ``step``
+    (a new plan switches at its effective step, on every rank at the same step), tells the
+    client the step, and when the plan changed sets ``batch_size`` on each target (e.g. a
+    ``LeasedShardDataset``) and calls ``on_change(plan)``."""
+
+    def __init__(self, client, targets=(), on_change=None):
+        self.client = client
+        self.targets = list(targets)
+        self.on_change = on_change
+        self._applied = None  # (version, micro_batch, accumulation_steps)
+
+    def __call__(self, step):
+        self.client.set_step(step)
+        plan = self.client.batch_plan(step)
+        key = (plan.version, plan.micro_batch, plan.accumulation_steps)
+        if key != self._applied:
+            self._applied = key
+            for t in self.targets:
+                t.batch_size = plan.micro_batch
+            if self.on_change is not None:
+                self.on_change(plan)
+        return plan
+
+
+def all_ranks_done(local_done, process_group=None):
+    """True on every rank when every rank's data has ended (one all-reduce; call it on all
+    ranks at the same step, e.g. when ``WeightedAverageState.last_total`` was 0)."""
+    running = torch.tensor([0.0 if local_done else 1.0])
+    dist.all_reduce(running, group=process_group)
+    return running.item() == 0.0
