@@ -124,6 +124,17 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   return update.seq();
 }
 
+void ShardingServiceImpl::Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
+                                const std::function<void()>& on_success) {
+  absl::StatusOr<uint64_t> seq;
+  {
+    absl::MutexLock l(&mu_);
+    seq = body();
+  }
+  if (seq.ok() && on_success) on_success();
+  Reply(std::move(seq), std::move(done));
+}
+
 void ShardingServiceImpl::Reply(absl::StatusOr<uint64_t> seq, Done done) {
   if (!seq.ok()) {
     if (seq.status().code() == absl::StatusCode::kFailedPrecondition) metrics_.rejected.Increment();
@@ -170,87 +181,72 @@ void ShardingServiceImpl::UpdateGauges() {
 
 void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
                                           RegisterDatasetResponse* resp, Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
-      if (const auto* existing = state_.FindDataset(spec.name())) {
-        if (existing->spec.SerializeAsString() != spec.SerializeAsString()) {
-          return absl::AlreadyExistsError("dataset '" + spec.name() +
-                                          "' already exists with a different spec");
-        }
-        resp->set_created(false);
-        return state_.last_seq();
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
+    if (const auto* existing = state_.FindDataset(spec.name())) {
+      if (existing->spec.SerializeAsString() != spec.SerializeAsString()) {
+        return absl::AlreadyExistsError("dataset '" + spec.name() +
+                                        "' already exists with a different spec");
       }
-      Update u;
-      *u.mutable_register_dataset()->mutable_spec() = req.spec();
-      resp->set_created(true);
-      return Commit(std::move(u));
-    }();
-  }
-  Reply(seq, std::move(done));
+      resp->set_created(false);
+      return state_.last_seq();
+    }
+    Update u;
+    *u.mutable_register_dataset()->mutable_spec() = req.spec();
+    resp->set_created(true);
+    return Commit(std::move(u));
+  });
 }
 
 void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
                                          RegisterWorkerResponse* resp, Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      Update u;
-      u.mutable_register_worker()->set_worker_id(req.worker_id());
-      u.mutable_register_worker()->set_node(req.node());
-      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      const auto* w = state_.FindWorker(req.worker_id());
-      resp->set_incarnation(w->incarnation);
-      for (const auto& e : w->recent_ended) *resp->add_previous_leases() = e;
-      resp->set_lease_timeout_ms(options_.lease_timeout_ms);
-      resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
-      cancelled_.erase(req.worker_id());  // the new process never held those leases
-      Touch(req.worker_id());
-      return s;
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    Update u;
+    u.mutable_register_worker()->set_worker_id(req.worker_id());
+    u.mutable_register_worker()->set_node(req.node());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    const auto* w = state_.FindWorker(req.worker_id());
+    resp->set_incarnation(w->incarnation);
+    for (const auto& e : w->recent_ended) *resp->add_previous_leases() = e;
+    resp->set_lease_timeout_ms(options_.lease_timeout_ms);
+    resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
+    cancelled_.erase(req.worker_id());  // the new process never held those leases
+    Touch(req.worker_id());
+    return s;
+  });
 }
 
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
                                      Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
-      Touch(req.worker_id());
-      ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(req.worker_id(), req.dataset()));
-      if (plan.kind == FetchPlan::kWait) {
-        resp->set_outcome(FetchShardResponse::WAIT);
-        resp->set_retry_after_ms(kWaitRetryMs);
-        resp->set_reason(plan.reason);
-        return state_.last_seq();
-      }
-      if (plan.kind == FetchPlan::kEndOfData) {
-        resp->set_outcome(FetchShardResponse::END_OF_DATA);
-        return state_.last_seq();
-      }
-      Update u;
-      u.mutable_create_lease()->set_worker_id(req.worker_id());
-      u.mutable_create_lease()->set_dataset(req.dataset());
-      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      const auto* lease = state_.FindLease(state_.last_lease_id());
-      resp->set_outcome(FetchShardResponse::LEASED);
-      *resp->mutable_lease() = state_.DescribeLease(*lease);
-      resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
-      metrics_.leases_granted.Increment();
-      if (lease->backup) metrics_.backups_granted.Increment();
-      return s;
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
+    Touch(req.worker_id());
+    ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(req.worker_id(), req.dataset()));
+    if (plan.kind == FetchPlan::kWait) {
+      resp->set_outcome(FetchShardResponse::WAIT);
+      resp->set_retry_after_ms(kWaitRetryMs);
+      resp->set_reason(plan.reason);
+      return state_.last_seq();
+    }
+    if (plan.kind == FetchPlan::kEndOfData) {
+      resp->set_outcome(FetchShardResponse::END_OF_DATA);
+      return state_.last_seq();
+    }
+    Update u;
+    u.mutable_create_lease()->set_worker_id(req.worker_id());
+    u.mutable_create_lease()->set_dataset(req.dataset());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    const auto* lease = state_.FindLease(state_.last_lease_id());
+    resp->set_outcome(FetchShardResponse::LEASED);
+    *resp->mutable_lease() = state_.DescribeLease(*lease);
+    resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+    metrics_.leases_granted.Increment();
+    if (lease->backup) metrics_.backups_granted.Increment();
+    return s;
+  });
 }
 
 absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& req,
@@ -290,164 +286,135 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& 
 
 void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressResponse* resp,
                                          Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      return DoProgress(req, resp);
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    return DoProgress(req, resp);
+  });
 }
 
 void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
                                         CompleteShardResponse* resp, Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
-                                             req.fencing_token());
-          !s.ok()) {
-        // A retried completion whose first attempt went through is a success.
-        const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
-        if (ended != nullptr && ended->reason() == LEASE_COMPLETED) return state_.last_seq();
-        if (ended != nullptr) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()),
-              ") with ", ended->records_done(), " records done"));
-        }
-        return s;
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                           req.fencing_token());
+        !s.ok()) {
+      // A retried completion whose first attempt went through is a success.
+      const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
+      if (ended != nullptr && ended->reason() == LEASE_COMPLETED) return state_.last_seq();
+      if (ended != nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()),
+            ") with ", ended->records_done(), " records done"));
       }
-      Touch(req.worker_id());
-      const auto* lease = state_.FindLease(req.lease_id());
-      Update u;
-      u.mutable_end_lease()->set_lease_id(req.lease_id());
-      u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
-      u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
-      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
       return s;
-    }();
-  }
-  Reply(seq, std::move(done));
+    }
+    Touch(req.worker_id());
+    const auto* lease = state_.FindLease(req.lease_id());
+    Update u;
+    u.mutable_end_lease()->set_lease_id(req.lease_id());
+    u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+    u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    return s;
+  });
 }
 
 void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp,
                                        Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
-                                             req.fencing_token());
-          !s.ok()) {
-        const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
-        if (ended != nullptr && ended->records_done() >= req.records_done()) {
-          return state_.last_seq();  // a retried release: already ended, those records counted
-        }
-        return s;
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
+                                           req.fencing_token());
+        !s.ok()) {
+      const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
+      if (ended != nullptr && ended->records_done() >= req.records_done()) {
+        return state_.last_seq();  // a retried release: already ended, those records counted
       }
-      Touch(req.worker_id());
-      const auto* lease = state_.FindLease(req.lease_id());
-      if (req.records_done() > lease->end - lease->begin) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "records_done ", req.records_done(), " exceeds the lease's ",
-            lease->end - lease->begin, " records"));
-      }
-      if (req.detail().size() > kMaxDetail) {
-        return absl::InvalidArgumentError("detail: at most 1024 characters");
-      }
-      Update u;
-      auto* e = u.mutable_end_lease();
-      e->set_lease_id(req.lease_id());
-      e->set_reason(req.failed() ? LEASE_FAILED : LEASE_RELEASED);
-      e->set_records_done(std::max(req.records_done(), lease->done));
-      e->set_detail(req.detail());
-      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
       return s;
-    }();
-  }
-  Reply(seq, std::move(done));
+    }
+    Touch(req.worker_id());
+    const auto* lease = state_.FindLease(req.lease_id());
+    if (req.records_done() > lease->end - lease->begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "records_done ", req.records_done(), " exceeds the lease's ",
+          lease->end - lease->begin, " records"));
+    }
+    if (req.detail().size() > kMaxDetail) {
+      return absl::InvalidArgumentError("detail: at most 1024 characters");
+    }
+    Update u;
+    auto* e = u.mutable_end_lease();
+    e->set_lease_id(req.lease_id());
+    e->set_reason(req.failed() ? LEASE_FAILED : LEASE_RELEASED);
+    e->set_records_done(std::max(req.records_done(), lease->done));
+    e->set_detail(req.detail());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    return s;
+  });
 }
 
 void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp,
                                     Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
-      if (req.progress_size() > kMaxProgressPerHeartbeat) {
-        return absl::InvalidArgumentError("progress: at most 1024 reports per heartbeat");
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
+    if (req.progress_size() > kMaxProgressPerHeartbeat) {
+      return absl::InvalidArgumentError("progress: at most 1024 reports per heartbeat");
+    }
+    Touch(req.worker_id());
+    uint64_t last = state_.last_seq();
+    for (const auto& p : req.progress()) {
+      if (p.worker_id() != req.worker_id() || p.incarnation() != req.incarnation()) {
+        return absl::InvalidArgumentError("progress: every report must name this worker");
       }
-      Touch(req.worker_id());
-      uint64_t last = state_.last_seq();
-      for (const auto& p : req.progress()) {
-        if (p.worker_id() != req.worker_id() || p.incarnation() != req.incarnation()) {
-          return absl::InvalidArgumentError("progress: every report must name this worker");
-        }
+    }
+    for (const auto& p : req.progress()) {
+      auto s = DoProgress(p, nullptr);
+      if (s.ok()) {
+        last = *s;
+      } else if (s.status().code() == absl::StatusCode::kFailedPrecondition) {
+        // The lease ended (expired, fenced): tell the worker, keep the rest of the batch.
+        resp->add_cancelled_leases(p.lease_id());
+        metrics_.rejected.Increment();
+      } else {
+        return s.status();
       }
-      for (const auto& p : req.progress()) {
-        auto s = DoProgress(p, nullptr);
-        if (s.ok()) {
-          last = *s;
-        } else if (s.status().code() == absl::StatusCode::kFailedPrecondition) {
-          // The lease ended (expired, fenced): tell the worker, keep the rest of the batch.
-          resp->add_cancelled_leases(p.lease_id());
-          metrics_.rejected.Increment();
-        } else {
-          return s.status();
-        }
-      }
-      if (auto it = cancelled_.find(req.worker_id()); it != cancelled_.end()) {
-        for (uint64_t id : it->second) resp->add_cancelled_leases(id);
-        cancelled_.erase(it);
-      }
-      resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
-      return last;
-    }();
-  }
-  if (seq.ok() && heartbeat_hook_) heartbeat_hook_(req, resp);
-  Reply(seq, std::move(done));
+    }
+    if (auto it = cancelled_.find(req.worker_id()); it != cancelled_.end()) {
+      for (uint64_t id : it->second) resp->add_cancelled_leases(id);
+      cancelled_.erase(it);
+    }
+    resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+    return last;
+  }, [&] {
+    if (heartbeat_hook_) heartbeat_hook_(req, resp);
+  });
 }
 
 void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                          Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      RETURN_IF_ERROR(ShardingState::ValidateCheckpointTag(req.tag()));
-      Update u;
-      u.mutable_save_checkpoint()->set_tag(req.tag());
-      return Commit(std::move(u));
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    RETURN_IF_ERROR(ShardingState::ValidateCheckpointTag(req.tag()));
+    Update u;
+    u.mutable_save_checkpoint()->set_tag(req.tag());
+    return Commit(std::move(u));
+  });
 }
 
 void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                             Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      if (!state_.HasCheckpoint(req.tag())) {
-        return absl::NotFoundError("unknown checkpoint '" + req.tag() + "'");
-      }
-      Update u;
-      u.mutable_restore_checkpoint()->set_tag(req.tag());
-      ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-      return s;
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    if (!state_.HasCheckpoint(req.tag())) {
+      return absl::NotFoundError("unknown checkpoint '" + req.tag() + "'");
+    }
+    Update u;
+    u.mutable_restore_checkpoint()->set_tag(req.tag());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    return s;
+  });
 }
 
 void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp,
@@ -464,49 +431,31 @@ void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatas
 
 void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
                                         SetAllocationResponse* resp, Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      const auto& a = req.allocation();
-      if (state_.FindWorker(a.worker_id()) == nullptr) {
-        return absl::NotFoundError("unknown worker '" + a.worker_id() + "'");
-      }
-      if (!(a.weight() >= 0.0 && a.weight() <= 1000.0)) {
-        return absl::InvalidArgumentError("allocation.weight: must be in [0, 1000]");
-      }
-      if (a.shard_size() > kMaxShardSize) {
-        return absl::InvalidArgumentError("allocation.shard_size: at most 2^32");
-      }
-      if (a.max_leases() > 1024) {
-        return absl::InvalidArgumentError("allocation.max_leases: at most 1024");
-      }
-      Update u;
-      *u.mutable_set_allocation() = a;
-      return Commit(std::move(u));
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    const auto& a = req.allocation();
+    if (state_.FindWorker(a.worker_id()) == nullptr) {
+      return absl::NotFoundError("unknown worker '" + a.worker_id() + "'");
+    }
+    RETURN_IF_ERROR(ShardingState::ValidateAllocation(a));
+    Update u;
+    *u.mutable_set_allocation() = a;
+    return Commit(std::move(u));
+  });
 }
 
 void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
                                         SetTailBackupResponse* resp, Done done) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = [&]() -> absl::StatusOr<uint64_t> {
-      RETURN_IF_ERROR(Ready());
-      if (state_.FindDataset(req.dataset()) == nullptr) {
-        return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
-      }
-      Update u;
-      u.mutable_set_tail_backup()->set_dataset(req.dataset());
-      u.mutable_set_tail_backup()->set_enabled(req.enabled());
-      return Commit(std::move(u));
-    }();
-  }
-  Reply(seq, std::move(done));
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    if (state_.FindDataset(req.dataset()) == nullptr) {
+      return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
+    }
+    Update u;
+    u.mutable_set_tail_backup()->set_dataset(req.dataset());
+    u.mutable_set_tail_backup()->set_enabled(req.enabled());
+    return Commit(std::move(u));
+  });
 }
 
 int ShardingServiceImpl::ExpireOverdue() {

@@ -94,6 +94,10 @@ class ShardingServiceImpl {
   absl::Status Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainCancelled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shape of every request: runs `body` under mu_ (validate, Commit), then `on_success`
+  // outside it, then replies once the returned seq is durable.
+  void Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
+             const std::function<void()>& on_success = nullptr);
   // Replies: waits for durability of `seq` (or fails at once with `status`).
   void Reply(absl::StatusOr<uint64_t> seq, Done done);
   absl::StatusOr<uint64_t> DoProgress(const ProgressRequest& req, ProgressResponse* resp)

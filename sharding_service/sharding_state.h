@@ -129,6 +129,7 @@ class ShardingState {
   // Checks a dataset spec and returns it with defaults filled in.
   static absl::StatusOr<DatasetSpec> NormalizeSpec(const DatasetSpec& spec);
   static absl::Status ValidateCheckpointTag(const std::string& tag);
+  static absl::Status ValidateAllocation(const SetAllocationUpdate& allocation);
   // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
   // the dataset or worker is unknown.
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
