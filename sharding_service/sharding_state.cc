@@ -566,22 +566,7 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
   }
 
   ep->active_leases--;
-  auto wit = workers_.find(lease.worker);
-  if (wit != workers_.end()) {
-    WorkerRec& w = wit->second;
-    w.leases.erase(lease_id);
-    EndedLease e;
-    e.set_lease_id(lease_id);
-    e.set_records_done(lease.done);
-    e.set_reason(reason);
-    e.set_dataset(lease.dataset);
-    e.set_epoch(lease.epoch);
-    e.set_partition(lease.partition);
-    e.set_begin(lease.begin);
-    e.set_end(lease.end);
-    w.recent_ended.push_back(std::move(e));
-    while (w.recent_ended.size() > kRecentEndedPerWorker) w.recent_ended.pop_front();
-  }
+  RememberEnded(lease, reason);
   if (reason == LEASE_CANCELLED || reason == LEASE_EXPIRED || reason == LEASE_WORKER_LOST) {
     cancelled_.emplace_back(lease.worker, lease_id);
   }
@@ -590,6 +575,24 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
     return;  // the nested call closed finished epochs
   }
   CloseFinishedEpochs(ds);
+}
+
+void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) {
+  auto wit = workers_.find(lease.worker);
+  if (wit == workers_.end()) return;
+  WorkerRec& w = wit->second;
+  w.leases.erase(lease.id);
+  EndedLease e;
+  e.set_lease_id(lease.id);
+  e.set_records_done(lease.done);
+  e.set_reason(reason);
+  e.set_dataset(lease.dataset);
+  e.set_epoch(lease.epoch);
+  e.set_partition(lease.partition);
+  e.set_begin(lease.begin);
+  e.set_end(lease.end);
+  w.recent_ended.push_back(std::move(e));
+  while (w.recent_ended.size() > kRecentEndedPerWorker) w.recent_ended.pop_front();
 }
 
 void ShardingState::CloseFinishedEpochs(Dataset& ds) {
@@ -698,23 +701,7 @@ absl::Status ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate
   const Checkpoint cp = cit->second;
   // Fence every lease: the data position goes back to the checkpoint's.
   for (auto& [id, lease] : leases_) {
-    auto wit = workers_.find(lease.worker);
-    if (wit != workers_.end()) {
-      wit->second.leases.erase(id);
-      EndedLease e;
-      e.set_lease_id(id);
-      e.set_records_done(lease.done);
-      e.set_reason(LEASE_CANCELLED);
-      e.set_dataset(lease.dataset);
-      e.set_epoch(lease.epoch);
-      e.set_partition(lease.partition);
-      e.set_begin(lease.begin);
-      e.set_end(lease.end);
-      wit->second.recent_ended.push_back(std::move(e));
-      while (wit->second.recent_ended.size() > kRecentEndedPerWorker) {
-        wit->second.recent_ended.pop_front();
-      }
-    }
+    RememberEnded(lease, LEASE_CANCELLED);
     cancelled_.emplace_back(lease.worker, id);
   }
   leases_.clear();
@@ -739,14 +726,7 @@ absl::Status ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate
       Epoch ep;
       ep.epoch = e.epoch();
       for (const auto& d : e.domains()) {
-        Domain dom;
-        dom.start = d.start();
-        dom.frontier = d.frontier();
-        dom.limit = d.limit();
-        dom.done = d.done();
-        dom.quarantined = d.quarantined();
-        for (const auto& r : d.requeue()) dom.requeue.push_back(Pending{r.begin(), r.end(), 0});
-        ep.domains.push_back(std::move(dom));
+        ep.domains.push_back(DomainFromProto(d, /*keep_attempts=*/false));
       }
       ds.open.push_back(std::move(ep));
     }

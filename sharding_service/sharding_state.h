@@ -181,6 +181,9 @@ class ShardingState {
   void EndLease(uint64_t lease_id, LeaseEndReason reason, const std::string& detail,
                 int64_t time_ms, bool requeue);
   void CloseFinishedEpochs(Dataset& ds);
+  // Moves an ending lease into its worker's recent_ended (bounded) and out of its lease set.
+  void RememberEnded(const LeaseRec& lease, LeaseEndReason reason);
+  static Domain DomainFromProto(const DomainState& d, bool keep_attempts);
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
   uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;

@@ -24,6 +24,19 @@ void DomainToProto(const ShardingState::Domain& d, DomainState* out) {
 
 }  // namespace
 
+ShardingState::Domain ShardingState::DomainFromProto(const DomainState& d, bool keep_attempts) {
+  Domain dom;
+  dom.start = d.start();
+  dom.frontier = d.frontier();
+  dom.limit = d.limit();
+  dom.done = d.done();
+  dom.quarantined = d.quarantined();
+  for (const auto& r : d.requeue()) {
+    dom.requeue.push_back(Pending{r.begin(), r.end(), keep_attempts ? r.attempts() : 0});
+  }
+  return dom;
+}
+
 ShardingSnapshot ShardingState::ToSnapshot() const {
   ShardingSnapshot snap;
   snap.set_seq(last_seq_);
@@ -103,16 +116,7 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
       Epoch ep;
       ep.epoch = e.epoch();
       for (const auto& d : e.domains()) {
-        Domain dom;
-        dom.start = d.start();
-        dom.frontier = d.frontier();
-        dom.limit = d.limit();
-        dom.done = d.done();
-        dom.quarantined = d.quarantined();
-        for (const auto& r : d.requeue()) {
-          dom.requeue.push_back(Pending{r.begin(), r.end(), r.attempts()});
-        }
-        ep.domains.push_back(std::move(dom));
+        ep.domains.push_back(DomainFromProto(d, /*keep_attempts=*/true));
       }
       ds.open.push_back(std::move(ep));
     }
