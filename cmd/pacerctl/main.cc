@@ -1,7 +1,8 @@
 // pacerctl: the operator's command line for a running pacerd.
 //
 //   pacerctl [--addr HOST:PORT] [--token T | --token-file F | --data-dir D] [--json] COMMAND
-//   COMMAND: status | datasets | checkpoint save TAG | checkpoint restore TAG
+//   COMMAND: status | datasets | workers | actions | policy validate|apply FILE |
+//            checkpoint save|restore TAG | contention WORKER FACTOR|off
 //
 // Human tables by default, --json for machines. Exits 1 with the server's message on an RPC
 // error, 2 on bad usage.
@@ -15,10 +16,12 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "common/auth.h"
 #include "common/flags.h"
 #include "controller/policy_loader.h"
+#include "proto/pacer/agent.grpc.pb.h"
 #include "proto/pacer/controller.grpc.pb.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
@@ -140,7 +143,10 @@ int main(int argc, char** argv) {
       "  policy apply FILE         hot-reload the running policy (audited)\n"
       "  datasets                  datasets, epochs, progress, quarantined ranges\n"
       "  checkpoint save TAG       pin the data position to model checkpoint TAG\n"
-      "  checkpoint restore TAG    go back to the data position of TAG",
+      "  checkpoint restore TAG    go back to the data position of TAG\n"
+      "  contention WORKER FACTOR  slow WORKER down FACTOR times with real CPU contention (its\n"
+      "                            agent's switch); 'off' clears it. Waits until the agent has\n"
+      "                            applied it (exit 1 when refused or not applied in 15 s)",
       desc, /*allow_positional=*/true);
   const auto& args = flags.positional;
   if (args.empty()) pacer::ExitWithError("pacerctl", "missing command (see --help)");
@@ -272,6 +278,42 @@ int main(int argc, char** argv) {
     if (!s.ok()) Fail(s);
     std::cout << (json ? "{\"ok\": true}" : "ok") << std::endl;
     return 0;
+  }
+  if (cmd == "contention") {
+    double factor = 0;
+    if (args.size() != 3 || (args[2] != "off" && !(std::istringstream(args[2]) >> factor))) {
+      pacer::ExitWithError("pacerctl", "usage: contention WORKER FACTOR|off");
+    }
+    auto sw = pacer::ContentionSwitch::NewStub(channel);
+    pacer::ContentionRequest req;
+    req.set_worker_id(args[1]);
+    req.set_factor(args[2] == "off" ? 0 : factor);
+    pacer::ContentionReply reply;
+    {
+      auto ctx = context();
+      grpc::Status s = sw->SetContention(ctx.get(), req, &reply);
+      if (!s.ok()) Fail(s);
+    }
+    // Wait (bounded) for the agent to execute it: the command rides the next agent heartbeat.
+    pacer::GetCommandRequest get;
+    get.set_command_id(reply.command_id());
+    pacer::GetCommandReply state;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    for (;;) {
+      auto ctx = context();
+      grpc::Status s = sw->GetCommand(ctx.get(), get, &state);
+      if (!s.ok()) Fail(s);
+      if (state.state() != "pending" || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling period
+    }
+    if (json) {
+      std::cout << ToJson(state) << std::endl;  // int64 fields print as strings
+    } else {
+      std::cout << "contention " << args[2] << " on " << args[1] << " (node " << reply.node()
+                << "): " << state.state()
+                << (state.reason().empty() ? "" : " (" + state.reason() + ")") << std::endl;
+    }
+    return state.state() == "done" ? 0 : 1;
   }
   pacer::ExitWithError("pacerctl", "unknown command '" + cmd + "' (see --help)");
 }

@@ -92,6 +92,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     }
   });
   d->agents_grpc_ = std::make_unique<GrpcAgentService>(d->agents_.get(), d->auth_.get());
+  d->contention_grpc_ =
+      std::make_unique<ContentionSwitchService>(d->agents_.get(), d->auth_.get());
   ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
@@ -130,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   builder.RegisterService(d->monitor_grpc_.get());
   builder.RegisterService(d->controller_grpc_.get());
   builder.RegisterService(d->agents_grpc_.get());
+  builder.RegisterService(d->contention_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
+#include "cmd/pacerd/contention_switch_service.h"
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -81,6 +82,7 @@ class Pacerd {
   std::unique_ptr<GrpcMonitorService> monitor_grpc_;
   std::unique_ptr<AgentRegistry> agents_;  // feeds the monitor: destroyed before it
   std::unique_ptr<GrpcAgentService> agents_grpc_;
+  std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,0 +1,708 @@
+#!/usr/bin/env python3
+"""pacer-demo: Pacer beats a real straggler, end to end, on one machine.
+
+Runs the same synchronous all-reduce job twice -- first under the `none` policy (observe only),
+then under the AntDT-DD preset (speed-proportional batches) -- with only real parts: pacerd with
+its RocksDB journal, two pacer-agent processes with two pacer-train-mlp workers each (Gloo
+all-reduce, world size 4), all on loopback. After a warm-up the demo turns on the agent's
+contention switch for one worker (`pacerctl contention`: a cgroup v1 CPU quota where it is
+writable, else a pinned busy process), so the straggler is real CPU starvation, not a sleep.
+
+While a run goes, one live line per phase shows progress, throughput and who is flagged. At
+the end: a summary table (job time of both runs, speed-up, the balanced bound, time to detect,
+actions and why, accuracy, records expected / done / duplicated), `report.html` (inline SVG
+charts; no network) and, with --json, the same summary as JSON on stdout.
+
+Everything it learns comes from the control plane's own answers (`pacerctl --json datasets |
+workers | actions`), the trainers' result files and their exactly-once ledgers
+(`pacer-ledger-check`). Every process it starts leads its own process group and is stopped
+(SIGTERM, then SIGKILL) on exit, on error and on SIGINT / SIGTERM / SIGHUP.
+
+Why Python (standard library only) and not C++: the demo is orchestration and reporting --
+starting processes, polling `pacerctl --json`, writing HTML/SVG. It adds no control-plane
+logic, needs no compile step, and reading it shows exactly what an operator would run.
+"""
+
+import argparse
+import html
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+WORLD = 4
+NODES = (("n0", 0), ("n1", 2))  # (node, first rank): two agents, two workers each
+STRAGGLER_CLASS = "WORKER_CLASS_STRAGGLER"
+
+
+class Stop(Exception):
+    """Raised by the signal handler: unwinds to the cleanup in main()."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes: each leads its own process group; all are stopped by Processes.stop_all().
+
+
+class Processes:
+    def __init__(self):
+        self.procs = []  # (name, Popen)
+
+    def spawn(self, name, argv, log_path, env=None):
+        log = open(log_path, "ab")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, env=env)
+        log.close()
+        self.procs.append((name, p))
+        return p
+
+    @staticmethod
+    def _signal_group(p, sig):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, p, grace_s=5.0):
+        """SIGTERM to the group, SIGKILL after grace_s; reaps."""
+        if p.poll() is None:
+            self._signal_group(p, signal.SIGTERM)
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal_group(p, signal.SIGKILL)  # stragglers left in the group
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop_all(self):
+        # Agents first (they stop their workers: SIGTERM, SIGKILL after their grace), pacerd last.
+        for name, p in self.procs:
+            if name.startswith("agent"):
+                self.stop(p)
+        for name, p in self.procs:
+            self.stop(p)
+        self.procs = []
+
+
+OUR_BINARIES = ("pacerd", "pacer-agent", "pacer-train-mlp", "pacerctl", "pacer-ledger-check")
+
+
+def kill_leftovers(run_dir):
+    """SIGKILLs any of our binaries whose command line names this run's directory (a worker
+    that left its group, say). The path is unique to this run and the program must be one the
+    demo starts, so nothing else is touched (not a `timeout` or shell wrapping the demo)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        prog = os.path.basename(argv[0].decode(errors="replace"))
+        if prog in OUR_BINARIES and run_dir in b" ".join(argv).decode(errors="replace"):
+            found.append(int(pid))
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return found
+
+
+def wait_for(predicate, timeout_s, what, period_s=0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(period_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# One run of the job under one policy.
+
+
+class Run:
+    def __init__(self, args, label, policy_file, run_dir, procs, live):
+        self.args, self.label, self.policy_file = args, label, policy_file
+        self.dir, self.procs, self.live = run_dir, procs, live
+        self.data = os.path.join(run_dir, "data")
+        self.addr = None
+        self.samples = []      # {t, done, workers: {id: {speed, cls, batch}}, sum_speed}
+        self.actions = []
+        self.contention_t = None  # seconds since launch when the agent applied it
+        self.detect_t = None      # when the monitor flagged the straggler (its class_since)
+        self.plan_t = None        # first executed ADJUST_BS after the contention
+        self.jct_s = None
+        self.results = []
+        self.ledger = {}
+        self.dataset = {}
+
+    def ctl(self, *cmd, timeout=15):
+        out = subprocess.run([self.args.bin + "/pacerctl", "--addr", self.addr, "--data-dir",
+                              self.data, "--json", *cmd], capture_output=True, text=True,
+                             timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"pacerctl {' '.join(cmd)}: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+
+    def start(self):
+        a = self.args
+        os.makedirs(self.data)
+        port_file = os.path.join(self.dir, "port.json")
+        self.procs.spawn("pacerd", [
+            a.bin + "/pacerd", "--data-dir", self.data, "--listen", "127.0.0.1:0",
+            "--metrics-listen", "127.0.0.1:0", "--port-file", port_file,
+            "--policy", self.policy_file, "--job-mode", "sync",
+            "--heartbeat-interval-ms", "500", "--reconcile-interval-ms", "1000",
+        ], os.path.join(self.dir, "pacerd.log"))
+        wait_for(lambda: os.path.exists(port_file), 30, "pacerd to listen")
+        with open(port_file) as f:
+            self.addr = "127.0.0.1:%d" % json.load(f)["port"]
+        trainer = [
+            a.bin + "/pacer-train-mlp", "--store-dir", os.path.join(self.dir, "gloo"),
+            "--rank", "{rank}", "--world-size", str(WORLD),
+            "--register-records", str(a.records), "--epochs", str(a.epochs),
+            "--shard-size", str(a.shard_size), "--batch", str(a.batch), "--hidden", str(a.hidden),
+            "--result-file", os.path.join(self.dir, "result-{worker_id}.json"),
+            "--ledger", os.path.join(self.dir, "ledger-{worker_id}"),
+        ]
+        self.t0 = time.monotonic()
+        self.t0_unix_ms = time.time() * 1000
+        for node, first in NODES:
+            self.procs.spawn("agent-" + node, [
+                a.bin + "/pacer-agent", "--addr", self.addr, "--token-file",
+                os.path.join(self.data, "job.token"), "--node", node, "--workers", "2",
+                "--first-rank", str(first), "--world-size", str(WORLD), "--heartbeat-ms", "500",
+                "--metrics-ms", "500", "--max-restarts", "0", "--", *trainer,
+            ], os.path.join(self.dir, f"agent-{node}.log"))
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+    def unix_ms_to_t(self, ms):
+        return (float(ms) - self.t0_unix_ms) / 1000.0
+
+    def agents_running(self):
+        return [p for n, p in self.procs.procs if n.startswith("agent") and p.poll() is None]
+
+    def poll(self):
+        ds = self.ctl("datasets").get("datasets", [])
+        done = sum(int(d.get("records_done_total", 0)) for d in ds)
+        ws = self.ctl("workers")
+        workers = {}
+        for w in ws.get("workers", []):
+            workers[w["id"]] = {
+                "speed": float(w.get("speed", 0)),
+                "cls": w.get("classification", {}).get("worker_class", ""),
+                "persistence": w.get("classification", {}).get("persistence", ""),
+                "since": float(w.get("class_since_ms", 0) or 0),
+                "batch": int(w.get("local_batch", 0)),
+                # step-time breakdown of the last closed window (profile: where the time goes)
+                "compute_s": float(w.get("compute_s", 0)), "comm_s": float(w.get("comm_s", 0)),
+                "data_wait_s": float(w.get("data_wait_s", 0)), "wall_s": float(w.get("wall_s", 0)),
+            }
+        s = {"t": self.now(), "done": done, "workers": workers,
+             "sum_speed": sum(w["speed"] for w in workers.values())}
+        self.samples.append(s)
+        if ds:
+            self.dataset = ds[0]
+        return s
+
+    def throughput_at(self, i):
+        """Records/s between sample i-1 and i (sharding service counts)."""
+        if i == 0:
+            return 0.0
+        a, b = self.samples[i - 1], self.samples[i]
+        return (b["done"] - a["done"]) / max(b["t"] - a["t"], 1e-6)
+
+    def print_live(self, final=False):
+        if not self.samples:
+            return
+        s = self.samples[-1]
+        expected = self.args.records * self.args.epochs
+        frac = min(1.0, s["done"] / expected)
+        bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
+        # throughput over the last ~3 s
+        j = len(self.samples) - 1
+        k = max(0, j - 3)
+        a = self.samples[k]
+        tput = (s["done"] - a["done"]) / max(s["t"] - a["t"], 1e-6) if j > k else 0.0
+        flagged = [f"{w}" + ("*" if v["persistence"] == "PERSISTENCE_PERSISTENT" else "")
+                   for w, v in sorted(s["workers"].items()) if v["cls"] == STRAGGLER_CLASS]
+        batches = "/".join(str(v["batch"]) for _, v in sorted(s["workers"].items()))
+        phase = ("contention on " + self.args.straggler) if self.contention_t is not None else "warm-up"
+        if self.plan_t is not None:
+            phase = "plan applied"
+        line = (f"[{self.label:>9}] {bar} {100 * frac:5.1f}% {s['t']:5.1f}s {tput:7.0f} rec/s "
+                f"| {phase:<22} | flagged: {','.join(flagged) or '-':<6} | batches {batches}")
+        if self.live == "tty":
+            sys.stderr.write("\r" + line[:160].ljust(160) + ("\n" if final else ""))
+            sys.stderr.flush()
+        elif self.live == "lines" and (final or len(self.samples) % 4 == 0):
+            sys.stderr.write(line + "\n")
+
+    def note(self, msg):
+        if self.live == "tty":
+            sys.stderr.write("\r" + " " * 160 + "\r")
+        if self.live != "off":
+            sys.stderr.write(f"[{self.label:>9}] {self.now():5.1f}s {msg}\n")
+
+    def watch(self):
+        a = self.args
+        expected = a.records * a.epochs
+        deadline = self.t0 + a.run_timeout_s
+        next_poll = 0.0
+        while self.agents_running():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run '{self.label}' did not finish in {a.run_timeout_s} s")
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + a.poll_s
+                try:
+                    s = self.poll()
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                    self.note(f"poll: {e}")
+                    continue
+                if (self.contention_t is None and s["done"] >= a.warmup_fraction * expected
+                        and len(s["workers"]) == WORLD):
+                    self.apply_contention()
+                if self.contention_t is not None and self.detect_t is None:
+                    w = s["workers"].get(a.straggler, {})
+                    if w.get("cls") == STRAGGLER_CLASS:
+                        self.detect_t = self.unix_ms_to_t(w["since"]) if w.get("since") else s["t"]
+                        self.note(f"monitor flags {a.straggler} as a straggler "
+                                  f"{self.detect_t - self.contention_t:.1f} s after the contention began")
+                if self.contention_t is not None and self.plan_t is None and len(self.samples) % 2 == 0:
+                    self.refresh_actions()
+                self.print_live()
+            time.sleep(0.05)  # a loop period: agents' exit is noticed within 50 ms
+        self.jct_s = self.now()
+        for _, p in self.procs.procs:
+            if p.poll() is not None and p.returncode not in (0, None):
+                raise RuntimeError(f"run '{self.label}': a process exited with {p.returncode} "
+                                   f"(logs in {self.dir})")
+        self.poll()
+        self.refresh_actions()
+        self.print_live(final=True)
+        with open(os.path.join(self.dir, "samples.json"), "w") as f:  # the time series, for profiles
+            json.dump(self.samples, f)
+
+    def apply_contention(self):
+        a = self.args
+        r = self.ctl("contention", a.straggler, str(a.contention_factor), timeout=30)
+        if r.get("state") != "done":
+            raise RuntimeError(f"contention on {a.straggler} not applied: {r}")
+        self.contention_t = self.unix_ms_to_t(r.get("acked_ms", 0)) if r.get("acked_ms") else self.now()
+        self.note(f"contention x{a.contention_factor:g} on {a.straggler} "
+                  f"(agent's switch: cgroup CPU quota or a pinned busy process)")
+
+    def refresh_actions(self):
+        try:
+            r = self.ctl("actions")
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError):
+            return
+        self.actions = sorted(r.get("actions", []), key=lambda x: int(x.get("id", 0)))
+        if self.plan_t is None and self.contention_t is not None:
+            for x in self.actions:
+                t = self.unix_ms_to_t(x.get("time_ms", 0))
+                if x.get("kind") == "ADJUST_BS" and x.get("outcome") == "executed" and t >= self.contention_t:
+                    self.plan_t = t
+                    self.note(f"controller: ADJUST_BS -- {x.get('reason', '')}")
+                    break
+
+    def collect(self):
+        """Trainer results and the exactly-once ledger check, after the run ended."""
+        a = self.args
+        for w in range(WORLD):
+            path = os.path.join(self.dir, f"result-w{w}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.results.append(json.loads(f.readline()))
+        ledgers = [os.path.join(self.dir, f"ledger-w{w}") for w in range(WORLD)]
+        out = subprocess.run([a.bin + "/pacer-ledger-check", "--records", str(a.records),
+                              "--epochs", str(a.epochs), *ledgers], capture_output=True, text=True)
+        once = missing = twice = 0
+        for m in re.finditer(r"(\d+) records counted once, (\d+) missing, (\d+) counted twice", out.stdout):
+            once += int(m.group(1)); missing += int(m.group(2)); twice += int(m.group(3))
+        self.ledger = {"ok": out.returncode == 0, "once": once, "missing": missing,
+                       "twice": twice, "output": out.stdout.strip()}
+
+    def summary(self):
+        a = self.args
+        expected = a.records * a.epochs
+        done = int(self.dataset.get("records_done_total", 0))
+        # The window where the contention is on and the plan (if any) is in force; the last
+        # 5 % of the job (epoch tail, shutdown) is left out of both sides.
+        start = self.plan_t if self.plan_t is not None else self.contention_t
+        if start is not None:
+            start += 2 * a.poll_s  # the plan switches a few steps after it is decided
+        end_i = next((i for i, s in enumerate(self.samples) if s["done"] >= 0.95 * expected),
+                     len(self.samples) - 1)
+        win = [i for i, s in enumerate(self.samples)
+               if start is not None and s["t"] >= start and i <= end_i]
+        tput = bound = None
+        if len(win) >= 2:
+            s0, s1 = self.samples[win[0]], self.samples[win[-1]]
+            tput = (s1["done"] - s0["done"]) / max(s1["t"] - s0["t"], 1e-6)
+            bound = sum(self.samples[i]["sum_speed"] for i in win[1:]) / (len(win) - 1)
+        # Balanced bound of the job time: the same warm-up, then from the moment the contention
+        # began the job at throughput Σ v_i (perfect balance at the measured speeds).
+        bound_jct = None
+        if self.contention_t is not None and bound:
+            before = [s for s in self.samples if s["t"] <= self.contention_t]
+            done_at = before[-1]["done"] if before else 0
+            bound_jct = self.contention_t + (expected - done_at) / bound
+        acc = [r.get("accuracy", 0.0) for r in self.results]
+        return {
+            "policy": self.label, "policy_file": self.policy_file,
+            "jct_s": round(self.jct_s, 2) if self.jct_s else None,
+            "contention_s": round(self.contention_t, 2) if self.contention_t is not None else None,
+            "detect_s": round(self.detect_t - self.contention_t, 2)
+            if self.detect_t is not None and self.contention_t is not None else None,
+            "plan_s": round(self.plan_t - self.contention_t, 2)
+            if self.plan_t is not None and self.contention_t is not None else None,
+            "throughput_after_plan": round(tput, 1) if tput else None,
+            "bound_throughput": round(bound, 1) if bound else None,
+            "throughput_vs_bound": round(tput / bound, 3) if tput and bound else None,
+            "bound_jct_s": round(bound_jct, 2) if bound_jct else None,
+            "accuracy": round(min(acc), 4) if acc else None,
+            "records_expected": expected,
+            "records_done": done,
+            "records_trained": sum(int(r.get("samples", 0)) for r in self.results),
+            "records_duplicated": self.ledger.get("twice"),
+            "records_missing": self.ledger.get("missing"),
+            "exactly_once": self.ledger.get("ok"),
+            "final_batches": {r["worker"]: r.get("final_batch") for r in self.results},
+            "actions": [{
+                "t_s": round(self.unix_ms_to_t(x.get("time_ms", 0)), 2), "kind": x.get("kind"),
+                "target": x.get("target"), "outcome": x.get("outcome"), "reason": x.get("reason"),
+                "detail": x.get("detail"), "predicted_gain": x.get("predicted_gain"),
+                "measured_gain": x.get("measured_gain") if x.get("measured") else None,
+                "veto_reason": x.get("veto_reason"), "dispatch": x.get("dispatch"),
+            } for x in self.actions],
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# Report: table on stdout/stderr, JSON, and report.html with inline SVG.
+
+
+def summarize(args, runs):
+    base, mit = runs[0].summary(), runs[-1].summary()
+    out = {
+        "mode": "allreduce", "straggler": args.straggler, "contention_factor": args.contention_factor,
+        "runs": [r.summary() for r in runs],
+        "jct_s": {r.label: r.summary()["jct_s"] for r in runs},
+        "speedup": round(base["jct_s"] / mit["jct_s"], 3) if base["jct_s"] and mit["jct_s"] else None,
+        "bound_jct_s": mit["bound_jct_s"],
+        "throughput_vs_bound": mit["throughput_vs_bound"],
+        "detect_s": mit["detect_s"],
+        "actions": [x for x in mit["actions"] if x["outcome"] == "executed"],
+        "records_expected": mit["records_expected"],
+        "records_done": mit["records_done"],
+        "records_duplicated": mit["records_duplicated"],
+        "accuracy": mit["accuracy"],
+        "all_runs_exactly_once": all(r.summary()["exactly_once"] and
+                                     r.summary()["records_done"] == r.summary()["records_expected"]
+                                     for r in runs),
+    }
+    return out
+
+
+def fmt(v, spec="{:.1f}", none="-"):
+    return none if v is None else spec.format(v)
+
+
+def table_rows(summary):
+    runs = summary["runs"]
+    rows = [("", *[r["policy"] for r in runs])]
+    rows.append(("job time (s)", *[fmt(r["jct_s"]) for r in runs]))
+    rows.append(("contention began at (s)", *[fmt(r["contention_s"]) for r in runs]))
+    rows.append(("straggler flagged after (s)", *[fmt(r["detect_s"]) for r in runs]))
+    rows.append(("batch plan decided after (s)", *[fmt(r["plan_s"]) for r in runs]))
+    rows.append(("throughput under contention (rec/s)", *[fmt(r["throughput_after_plan"], "{:.0f}") for r in runs]))
+    rows.append(("balanced bound Σv_i (rec/s)", *[fmt(r["bound_throughput"], "{:.0f}") for r in runs]))
+    rows.append(("throughput / bound", *[fmt(r["throughput_vs_bound"], "{:.2f}") for r in runs]))
+    rows.append(("balanced-bound job time (s)", *[fmt(r["bound_jct_s"]) for r in runs]))
+    rows.append(("accuracy", *[fmt(r["accuracy"], "{:.3f}") for r in runs]))
+    rows.append(("records expected", *[str(r["records_expected"]) for r in runs]))
+    rows.append(("records done (sharding service)", *[str(r["records_done"]) for r in runs]))
+    rows.append(("records trained (trainers)", *[str(r["records_trained"]) for r in runs]))
+    rows.append(("counted twice / missing (ledgers)",
+                 *[f"{r['records_duplicated']} / {r['records_missing']}" for r in runs]))
+    rows.append(("final local batches", *[" ".join(f"{w}:{b}" for w, b in sorted(r["final_batches"].items()))
+                                         for r in runs]))
+    return rows
+
+
+def print_table(summary, stream):
+    rows = table_rows(summary)
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        stream.write("  " + "  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)) + "\n")
+    stream.write(f"\n  speed-up: {fmt(summary['speedup'], '{:.2f}')}x   "
+                 f"(balanced-bound job time {fmt(summary['bound_jct_s'])} s)\n")
+    stream.write("  actions of the mitigated run (pacerctl actions):\n")
+    acts = summary["runs"][-1]["actions"]
+    if not acts:
+        stream.write("    none\n")
+    for x in acts:
+        stream.write(f"    {x['t_s']:6.1f}s {x['kind']:<10} {x['outcome']:<9} {x['reason']}\n")
+        if x.get("detail"):
+            stream.write(f"            {x['detail']}\n")
+
+
+def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
+    """series: [(name, colour, [(t, y)], dashed)]; markers: [(t, label, colour)]."""
+    ml, mr, mt, mb = 60, 150, 28, 36
+    pw, ph = width - ml - mr, height - mt - mb
+    y_max = max([y for _, _, pts, _ in series for _, y in pts] + [1.0]) * 1.1
+    x_max = max(x_max, 1.0)
+
+    def X(t):
+        return ml + pw * t / x_max
+
+    def Y(y):
+        return mt + ph * (1 - y / y_max)
+
+    e = html.escape
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" class="chart" role="img" aria-label="{e(title)}">',
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>',
+             f'<text x="{ml}" y="18" font-size="14" font-weight="bold">{e(title)}</text>']
+    for k in range(6):  # grid
+        y = y_max * k / 5
+        parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{Y(y):.1f}" y2="{Y(y):.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{ml - 6}" y="{Y(y) + 4:.1f}" font-size="10" text-anchor="end">{y:.0f}</text>')
+    step = max(5, int(x_max / 10 / 5 + 1) * 5)
+    for t in range(0, int(x_max) + 1, step):
+        parts.append(f'<text x="{X(t):.1f}" y="{mt + ph + 14}" font-size="10" text-anchor="middle">{t}</text>')
+    parts.append(f'<text x="{ml + pw / 2}" y="{height - 4}" font-size="11" text-anchor="middle">seconds since launch</text>')
+    parts.append(f'<text x="12" y="{mt + ph / 2}" font-size="11" transform="rotate(-90 12 {mt + ph / 2})" '
+                 f'text-anchor="middle">{e(y_label)}</text>')
+    parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    for t, label, colour in markers:
+        parts.append(f'<line x1="{X(t):.1f}" x2="{X(t):.1f}" y1="{mt}" y2="{mt + ph}" stroke="{colour}" '
+                     f'stroke-dasharray="4 3"/>')
+        parts.append(f'<text x="{X(t) + 3:.1f}" y="{mt + 10}" font-size="10" fill="{colour}">{e(label)}</text>')
+    for i, (name, colour, pts, dashed) in enumerate(series):
+        if len(pts) >= 2:
+            d = " ".join(f"{X(t):.1f},{Y(y):.1f}" for t, y in pts)
+            dash = ' stroke-dasharray="6 4"' if dashed else ""
+            parts.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2"{dash} points="{d}"/>')
+        ly = mt + 14 * i + 8
+        parts.append(f'<line x1="{ml + pw + 10}" x2="{ml + pw + 30}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<text x="{ml + pw + 34}" y="{ly + 4}" font-size="11">{e(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+
+
+def run_markers(run):
+    m = []
+    if run.contention_t is not None:
+        m.append((run.contention_t, "contention", "#d62728"))
+    if run.detect_t is not None:
+        m.append((run.detect_t, "flagged", "#ff7f0e"))
+    for x in run.actions:
+        if x.get("outcome") == "executed":
+            m.append((run.unix_ms_to_t(x.get("time_ms", 0)), x.get("kind", ""), "#2ca02c"))
+    return m
+
+
+def write_report(path, args, runs, summary):
+    e = html.escape
+    x_max = max(r.jct_s or 1 for r in runs)
+    charts = []
+    for run in runs:
+        ids = sorted({w for s in run.samples for w in s["workers"]})
+        series = [(w + (" (straggler)" if w == args.straggler else ""), COLOURS[i % len(COLOURS)],
+                   [(s["t"], s["workers"][w]["speed"]) for s in run.samples if w in s["workers"]], False)
+                  for i, w in enumerate(ids)]
+        charts.append(svg_chart(f"Per-worker speed v_i (samples per compute second) — policy {run.label}",
+                                series, run_markers(run), x_max, "samples / compute s"))
+    tput_series = []
+    for i, run in enumerate(runs):
+        pts = [(run.samples[k]["t"], run.throughput_at(k)) for k in range(1, len(run.samples))]
+        tput_series.append((f"job throughput, {run.label}", COLOURS[i * 2 % len(COLOURS)], pts, False))
+    mit = runs[-1]
+    tput_series.append((f"Σ v_i (bound), {mit.label}", "#7f7f7f",
+                        [(s["t"], s["sum_speed"]) for s in mit.samples], True))
+    charts.append(svg_chart("Job throughput (records done per second, sharding service) vs the balanced bound",
+                            tput_series, run_markers(mit), x_max, "records / s"))
+    rows = table_rows(summary)
+    table = "<table><thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in rows[0]) + "</tr></thead><tbody>"
+    for r in rows[1:]:
+        table += "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>"
+    table += "</tbody></table>"
+    acts = "<table><thead><tr><th>run</th><th>t (s)</th><th>kind</th><th>outcome</th><th>why</th><th>detail</th></tr></thead><tbody>"
+    for run in runs:
+        for x in run.summary()["actions"]:
+            acts += (f"<tr><td>{e(run.label)}</td><td>{x['t_s']:.1f}</td><td>{e(x['kind'] or '')}</td>"
+                     f"<td>{e(x['outcome'] or '')}</td><td>{e(x['reason'] or '')}</td>"
+                     f"<td>{e(x['detail'] or '')}</td></tr>")
+    acts += "</tbody></table>"
+    doc = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Pacer demo report</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; max-width: 1100px; }}
+table {{ border-collapse: collapse; margin: 12px 0; font-size: 13px; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }}
+.big {{ font-size: 20px; }}
+svg.chart {{ display: block; margin: 12px 0; border: 1px solid #eee; }}
+</style></head><body>
+<h1>Pacer demo: a real straggler, with and without mitigation</h1>
+<p>Synchronous all-reduce MLP training (pacer-train-mlp, Gloo), {WORLD} workers on two agents,
+{args.records * args.epochs} records ({args.records} × {args.epochs} epochs). After
+{100 * args.warmup_fraction:.0f}% of the data the agent's contention switch slowed worker
+<b>{e(args.straggler)}</b> by ×{args.contention_factor:g} with real CPU contention.
+Runs: {", ".join(e(r.label) for r in runs)}.</p>
+<p class="big">Speed-up: <b>{fmt(summary['speedup'], '{:.2f}')}×</b> &nbsp; job time
+{" vs ".join(fmt(r.jct_s) + " s" for r in runs)} &nbsp; balanced bound {fmt(summary['bound_jct_s'])} s
+&nbsp; straggler flagged after {fmt(summary['detect_s'])} s</p>
+<h2>Summary</h2>
+{table}
+<p>Balanced bound: Σ v_i, the sum of the monitor's per-worker speeds (samples per compute second)
+averaged over the polls while the contention is on (after the plan applies, in the mitigated run).
+It is the job's throughput if every worker computed all the time at its measured speed, with no
+waiting. The bound job time keeps the measured warm-up and runs the rest of the data at Σ v_i.</p>
+<h2>Charts</h2>
+{"".join(charts)}
+<h2>Actions and why (pacerctl actions)</h2>
+{acts}
+<p>Generated by demo/pacer_demo.py at {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
+<script>
+// Self-check for tests/demo/check_report.py (headless Chromium --dump-dom): a chart counts as
+// rendered when every data line in it has a laid-out, non-empty bounding box.
+(function () {{
+  var charts = document.querySelectorAll("svg.chart"), rendered = 0;
+  charts.forEach(function (c) {{
+    var lines = c.querySelectorAll("polyline.series"), drawn = 0;
+    lines.forEach(function (l) {{ var b = l.getBBox(); if (b.width > 0) drawn++; }});
+    if (lines.length > 0 && drawn === lines.length) rendered++;
+  }});
+  document.body.setAttribute("data-charts", charts.length);
+  document.body.setAttribute("data-charts-rendered", rendered);
+}})();
+</script>
+</body></html>
+"""
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    p = argparse.ArgumentParser(prog="pacer-demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", default=os.path.join(root, os.environ.get("BUILD_DIR", "build"), "bin"),
+                   help="folder with pacerd, pacerctl, pacer-agent, pacer-train-mlp, pacer-ledger-check")
+    p.add_argument("--out", default=os.path.join(root, "demo-out"), help="output folder (emptied first)")
+    p.add_argument("--mode", default="allreduce", choices=["allreduce", "ps"])
+    p.add_argument("--policy", default=os.path.join(root, "policies", "demo-dedicated.yaml"),
+                   help="policy of the mitigated run")
+    p.add_argument("--baseline", default=os.path.join(root, "policies", "demo-none.yaml"),
+                   help="policy of the unmitigated run")
+    p.add_argument("--quick", action="store_true", help="a shorter job (CI)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--live", default="auto", choices=["auto", "tty", "lines", "off"])
+    p.add_argument("--records", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--shard-size", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64, help="initial local batch (global = 4 x this)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden units: compute per sample")
+    p.add_argument("--straggler", default="w1")
+    p.add_argument("--contention-factor", type=float, default=2.5)
+    p.add_argument("--warmup-fraction", type=float, default=0.15)
+    p.add_argument("--poll-s", type=float, default=0.5)
+    p.add_argument("--run-timeout-s", type=float, default=150)
+    a = p.parse_args(argv)
+    if a.records is None:
+        a.records = 12000 if a.quick else 40000
+    return a
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.mode == "ps":
+        print("pacer-demo: not available yet: the parameter-server example is not built", file=sys.stderr)
+        return 2
+    for b in ("pacerd", "pacerctl", "pacer-agent", "pacer-train-mlp", "pacer-ledger-check"):
+        if not os.access(os.path.join(args.bin, b), os.X_OK):
+            print(f"pacer-demo: {args.bin}/{b} missing: build it first (scripts/build.sh)", file=sys.stderr)
+            return 1
+    live = args.live
+    if live == "auto":
+        live = "tty" if sys.stderr.isatty() else "lines"
+    args.out = os.path.abspath(args.out)
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.makedirs(args.out)
+    with open(os.path.join(args.out, "demo.pid"), "w") as f:  # for tests that interrupt the demo
+        f.write(str(os.getpid()))
+
+    procs = Processes()
+
+    def on_signal(sig, _frame):
+        raise Stop(signal.Signals(sig).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    runs = []
+    rc = 0
+    try:
+        for label, policy in (("none", args.baseline), ("dedicated", args.policy)):
+            if label == "dedicated" and os.path.basename(policy) not in ("demo-dedicated.yaml", "dedicated.yaml"):
+                label = os.path.splitext(os.path.basename(policy))[0]
+            run_dir = os.path.join(args.out, f"run-{len(runs) + 1}-{label}")
+            os.makedirs(run_dir)
+            run = Run(args, label, policy, run_dir, procs, live)
+            runs.append(run)
+            if live != "off":
+                sys.stderr.write(f"--- run {len(runs)}: policy {label} ({os.path.relpath(policy)}) ---\n")
+            run.start()
+            run.watch()
+            procs.stop_all()
+            run.collect()
+        summary = summarize(args, runs)
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        write_report(os.path.join(args.out, "report.html"), args, runs, summary)
+        stream = sys.stderr if args.json else sys.stdout
+        stream.write("\n")
+        print_table(summary, stream)
+        stream.write(f"\n  report: {os.path.join(args.out, 'report.html')}\n")
+        if args.json:
+            print(json.dumps(summary, indent=2))
+    except Stop as e:
+        sys.stderr.write(f"\npacer-demo: {e}: stopping every process it started\n")
+        rc = 130
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        sys.stderr.write(f"\npacer-demo: {e}\n")
+        rc = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # cleanup must not be interrupted halfway
+        procs.stop_all()
+        kill_leftovers(args.out)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
