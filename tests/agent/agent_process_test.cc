@@ -215,9 +215,9 @@ TEST_F(AgentTest, SigkillOfTheAgentLeavesNoWorkerBehind) {
 }
 
 TEST_F(AgentTest, KeepsWorkersRunningWhilePacerdIsDownAndReRegisters) {
-  // The issue asks for 30 s down; 5 s keeps the suite short and still spans many failed
-  // heartbeats (200 ms interval, backoff capped at 500 ms) and a worker crash in the outage.
-  constexpr auto kOutage = 5s;
+  // 30 s down, as the issue asks: many failed heartbeats (200 ms interval, backoff capped at
+  // 500 ms) and a worker crash in the outage.
+  constexpr auto kOutage = 30s;
   auto server = std::make_unique<AgentServer>();
   const int port = server->port();
   StartAgent(server->address(), 2, {"sleep"}, {"--backoff-initial-ms", "100"});
