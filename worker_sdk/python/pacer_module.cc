@@ -204,13 +204,33 @@ class PyShardReader {
   }
 
   // (outcome, ids); outcome is ShardReader.RECORDS / WAIT / END_OF_DATA.
+  //
+  // UNTIL_DATA here never waits while holding records it handed out in the same call: a
+  // ShardReader::Next(n, kUntilData) that takes the tail of the last lease and then waits for
+  // more would wait forever, because the service announces the end of the data only once that
+  // lease is complete, which needs those very records marked consumed. So: take what is ready
+  // (kUntilPrefetched); when nothing is, block for a single record (kUntilData, n = 1, nothing
+  // else held), then add what is ready after it. A batch is short only at a lease boundary the
+  // service is not ready to cross.
   std::pair<ShardReader::Outcome, std::vector<uint64_t>> Next(size_t n, ShardReader::Blocking blocking) {
     if (n == 0) Raise(absl::InvalidArgumentError("next(n): n must be > 0"));
     std::vector<uint64_t> ids;
     absl::StatusOr<ShardReader::Outcome> got;
     {
       py::gil_scoped_release release;
-      got = reader_->Next(n, &ids, blocking);
+      if (blocking != ShardReader::Blocking::kUntilData) {
+        got = reader_->Next(n, &ids, blocking);
+      } else {
+        got = reader_->Next(n, &ids, ShardReader::Blocking::kUntilPrefetched);
+        if (got.ok() && ids.empty() && *got == ShardReader::Outcome::kWait) {
+          got = reader_->Next(1, &ids, ShardReader::Blocking::kUntilData);
+          if (got.ok() && !ids.empty() && n > 1) {
+            absl::StatusOr<ShardReader::Outcome> more =
+                reader_->Next(n - 1, &ids, ShardReader::Blocking::kUntilPrefetched);
+            if (!more.ok()) got = more.status();
+          }
+        }
+      }
     }
     return {Value(std::move(got)), std::move(ids)};
   }
@@ -237,13 +257,18 @@ class PyShardReader {
   std::unique_ptr<ShardReader> reader_;
 };
 
-// Iterates single record ids (blocking until data; ends at the end of the data). The caller
-// calls reader.mark_consumed() once the records handed out so far are trained.
+// Iterates single record ids, blocking until data and ending at the end of the data. Records
+// are fetched `chunk` at a time; before fetching more, every record yielded so far is marked
+// consumed (when `mark_consumed`): asking for the next record declares the previous ones
+// trained. Without that, the last lease could never complete while the iterator waits for the
+// end of the data, which the service announces only once every lease is complete.
 class RecordIterator {
  public:
-  RecordIterator(PyShardReader* reader, size_t chunk) : reader_(reader), chunk_(chunk) {}
+  RecordIterator(PyShardReader* reader, size_t chunk, bool mark_consumed)
+      : reader_(reader), chunk_(chunk), mark_consumed_(mark_consumed) {}
   uint64_t Next() {
     if (pos_ >= buf_.size()) {
+      if (mark_consumed_ && !buf_.empty()) reader_->MarkConsumed();
       if (ended_) throw py::stop_iteration();
       buf_.clear();
       pos_ = 0;
@@ -258,6 +283,7 @@ class RecordIterator {
  private:
   PyShardReader* reader_;
   size_t chunk_;
+  bool mark_consumed_;
   std::vector<uint64_t> buf_;
   size_t pos_ = 0;
   bool ended_ = false;
@@ -385,8 +411,9 @@ PYBIND11_MODULE(_pacer, m) {
       .def("__exit__", [](PyClient& c, py::args) { c.Close(5'000); });
 
   py::class_<PyShardReader> reader(m, "ShardReader",
-                                   "Record ids of leased shards with prefetch. Iterating yields record ids "
-                                   "(blocking until data); call mark_consumed() after training on them.");
+                                   "Record ids of leased shards with prefetch. next(n) hands out up to n ids; "
+                                   "mark_consumed() declares every id handed out so far trained. Iterating "
+                                   "yields ids one by one and marks the earlier ones consumed as it goes.");
   py::enum_<ShardReader::Outcome>(reader, "Outcome")
       .value("RECORDS", ShardReader::Outcome::kRecords)
       .value("WAIT", ShardReader::Outcome::kWait)
@@ -406,9 +433,14 @@ PYBIND11_MODULE(_pacer, m) {
       .def("restore_checkpoint", &PyShardReader::Restore, py::arg("tag"))
       .def_property_readonly("records_read", [](PyShardReader& r) { return r.get().records_read(); })
       .def_property_readonly("leases_read", [](PyShardReader& r) { return r.get().leases_read(); })
-      .def("records", [](PyShardReader& r, size_t chunk) { return RecordIterator(&r, chunk); },
-           py::arg("chunk") = 256, py::keep_alive<0, 1>())
-      .def("__iter__", [](PyShardReader& r) { return RecordIterator(&r, 256); }, py::keep_alive<0, 1>());
+      .def("records",
+           [](PyShardReader& r, size_t chunk, bool mark_consumed) {
+             if (chunk == 0) Raise(absl::InvalidArgumentError("records(chunk): chunk must be > 0"));
+             return RecordIterator(&r, chunk, mark_consumed);
+           },
+           py::arg("chunk") = 1, py::arg("mark_consumed") = true, py::keep_alive<0, 1>(),
+           "Iterates record ids; asking for more marks the ones yielded so far consumed.")
+      .def("__iter__", [](PyShardReader& r) { return RecordIterator(&r, 1, true); }, py::keep_alive<0, 1>());
 
   py::class_<RecordIterator>(m, "_RecordIterator")
       .def("__iter__", [](RecordIterator& it) -> RecordIterator& { return it; })
@@ -434,9 +466,9 @@ PYBIND11_MODULE(_pacer, m) {
            }),
            py::arg("client") = py::none(), py::keep_alive<1, 2>())
       .def("begin_step", &StepTimer::BeginStep, py::arg("step"))
-      .def("data_wait", [](StepTimer& t) { return PhaseScope(&t, StepTimer::Phase::kDataWait); },
+      .def("data_wait", [](StepTimer& t) { return std::make_unique<PhaseScope>(&t, StepTimer::Phase::kDataWait); },
            py::keep_alive<0, 1>(), "A with-block counted as data wait.")
-      .def("communication", [](StepTimer& t) { return PhaseScope(&t, StepTimer::Phase::kCommunication); },
+      .def("communication", [](StepTimer& t) { return std::make_unique<PhaseScope>(&t, StepTimer::Phase::kCommunication); },
            py::keep_alive<0, 1>(), "A with-block counted as communication.")
       .def("add", &StepTimer::Add, py::arg("phase"), py::arg("ns"))
       .def("end_step", [](StepTimer& t, uint32_t local_batch, uint64_t samples) {
