@@ -18,7 +18,6 @@ namespace po = boost::program_options;
 int main(int argc, char** argv) {
   po::options_description opts("Options");
   opts.add_options()
-      ("help", "print this help")
       ("scenario", po::value<std::string>(), "scenario YAML file (sim/scenarios/*.yaml)")
       ("policy", po::value<std::vector<std::string>>(),
        "policy NAME (none, backup-workers, lb-bsp, timeout-relaunch, non-dedicated, dedicated) or a "
