@@ -171,7 +171,7 @@ class ReadingTest(unittest.TestCase):
 
     def test_iteration_and_checkpoint_restore(self):
         with self.client("w0") as c:
-            c.register_dataset("train", num_records=400, shard_size=100, num_epochs=1, shuffle=False)
+            c.register_dataset("train", num_records=400, shard_size=100, num_epochs=1, shuffle="none")
             r = pacer.ShardReader(c, dataset="train")
             first = []
             for rid in r:

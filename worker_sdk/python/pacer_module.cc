@@ -148,13 +148,23 @@ std::unique_ptr<PyClient> ConnectClient(std::optional<std::string> address, std:
 }
 
 bool RegisterDataset(PyClient& self, const std::string& name, uint64_t num_records, uint64_t shard_size,
-                     uint32_t num_epochs, bool shuffle, uint64_t seed, uint64_t batch_size) {
+                     uint32_t num_epochs, const std::string& shuffle, uint64_t seed, uint64_t batch_size) {
+  ShuffleMode mode;
+  if (shuffle == "none") {
+    mode = SHUFFLE_NONE;
+  } else if (shuffle == "shards") {
+    mode = SHUFFLE_SHARDS;
+  } else if (shuffle == "records") {
+    mode = SHUFFLE_RECORDS;
+  } else {
+    Raise(absl::InvalidArgumentError("shuffle must be 'none', 'shards' or 'records', not '" + shuffle + "'"));
+  }
   DatasetSpec spec;
   spec.set_name(name);
   spec.set_num_records(num_records);
   spec.set_shard_size(shard_size);
   spec.set_num_epochs(num_epochs);
-  spec.set_shuffle(shuffle ? SHUFFLE_SHARDS : SHUFFLE_NONE);
+  spec.set_shuffle(mode);
   spec.set_seed(seed);
   spec.set_batch_size(batch_size);
   Client& c = self.get();
@@ -384,10 +394,10 @@ PYBIND11_MODULE(_pacer, m) {
       .def_property_readonly("stop_reason", [](PyClient& c) { return c.get().stop_reason(); })
       .def_property_readonly("closed", [](PyClient& c) { return c.raw() == nullptr; })
       .def("register_dataset", &RegisterDataset, py::arg("name"), py::kw_only(), py::arg("num_records"),
-           py::arg("shard_size") = 0, py::arg("num_epochs") = 1, py::arg("shuffle") = true, py::arg("seed") = 0,
+           py::arg("shard_size") = 0, py::arg("num_epochs") = 1, py::arg("shuffle") = "shards", py::arg("seed") = 0,
            py::arg("batch_size") = 0,
-           "Registers an indexable dataset of records 0..num_records-1; True when created, False when an "
-           "identical one exists.")
+           "Registers an indexable dataset of records 0..num_records-1 (shuffle: 'none', 'shards' or "
+           "'records', seeded per epoch); True when created, False when an identical one exists.")
       .def("set_step", [](PyClient& c, uint64_t step) { c.get().SetStep(step); }, py::arg("step"))
       .def("batch_plan", [](PyClient& c, uint64_t step) { return c.get().batch_plan().ForStep(step); },
            py::arg("step"), "The local batch in force at `step` (training thread; a pending plan switches here).")
