@@ -1,0 +1,63 @@
+// ParameterStore: the rows one pacer-ps server holds (proto/pacer/ps.proto), with the
+// server-side optimizers. Pure state: no RPC, no clock, no I/O; the gRPC adapter (ps_server.h)
+// validates nothing itself and forwards here.
+//
+// Owns every table's rows (weights + Adagrad accumulators). A row missing on Pull or Push is
+// created from (table seed, key) deterministically, so every server and every restart
+// initialises a key the same way. Push sums duplicate keys' gradients, then applies one
+// optimizer step per row: SGD w -= lr g; Adagrad a += g^2, w -= lr g / sqrt(a).
+//
+// Thread-safe: one mutex per table (tables are only added, never removed); pulls and pushes of
+// different tables do not contend.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/pacer/ps.pb.h"
+
+namespace pacer {
+
+class ParameterStore {
+ public:
+  // True when created, false when an identical table exists; ALREADY_EXISTS for a different
+  // spec under the same name, INVALID_ARGUMENT for a bad spec.
+  absl::StatusOr<bool> CreateTable(const PsTableSpec& spec);
+  // Appends keys.size() x dim values to `values`. NOT_FOUND for an unknown table.
+  absl::Status Pull(const std::string& table, const std::vector<uint64_t>& keys, std::vector<float>* values);
+  // Applies the optimizer; returns the table's push count. INVALID_ARGUMENT when the gradient
+  // count is not keys.size() x dim or a gradient is not finite.
+  absl::StatusOr<uint64_t> Push(const std::string& table, const std::vector<uint64_t>& keys,
+                                const std::vector<float>& gradients);
+  uint64_t rows() const;
+
+ private:
+  struct Row {
+    std::vector<float> w;
+    std::vector<float> acc;  // Adagrad only
+  };
+  struct Table {
+    explicit Table(PsTableSpec s) : spec(std::move(s)) {}
+    const PsTableSpec spec;
+    std::mutex mu;
+    std::unordered_map<uint64_t, Row> rows;  // guarded by mu
+    uint64_t pushes = 0;                     // guarded by mu
+  };
+  absl::StatusOr<Table*> Find(const std::string& name) const;
+  static Row& RowFor(Table& t, uint64_t key);  // requires t.mu
+
+  mutable std::mutex mu_;  // guards tables_ (the map, not the tables)
+  std::map<std::string, std::unique_ptr<Table>> tables_;
+};
+
+// The server (0..num_servers-1) holding (table, key): a stable hash, the same in every process.
+uint32_t PsServerFor(const std::string& table, uint64_t key, uint32_t num_servers);
+
+}  // namespace pacer
