@@ -340,6 +340,19 @@ std::vector<WorkerStatus> MonitorState::Servers() const {
     st.set_class_since_ms(servers_[s].class_since_ms);
     out.push_back(std::move(st));
   }
+  // relative_speed of a server = median latency over servers / its latency (1 = typical,
+  // below 1 = slower than its peers), as WorkerStatus documents.
+  std::vector<double> latencies;
+  for (const auto& st : out) {
+    if (st.latency_ms() > 0) latencies.push_back(st.latency_ms());
+  }
+  if (!latencies.empty()) {
+    std::nth_element(latencies.begin(), latencies.begin() + latencies.size() / 2, latencies.end());
+    const double median = latencies[latencies.size() / 2];
+    for (auto& st : out) {
+      if (st.latency_ms() > 0) st.set_relative_speed(median / st.latency_ms());
+    }
+  }
   return out;
 }
 

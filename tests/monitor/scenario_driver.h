@@ -58,6 +58,7 @@ class ScenarioDriver {
     return state_->Worker(worker).value().classification();
   }
   WorkerClass Class(const std::string& worker) const { return Of(worker).worker_class(); }
+  std::vector<WorkerStatus> Servers() const { return state_->Servers(); }
   Classification ServerOf(const std::string& server) const {
     for (const WorkerStatus& s : state_->Servers()) {
       if (s.id() == server) return s.classification();

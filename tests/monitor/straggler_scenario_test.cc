@@ -138,6 +138,14 @@ TEST(StragglerScenarioTest, HotPsServerIsServerLevelAndWorkersStayNormal) {
   EXPECT_EQ(c.scope(), SCOPE_SERVER);
   EXPECT_EQ(c.persistence(), PERSISTENCE_PERSISTENT);
   for (const char* s : {"ps0", "ps1", "ps3"}) EXPECT_EQ(d.ServerOf(s).worker_class(), WORKER_CLASS_NORMAL) << s;
+  // Relative speed of a server = median latency / its latency: the hot one far below 1.
+  for (const WorkerStatus& s : d.Servers()) {
+    if (s.id() == "ps2") {
+      EXPECT_LT(s.relative_speed(), 0.5) << s.latency_ms();
+    } else {
+      EXPECT_NEAR(s.relative_speed(), 1.0, 0.2) << s.id();
+    }
+  }
   // Compute speed is unaffected: no worker is flagged (their comm time grew, not compute).
   EXPECT_TRUE(d.FlaggedSince(seq, {"ps2"}).empty());
 }
