@@ -302,7 +302,10 @@ class Run:
         r = self.ctl("contention", a.straggler, str(a.contention_factor), timeout=30)
         if r.get("state") != "done":
             raise RuntimeError(f"contention on {a.straggler} not applied: {r}")
-        self.contention_t = self.unix_ms_to_t(r.get("acked_ms", 0)) if r.get("acked_ms") else self.now()
+        # The agent applies the command as soon as a heartbeat reply carries it (delivered_ms);
+        # its acknowledgement rides the next heartbeat, up to one interval later.
+        start_ms = r.get("delivered_ms") or r.get("acked_ms")
+        self.contention_t = self.unix_ms_to_t(start_ms) if start_ms else self.now()
         self.note(f"contention x{a.contention_factor:g} on {a.straggler} "
                   f"(agent's switch: cgroup CPU quota or a pinned busy process)")
 
@@ -453,13 +456,16 @@ def print_table(summary, stream):
     stream.write(f"\n  speed-up: {fmt(summary['speedup'], '{:.2f}')}x   "
                  f"(balanced-bound job time {fmt(summary['bound_jct_s'])} s)\n")
     stream.write("  actions of the mitigated run (pacerctl actions):\n")
-    acts = summary["runs"][-1]["actions"]
+    acts = [x for x in summary["runs"][-1]["actions"] if x["outcome"] == "executed"]
+    held = len(summary["runs"][-1]["actions"]) - len(acts)
     if not acts:
-        stream.write("    none\n")
+        stream.write("    none executed\n")
     for x in acts:
         stream.write(f"    {x['t_s']:6.1f}s {x['kind']:<10} {x['outcome']:<9} {x['reason']}\n")
         if x.get("detail"):
             stream.write(f"            {x['detail']}\n")
+    if held:
+        stream.write(f"    (+{held} proposals held back by the safety gate: min_gain, cooldown; all in report.html)\n")
 
 
 def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
@@ -624,9 +630,10 @@ def parse_args(argv):
     p.add_argument("--live", default="auto", choices=["auto", "tty", "lines", "off"])
     p.add_argument("--records", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--shard-size", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=64, help="initial local batch (global = 4 x this)")
-    p.add_argument("--hidden", type=int, default=256, help="hidden units: compute per sample")
+    p.add_argument("--shard-size", type=int, default=1024, help="records per shard (half a step)")
+    p.add_argument("--batch", type=int, default=2048, help="initial local batch (global = 4 x this)")
+    p.add_argument("--hidden", type=int, default=1024,
+                   help="hidden units: compute per sample (steps long enough that compute dominates)")
     p.add_argument("--straggler", default="w1")
     p.add_argument("--contention-factor", type=float, default=2.5)
     p.add_argument("--warmup-fraction", type=float, default=0.15)
@@ -634,7 +641,7 @@ def parse_args(argv):
     p.add_argument("--run-timeout-s", type=float, default=150)
     a = p.parse_args(argv)
     if a.records is None:
-        a.records = 12000 if a.quick else 40000
+        a.records = 60000 if a.quick else 160000
     return a
 
 

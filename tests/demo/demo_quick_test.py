@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""ctest demo_quick: runs the shortened demo (--quick --json) in its own temp dir and asserts
+the properties the demo exists to show -- not its timings, which a loaded 2-core machine
+cannot promise:
+  - the straggler was flagged by the monitor under both policies, after the contention began;
+  - the mitigated run executed an ADJUST_BS plan that gave the straggler the smallest batch;
+  - in both runs every record was counted done exactly once (sharding service count ==
+    expected, ledgers: none twice, none missing), and the model learned (accuracy > 0.5);
+  - the summary has the documented fields and report.html renders its charts in headless
+    Chromium (skipped when Chromium is absent);
+  - no process of the run is left behind.
+  demo_quick_test.py DEMO_PY BIN_DIR [CHECK_REPORT_PY]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def leftovers(out_dir):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if out_dir in cmd and "demo_quick_test" not in cmd:
+            found.append((pid, cmd))
+    return found
+
+
+def main():
+    demo, bin_dir = sys.argv[1], sys.argv[2]
+    check = sys.argv[3] if len(sys.argv) > 3 else None
+    failures = []
+
+    def expect(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory(prefix="pacer-demo-test-") as tmp:
+        out = os.path.join(tmp, "out")
+        p = subprocess.run([sys.executable, demo, "--quick", "--json", "--live", "lines",
+                            "--bin", bin_dir, "--out", out], capture_output=True, text=True,
+                           timeout=280)
+        sys.stderr.write(p.stderr[-6000:])
+        expect(p.returncode == 0, f"demo exits 0 (got {p.returncode})")
+        if p.returncode != 0:
+            return 1
+        s = json.loads(p.stdout)
+        for k in ("jct_s", "speedup", "bound_jct_s", "detect_s", "actions", "records_expected",
+                  "records_done", "records_duplicated", "accuracy"):
+            expect(k in s, f"summary has '{k}'")
+        runs = s["runs"]
+        expect(len(runs) == 2 and runs[0]["policy"] == "none", "two runs, 'none' first")
+        for r in runs:
+            name = r["policy"]
+            expect(r["jct_s"] and r["jct_s"] > 0, f"{name}: job time measured")
+            expect(r["detect_s"] is not None and r["detect_s"] >= -1.0,
+                   f"{name}: straggler flagged after the contention began (detect_s {r['detect_s']})")
+            expect(r["records_done"] == r["records_expected"],
+                   f"{name}: records done {r['records_done']} == expected {r['records_expected']}")
+            expect(r["records_duplicated"] == 0 and r["records_missing"] == 0 and r["exactly_once"],
+                   f"{name}: ledgers: none counted twice, none missing")
+            expect(r["accuracy"] is not None and r["accuracy"] > 0.5, f"{name}: accuracy {r['accuracy']} > 0.5")
+        none, mit = runs
+        expect(not [a for a in none["actions"] if a["outcome"] == "executed"], "none: no action executed")
+        plans = [a for a in mit["actions"] if a["kind"] == "ADJUST_BS" and a["outcome"] == "executed"]
+        expect(len(plans) >= 1, "mitigated: an ADJUST_BS plan was executed")
+        fb = mit["final_batches"]
+        strag = s["straggler"]
+        expect(fb and fb.get(strag) == min(fb.values()) and fb[strag] < max(fb.values()),
+               f"mitigated: the straggler {strag} ends with the smallest batch ({fb})")
+        expect(s["records_duplicated"] == 0 and s["records_done"] == s["records_expected"],
+               "summary: exactly once")
+        report = os.path.join(out, "report.html")
+        expect(os.path.exists(report), "report.html written")
+        if check and os.path.exists(report):
+            c = subprocess.run([sys.executable, check, report, "--screenshot",
+                                os.path.join(tmp, "report.png")], capture_output=True, text=True,
+                               timeout=200)
+            print(c.stdout.strip())
+            expect(c.returncode in (0, 77), "report.html renders its charts in headless Chromium")
+        left = leftovers(out)
+        expect(not left, f"no process of the run left behind {left}")
+    print("PASS" if not failures else f"{len(failures)} FAILED")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
