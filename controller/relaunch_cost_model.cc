@@ -32,18 +32,29 @@ double PredictThroughput(const ClusterView& view, bool balanced, const std::stri
   return static_cast<double>(n) * min;
 }
 
+RelaunchBaseline ComputeRelaunchBaseline(const ClusterView& view, bool balanced) {
+  return RelaunchBaseline{MedianLiveSpeed(view), PredictThroughput(view, balanced, "", 0)};
+}
+
 RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& worker,
                                   ActionKind kind, bool balanced, const RestartConfig& cfg) {
+  return EstimateRelaunch(view, worker, kind, balanced, cfg,
+                          ComputeRelaunchBaseline(view, balanced));
+}
+
+RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& worker,
+                                  ActionKind kind, bool balanced, const RestartConfig& cfg,
+                                  const RelaunchBaseline& baseline) {
   RelaunchEstimate e;
   e.kind = kind;
   e.speed_now = worker.speed;
-  const double median = MedianLiveSpeed(view);
+  const double median = baseline.median_speed;
   const bool same_node = kind == ActionKind::kRestart;
   const bool cause_stays =
       same_node && ((!worker.contention && !cfg.restart_deterministic) ||
                     worker.level == SlowLevel::kNode);
   e.speed_after = cause_stays ? worker.speed : std::max(median, worker.speed);
-  e.throughput_now = PredictThroughput(view, balanced, "", 0);
+  e.throughput_now = baseline.throughput_now;
   e.throughput_after = PredictThroughput(view, balanced, worker.id, e.speed_after);
   const double R = static_cast<double>(view.job.remaining_samples);
   double relaunch_s = view.job.restart_cost_s;

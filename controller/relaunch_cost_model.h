@@ -35,8 +35,19 @@ struct RelaunchEstimate {
   std::string reason;         // one line with the numbers
 };
 
+// What every estimate on one view shares: computed once per decision, so weighing many
+// candidates in a large job costs O(workers) each, not a sort each.
+struct RelaunchBaseline {
+  double median_speed = 0;   // MedianLiveSpeed(view)
+  double throughput_now = 0;  // PredictThroughput(view, balanced, "", 0)
+};
+RelaunchBaseline ComputeRelaunchBaseline(const ClusterView& view, bool balanced);
+
 // Estimates relaunching `worker` (a member of view.workers) by `kind`. `balanced`: the sync
 // job runs speed-proportional batches (ADJUST_BS in force).
+RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& worker,
+                                  ActionKind kind, bool balanced, const RestartConfig& cfg,
+                                  const RelaunchBaseline& baseline);
 RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& worker,
                                   ActionKind kind, bool balanced, const RestartConfig& cfg);
 

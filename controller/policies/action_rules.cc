@@ -130,12 +130,17 @@ std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& hi
     return a->relative_speed != b->relative_speed ? a->relative_speed < b->relative_speed
                                                   : a->id < b->id;
   });
+  const RelaunchBaseline baseline =
+      candidates.empty() ? RelaunchBaseline{} : ComputeRelaunchBaseline(view, balanced);
   for (const WorkerView* w : candidates) {
     const bool bad_node = history.IsBadNode(w->node, view.now_ms, cfg.restart);
     std::optional<RelaunchEstimate> best;
-    if (!bad_node) best = EstimateRelaunch(view, *w, ActionKind::kRestart, balanced, cfg.restart);
+    if (!bad_node) {
+      best = EstimateRelaunch(view, *w, ActionKind::kRestart, balanced, cfg.restart, baseline);
+    }
     if (cfg.restart.migrate) {
-      RelaunchEstimate m = EstimateRelaunch(view, *w, ActionKind::kMigrate, balanced, cfg.restart);
+      RelaunchEstimate m =
+          EstimateRelaunch(view, *w, ActionKind::kMigrate, balanced, cfg.restart, baseline);
       if (!best || (m.pays && (!best->pays || m.saved_s - m.cost_s > best->saved_s - best->cost_s)))
         best = m;
     }
