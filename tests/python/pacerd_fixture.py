@@ -6,6 +6,7 @@ with a deadline, for its --port-file; ``stop()`` (or leaving the ``with`` block)
 process group and reaps it. ``Children`` does the same for any processes a test starts.
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -32,6 +33,16 @@ def wait_for(condition, timeout_s, what):
     raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
+def _own_group_and_die_with_parent():
+    """preexec_fn: a new process group (killed as one) that the kernel SIGKILLs when the test
+    process dies, even by SIGKILL from ctest's timeout (PR_SET_PDEATHSIG)."""
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class Children:
     """Processes started in their own process groups; kill_all() SIGKILLs and reaps them."""
 
@@ -41,7 +52,7 @@ class Children:
     def start(self, argv, env=None, log_path=None):
         out = open(log_path, "ab") if log_path else subprocess.DEVNULL
         p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             preexec_fn=_own_group_and_die_with_parent)
         if log_path:
             out.close()
         self.procs.append(p)
