@@ -279,7 +279,14 @@ class Run:
                 if self.contention_t is not None and self.detect_t is None:
                     w = s["workers"].get(a.straggler, {})
                     if w.get("cls") == STRAGGLER_CLASS:
-                        self.detect_t = self.unix_ms_to_t(w["since"]) if w.get("since") else s["t"]
+                        since = self.unix_ms_to_t(w["since"]) if w.get("since") else s["t"]
+                        if since >= self.contention_t:
+                            self.detect_t = since
+                        elif w.get("persistence") == "PERSISTENCE_PERSISTENT":
+                            # Flagged (by noise) before the contention and still flagged: count
+                            # the first poll that sees it persistent, a conservative time.
+                            self.detect_t = s["t"]
+                    if self.detect_t is not None:
                         self.note(f"monitor flags {a.straggler} as a straggler "
                                   f"{self.detect_t - self.contention_t:.1f} s after the contention began")
                 if self.contention_t is not None and self.plan_t is None and len(self.samples) % 2 == 0:
