@@ -249,7 +249,7 @@ class Run:
         if self.live == "tty":
             sys.stderr.write("\r" + line[:160].ljust(160) + ("\n" if final else ""))
             sys.stderr.flush()
-        elif self.live == "lines" and (final or len(self.samples) % 4 == 0):
+        elif self.live == "lines" and (final or len(self.samples) % 2 == 0):
             sys.stderr.write(line + "\n")
 
     def note(self, msg):
@@ -351,20 +351,38 @@ class Run:
         a = self.args
         expected = a.records * a.epochs
         done = int(self.dataset.get("records_done_total", 0))
-        # The window where the contention is on and the plan (if any) is in force; the last
-        # 5 % of the job (epoch tail, shutdown) is left out of both sides.
-        start = self.plan_t if self.plan_t is not None else self.contention_t
-        if start is not None:
-            start += 2 * a.poll_s  # the plan switches a few steps after it is decided
+        # Throughput vs the bound is measured over polls while the contention is on, up to 95 %
+        # of the data (the epoch tail and shutdown are left out of both sides), starting 2 s
+        # (the plan's effective step, then one monitor window) after the last batch plan that
+        # leaves at least 3 s to measure -- the plan the controller converged on; the same from
+        # the first plan is reported beside it. Without a plan: from the contention on.
         end_i = next((i for i, s in enumerate(self.samples) if s["done"] >= 0.95 * expected),
                      len(self.samples) - 1)
-        win = [i for i, s in enumerate(self.samples)
-               if start is not None and s["t"] >= start and i <= end_i]
-        tput = bound = None
-        if len(win) >= 2:
+        end_t = self.samples[end_i]["t"] if self.samples else 0
+        plan_ts = [self.unix_ms_to_t(x.get("time_ms", 0)) for x in self.actions
+                   if x.get("kind") == "ADJUST_BS" and x.get("outcome") == "executed"
+                   and self.contention_t is not None
+                   and self.unix_ms_to_t(x.get("time_ms", 0)) >= self.contention_t]
+        settle = 2.0
+
+        def measure(start):
+            win = [i for i, s in enumerate(self.samples)
+                   if start is not None and s["t"] >= start and i <= end_i]
+            if len(win) < 2:
+                return None, None
             s0, s1 = self.samples[win[0]], self.samples[win[-1]]
             tput = (s1["done"] - s0["done"]) / max(s1["t"] - s0["t"], 1e-6)
             bound = sum(self.samples[i]["sum_speed"] for i in win[1:]) / (len(win) - 1)
+            return tput, bound
+
+        usable = [t for t in plan_ts if t + settle + 3.0 <= end_t]
+        first_tput, first_bound = measure(plan_ts[0] + settle if plan_ts else None)
+        if usable:
+            tput, bound = measure(usable[-1] + settle)
+        elif self.contention_t is not None and not plan_ts:
+            tput, bound = measure(self.contention_t + settle)
+        else:
+            tput, bound = first_tput, first_bound
         # Balanced bound of the job time: the same warm-up, then from the moment the contention
         # began the job at throughput Σ v_i (perfect balance at the measured speeds).
         bound_jct = None
@@ -384,6 +402,9 @@ class Run:
             "throughput_after_plan": round(tput, 1) if tput else None,
             "bound_throughput": round(bound, 1) if bound else None,
             "throughput_vs_bound": round(tput / bound, 3) if tput and bound else None,
+            "throughput_vs_bound_since_first_plan":
+                round(first_tput / first_bound, 3) if first_tput and first_bound else None,
+            "plans_executed": len(plan_ts),
             "bound_jct_s": round(bound_jct, 2) if bound_jct else None,
             "accuracy": round(min(acc), 4) if acc else None,
             "records_expected": expected,
@@ -644,11 +665,11 @@ def parse_args(argv):
     p.add_argument("--straggler", default="w1")
     p.add_argument("--contention-factor", type=float, default=2.5)
     p.add_argument("--warmup-fraction", type=float, default=0.15)
-    p.add_argument("--poll-s", type=float, default=0.5)
+    p.add_argument("--poll-s", type=float, default=1.0, help="pacerctl polling period (each poll costs CPU the trainers share)")
     p.add_argument("--run-timeout-s", type=float, default=150)
     a = p.parse_args(argv)
     if a.records is None:
-        a.records = 60000 if a.quick else 160000
+        a.records = 80000 if a.quick else 200000
     return a
 
 
