@@ -105,6 +105,8 @@ def main():
             opt.zero_grad()
             loss.backward()  # the hook leaves sum_i b_i g_i / sum_i b_i in every .grad
             if hook_state.last_total > 0:  # the same on every rank
+                for group in opt.param_groups:  # decay: the final iterate, not a lucky one, is evaluated
+                    group["lr"] = args.lr / (1.0 + step / 300.0)
                 opt.step()
             rec.samples = n
         dataset.mark_consumed()
