@@ -133,6 +133,7 @@ def main():
         with open(args.result_file, "w") as f:
             f.write(line + "\n")
     client.close()
+    dist.barrier()  # every rank reaches teardown together (Gloo + file:// store)
     dist.destroy_process_group()
     if args.target_accuracy and accuracy < args.target_accuracy:
         print(f"accuracy {accuracy:.4f} below target {args.target_accuracy}", file=sys.stderr)
