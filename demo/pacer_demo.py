@@ -304,16 +304,60 @@ class Run:
         with open(os.path.join(self.dir, "samples.json"), "w") as f:  # the time series, for profiles
             json.dump(self.samples, f)
 
+    def trainer_pid(self, worker):
+        """The pid of this run's trainer `worker` (its command line holds the run folder and
+        the result file the agent named after it)."""
+        tag = os.path.join(self.dir, f"result-{worker}.json")
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if os.path.basename(argv[0].decode(errors="replace")) == "pacer-train-mlp" and \
+                    tag.encode() in argv:
+                return int(pid)
+        return None
+
+    @staticmethod
+    def cpu_seconds(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def contention_factor(self):
+        """--contention-factor, or with --straggler-cores C the factor that leaves the worker
+        C cores (at least 2x slower): the agent's quota is (the CPU the worker used lately) / factor, and what a
+        worker uses on a shared 2-core machine swings with the background load, so a fixed
+        factor would give the two runs different stragglers. Measured here over 1 s."""
+        a = self.args
+        if not a.straggler_cores:
+            return a.contention_factor
+        pid = self.trainer_pid(a.straggler)
+        if pid is None:
+            return a.contention_factor
+        try:
+            c0, t0 = self.cpu_seconds(pid), time.monotonic()
+            time.sleep(1.0)  # a measurement interval, not synchronisation
+            used = (self.cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+        except (OSError, ValueError, IndexError):
+            return a.contention_factor
+        return round(min(100.0, max(2.0, used / a.straggler_cores)), 2)
+
     def apply_contention(self):
         a = self.args
-        r = self.ctl("contention", a.straggler, str(a.contention_factor), timeout=30)
+        factor = self.contention_factor()
+        r = self.ctl("contention", a.straggler, str(factor), timeout=30)
         if r.get("state") != "done":
             raise RuntimeError(f"contention on {a.straggler} not applied: {r}")
         # The agent applies the command as soon as a heartbeat reply carries it (delivered_ms);
         # its acknowledgement rides the next heartbeat, up to one interval later.
         start_ms = r.get("delivered_ms") or r.get("acked_ms")
         self.contention_t = self.unix_ms_to_t(start_ms) if start_ms else self.now()
-        self.note(f"contention x{a.contention_factor:g} on {a.straggler} "
+        self.factor = factor
+        self.note(f"contention x{factor:g} on {a.straggler} "
                   f"(agent's switch: cgroup CPU quota or a pinned busy process)")
 
     def refresh_actions(self):
@@ -331,8 +375,20 @@ class Run:
                     break
 
     def collect(self):
-        """Trainer results and the exactly-once ledger check, after the run ended."""
+        """Trainer results, the contention the agent applied, and the exactly-once ledger
+        check, after the run ended."""
         a = self.args
+        self.quota = None
+        for node, _ in NODES:
+            try:
+                with open(os.path.join(self.dir, f"agent-{node}.log")) as f:
+                    for line in f:
+                        m = re.search(r"contention on worker (\S+) .*by (\S+) \(quota ([0-9.]+) cores of ([0-9.]+)\)", line)
+                        if m and m.group(1) == a.straggler:
+                            self.quota = {"method": m.group(2), "cores": float(m.group(3)),
+                                          "baseline_cores": float(m.group(4))}
+            except OSError:
+                pass
         for w in range(WORLD):
             path = os.path.join(self.dir, f"result-w{w}.json")
             if os.path.exists(path):
@@ -395,6 +451,8 @@ class Run:
             "policy": self.label, "policy_file": self.policy_file,
             "jct_s": round(self.jct_s, 2) if self.jct_s else None,
             "contention_s": round(self.contention_t, 2) if self.contention_t is not None else None,
+            "contention_factor": getattr(self, "factor", None),
+            "straggler_quota": getattr(self, "quota", None),
             "detect_s": round(self.detect_t - self.contention_t, 2)
             if self.detect_t is not None and self.contention_t is not None else None,
             "plan_s": round(self.plan_t - self.contention_t, 2)
@@ -431,7 +489,8 @@ class Run:
 def summarize(args, runs):
     base, mit = runs[0].summary(), runs[-1].summary()
     out = {
-        "mode": "allreduce", "straggler": args.straggler, "contention_factor": args.contention_factor,
+        "mode": "allreduce", "straggler": args.straggler, "straggler_cores": args.straggler_cores,
+        "contention_factor": args.contention_factor if not args.straggler_cores else None,
         "runs": [r.summary() for r in runs],
         "jct_s": {r.label: r.summary()["jct_s"] for r in runs},
         "speedup": round(base["jct_s"] / mit["jct_s"], 3) if base["jct_s"] and mit["jct_s"] else None,
@@ -459,6 +518,9 @@ def table_rows(summary):
     rows = [("", *[r["policy"] for r in runs])]
     rows.append(("job time (s)", *[fmt(r["jct_s"]) for r in runs]))
     rows.append(("contention began at (s)", *[fmt(r["contention_s"]) for r in runs]))
+    rows.append(("straggler's CPU (cores: quota of used)",
+                 *[f"{r['straggler_quota']['cores']:.2f} of {r['straggler_quota']['baseline_cores']:.2f}"
+                   if r.get("straggler_quota") else f"x{r.get('contention_factor') or '-'}" for r in runs]))
     rows.append(("straggler flagged after (s)", *[fmt(r["detect_s"]) for r in runs]))
     rows.append(("batch plan decided after (s)", *[fmt(r["plan_s"]) for r in runs]))
     rows.append(("throughput under contention (rec/s)", *[fmt(r["throughput_after_plan"], "{:.0f}") for r in runs]))
@@ -559,6 +621,8 @@ def run_markers(run):
 def write_report(path, args, runs, summary):
     e = html.escape
     x_max = max(r.jct_s or 1 for r in runs)
+    contention_text = (f"a cgroup CPU quota of about {args.straggler_cores:g} cores" if args.straggler_cores
+                       else f"×{args.contention_factor:g}")
     charts = []
     for run in runs:
         ids = sorted({w for s in run.samples for w in s["workers"]})
@@ -602,7 +666,7 @@ svg.chart {{ display: block; margin: 12px 0; border: 1px solid #eee; }}
 <p>Synchronous all-reduce MLP training (pacer-train-mlp, Gloo), {WORLD} workers on two agents,
 {args.records * args.epochs} records ({args.records} × {args.epochs} epochs). After
 {100 * args.warmup_fraction:.0f}% of the data the agent's contention switch slowed worker
-<b>{e(args.straggler)}</b> by ×{args.contention_factor:g} with real CPU contention.
+<b>{e(args.straggler)}</b> with real CPU contention ({e(contention_text)}).
 Runs: {", ".join(e(r.label) for r in runs)}.</p>
 <p class="big">Speed-up: <b>{fmt(summary['speedup'], '{:.2f}')}×</b> &nbsp; job time
 {" vs ".join(fmt(r.jct_s) + " s" for r in runs)} &nbsp; balanced bound {fmt(summary['bound_jct_s'])} s
@@ -663,13 +727,16 @@ def parse_args(argv):
     p.add_argument("--hidden", type=int, default=1024,
                    help="hidden units: compute per sample (steps long enough that compute dominates)")
     p.add_argument("--straggler", default="w1")
-    p.add_argument("--contention-factor", type=float, default=2.5)
+    p.add_argument("--contention-factor", type=float, default=2.5,
+                   help="slow-down factor when --straggler-cores is 0 (or not measurable)")
+    p.add_argument("--straggler-cores", type=float, default=0.15,
+                   help="leave the straggler this many CPU cores (cgroup quota); 0: use --contention-factor")
     p.add_argument("--warmup-fraction", type=float, default=0.15)
     p.add_argument("--poll-s", type=float, default=1.0, help="pacerctl polling period (each poll costs CPU the trainers share)")
     p.add_argument("--run-timeout-s", type=float, default=150)
     a = p.parse_args(argv)
     if a.records is None:
-        a.records = 80000 if a.quick else 200000
+        a.records = 80000 if a.quick else 160000
     return a
 
 
