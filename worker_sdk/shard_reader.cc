@@ -145,7 +145,10 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
     if (open_.empty() || open_.back().handed == open_.back().total) {
       if (TakeReady()) continue;
       std::unique_lock<std::mutex> l(q_mu_);
-      if (blocking != Blocking::kNever) {
+      // Wait only while there is nothing to return: the next lease may be leased only after
+      // the records already handed out are consumed and reported (end of an epoch), so waiting
+      // with records in hand could wait forever.
+      if (blocking != Blocking::kNever && got == 0) {
         q_cv_.wait(l, [&] {
           return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ ||
                  (blocking == Blocking::kUntilPrefetched && service_waiting_);
@@ -163,6 +166,7 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       const uint64_t take = std::min<uint64_t>(n - got, (r.end() - r.begin()) - o.offset);
       for (uint64_t i = 0; i < take; ++i) ids->push_back(r.begin() + o.offset + i);
       got += take;
+      records_read_ += take;
       o.handed += take;
       o.offset += take;
       if (o.offset == r.end() - r.begin()) {
@@ -171,7 +175,6 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       }
     }
   }
-  records_read_ += got;
   return Outcome::kRecords;
 }
 

@@ -70,9 +70,9 @@ class ShardReader : public ReportListener {
                                                              ShardReaderOptions options);
   ~ShardReader() override;
 
-  // Appends up to `n` record ids to `ids` and returns kRecords when it appended any (fewer than
-  // `n` only at the end of the data or when `blocking` allowed no more waiting), else kWait or
-  // kEndOfData. Errors: the service refused permanently (unknown dataset, failed dataset,
+  // Appends up to `n` record ids to `ids` and returns kRecords when it appended any, else kWait
+  // or kEndOfData. It waits (as `blocking` allows) only while it has nothing to return: a batch
+  // is short when the leased records in hand run out (the next lease may need these consumed). Errors: the service refused permanently (unknown dataset, failed dataset,
   // lost worker).
   absl::StatusOr<Outcome> Next(size_t n, std::vector<uint64_t>* ids,
                                Blocking blocking = Blocking::kUntilData);

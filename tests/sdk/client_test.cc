@@ -102,6 +102,29 @@ TEST_F(SdkClientTest, ReaderDeliversEveryRecordOnceAndTheDatasetFinishes) {
   EXPECT_EQ(client->stats().steps_rejected, 0u);
 }
 
+// Regression: a batch larger than what is left at the end of the data used to wait forever in
+// kUntilData (the dataset ends only once the records in hand are consumed and reported).
+TEST_F(SdkClientTest, UntilDataReturnsAShortBatchAtTheEndInsteadOfWaiting) {
+  StartPacerd();
+  auto client = Connect("w0");
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->sharding().RegisterDataset(Spec(100, 30, 1)).ok());
+  auto reader = ShardReader::Create(client.get(), ShardReaderOptions{});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<uint64_t> ids;
+  uint64_t total = 0;
+  for (int calls = 0; calls < 1000; ++calls) {
+    ids.clear();
+    auto got = (*reader)->Next(64, &ids, ShardReader::Blocking::kUntilData);
+    ASSERT_TRUE(got.ok()) << got.status();
+    total += ids.size();
+    (*reader)->MarkConsumed();
+    if (*got == ShardReader::Outcome::kEndOfData) break;
+  }
+  EXPECT_EQ(total, 100u);
+  EXPECT_EQ((*reader)->records_read(), 100u);
+}
+
 TEST_F(SdkClientTest, BatchPlanCommandsArriveOnHeartbeatsAndSwitchAtTheEffectiveStep) {
   StartPacerd();
   std::atomic<int> hooked{0};
