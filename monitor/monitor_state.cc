@@ -241,7 +241,7 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
   std::vector<StragglerClassifier::Change> changes;
   worker_classifier_.Classify(observed, contention, &changes);
   for (uint32_t w : closed.estimated) {
-    const Classification& c = worker_classifier_.Get(w);
+    const Classification& c = worker_classifier_.Current(w);
     WindowSummary* s = speed_.Last(w);
     s->worker_class = static_cast<uint8_t>(c.worker_class());
     s->persistence = static_cast<uint8_t>(c.persistence());
@@ -365,7 +365,7 @@ std::vector<NodeStatus> MonitorState::Nodes() const {
     if (n == StragglerClassifier::kNoNode) continue;
     NodeStatus& ns = out[n];
     ns.set_workers(ns.workers() + 1);
-    if (worker_classifier_.Get(w).worker_class() == WORKER_CLASS_STRAGGLER) ns.set_stragglers(ns.stragglers() + 1);
+    if (worker_classifier_.Current(w).worker_class() == WORKER_CLASS_STRAGGLER) ns.set_stragglers(ns.stragglers() + 1);
     if (const WindowSummary* s = speed_.Last(w); s != nullptr && s->window == last_closed_) {
       ns.set_total_speed(ns.total_speed() + s->speed);
       if (s->relative > 0) rel[n].push_back(s->relative);

@@ -43,6 +43,20 @@ uint32_t StragglerClassifier::AddEntity(uint32_t node) {
   return static_cast<uint32_t>(tracks_.size() - 1);
 }
 
+std::string StragglerClassifier::NormalEvidence(double r) const {
+  return absl::StrFormat("r=%.3f within [%.2f, %.2f]", r, thresholds_.straggler,
+                         thresholds_.leader);
+}
+
+Classification StragglerClassifier::Get(uint32_t entity) const {
+  const Track& t = tracks_[entity];
+  Classification c = t.current;
+  if (c.evidence().empty() && c.worker_class() == WORKER_CLASS_NORMAL && t.observed > 0) {
+    c.set_evidence(NormalEvidence(t.recent_r[(t.observed - 1) % 64]));
+  }
+  return c;
+}
+
 uint32_t StragglerClassifier::WindowsFlagged(uint32_t entity) const {
   const Track& t = tracks_[entity];
   const uint64_t bits = t.current.worker_class() == WORKER_CLASS_LEADER ? t.leader_bits : t.straggler_bits;
@@ -96,7 +110,10 @@ void StragglerClassifier::Classify(const std::vector<Observation>& observed,
     }
     Classification next;
     Decide(t, ob.relative, f & 2, f & 4, contention, node_level, &next);
-    if (!SameClass(next, t.current)) changes->push_back({ob.entity, t.current, next, ob.relative});
+    if (!SameClass(next, t.current)) {
+      if (next.evidence().empty()) next.set_evidence(NormalEvidence(ob.relative));
+      changes->push_back({ob.entity, Get(ob.entity), next, ob.relative});
+    }
     t.current = std::move(next);
   }
 
@@ -126,9 +143,7 @@ void StragglerClassifier::Decide(Track& t, double r, bool straggling, bool leadi
                                         ? std::abs(std::log(r / thresholds_.leader))
                                         : std::numeric_limits<double>::infinity());
     out->set_confidence(0.5 + 0.5 * Clamp01(to_line / std::log(1.15)));
-    out->set_evidence(absl::StrFormat("r=%.3f within [%.2f, %.2f]", r, thresholds_.straggler,
-                                      thresholds_.leader));
-    return;
+    return;  // evidence on demand: NormalEvidence()
   }
   const uint64_t bits = (straggling ? t.straggler_bits : t.leader_bits) & window_mask_;
   const uint32_t flagged = static_cast<uint32_t>(std::popcount(bits));

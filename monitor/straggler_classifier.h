@@ -70,7 +70,11 @@ class StragglerClassifier {
   void Classify(const std::vector<Observation>& observed, const std::vector<Contention>& contention,
                 std::vector<Change>* changes);
 
-  const Classification& Get(uint32_t entity) const { return tracks_[entity].current; }
+  // The entity's classification with its evidence text. A normal entity's evidence is
+  // formatted here, on demand, not every window (it is most of the per-window cost at 4096
+  // workers); Current() is the cheap view for per-window use.
+  Classification Get(uint32_t entity) const;
+  const Classification& Current(uint32_t entity) const { return tracks_[entity].current; }
   uint32_t WindowsFlagged(uint32_t entity) const;
   // Straggler count / observed workers per node in the last classified window.
   uint32_t NodeStragglers(uint32_t node) const;
@@ -78,6 +82,7 @@ class StragglerClassifier {
   size_t MemoryBytes() const;
 
  private:
+  std::string NormalEvidence(double r) const;
   struct Track {
     uint32_t node = kNoNode;
     uint64_t straggler_bits = 0;  // bit 0: latest observed window
