@@ -560,7 +560,7 @@ def print_table(summary, stream):
 
 def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
     """series: [(name, colour, [(t, y)], dashed)]; markers: [(t, label, colour)]."""
-    ml, mr, mt, mb = 60, 150, 28, 36
+    ml, mr, mt, mb = 60, 200, 28, 36
     pw, ph = width - ml - mr, height - mt - mb
     y_max = max([y for _, _, pts, _ in series for _, y in pts] + [1.0]) * 1.1
     x_max = max(x_max, 1.0)
@@ -587,10 +587,12 @@ def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
     parts.append(f'<text x="12" y="{mt + ph / 2}" font-size="11" transform="rotate(-90 12 {mt + ph / 2})" '
                  f'text-anchor="middle">{e(y_label)}</text>')
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
-    for t, label, colour in markers:
+    for k, (t, label, colour) in enumerate(sorted(markers)):
         parts.append(f'<line x1="{X(t):.1f}" x2="{X(t):.1f}" y1="{mt}" y2="{mt + ph}" stroke="{colour}" '
                      f'stroke-dasharray="4 3"/>')
-        parts.append(f'<text x="{X(t) + 3:.1f}" y="{mt + 10}" font-size="10" fill="{colour}">{e(label)}</text>')
+        # labels on three staggered rows so that close markers stay readable
+        parts.append(f'<text x="{X(t) + 3:.1f}" y="{mt + 10 + 11 * (k % 3)}" font-size="10" '
+                     f'fill="{colour}">{e(label)}</text>')
     for i, (name, colour, pts, dashed) in enumerate(series):
         if len(pts) >= 2:
             d = " ".join(f"{X(t):.1f},{Y(y):.1f}" for t, y in pts)
@@ -634,9 +636,9 @@ def write_report(path, args, runs, summary):
     tput_series = []
     for i, run in enumerate(runs):
         pts = [(run.samples[k]["t"], run.throughput_at(k)) for k in range(1, len(run.samples))]
-        tput_series.append((f"job throughput, {run.label}", COLOURS[i * 2 % len(COLOURS)], pts, False))
+        tput_series.append((f"throughput, {run.label}", COLOURS[i * 2 % len(COLOURS)], pts, False))
     mit = runs[-1]
-    tput_series.append((f"Σ v_i (bound), {mit.label}", "#7f7f7f",
+    tput_series.append((f"Σ v_i bound, {mit.label}", "#7f7f7f",
                         [(s["t"], s["sum_speed"]) for s in mit.samples], True))
     charts.append(svg_chart("Job throughput (records done per second, sharding service) vs the balanced bound",
                             tput_series, run_markers(mit), x_max, "records / s"))
