@@ -145,10 +145,11 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
     if (open_.empty() || open_.back().handed == open_.back().total) {
       if (TakeReady()) continue;
       std::unique_lock<std::mutex> l(q_mu_);
-      // Wait only while there is nothing to return: the next lease may be leased only after
-      // the records already handed out are consumed and reported (end of an epoch), so waiting
-      // with records in hand could wait forever.
-      if (blocking != Blocking::kNever && got == 0) {
+      // kUntilData waits only while there is nothing to return: the next lease may be leased
+      // only after the records already handed out are consumed and reported (end of an epoch),
+      // so waiting with records in hand could wait forever. kUntilPrefetched stops waiting as
+      // soon as the service says WAIT, so it may fill the batch from the next lease.
+      if (blocking == Blocking::kUntilPrefetched || (blocking == Blocking::kUntilData && got == 0)) {
         q_cv_.wait(l, [&] {
           return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ ||
                  (blocking == Blocking::kUntilPrefetched && service_waiting_);

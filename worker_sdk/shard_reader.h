@@ -71,8 +71,9 @@ class ShardReader : public ReportListener {
   ~ShardReader() override;
 
   // Appends up to `n` record ids to `ids` and returns kRecords when it appended any, else kWait
-  // or kEndOfData. It waits (as `blocking` allows) only while it has nothing to return: a batch
-  // is short when the leased records in hand run out (the next lease may need these consumed). Errors: the service refused permanently (unknown dataset, failed dataset,
+  // or kEndOfData. kUntilData waits only while it has nothing to return (a batch is short when
+  // the leased records in hand run out: the next lease may need these consumed first);
+  // kUntilPrefetched waits for the prefetcher until the service says WAIT. Errors: the service refused permanently (unknown dataset, failed dataset,
   // lost worker).
   absl::StatusOr<Outcome> Next(size_t n, std::vector<uint64_t>* ids,
                                Blocking blocking = Blocking::kUntilData);
