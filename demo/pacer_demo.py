@@ -724,8 +724,9 @@ def parse_args(argv):
     p.add_argument("--live", default="auto", choices=["auto", "tty", "lines", "off"])
     p.add_argument("--records", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--shard-size", type=int, default=8192,
-                   help="records per shard: at least the largest local batch (a step reads what is leased and prefetched)")
+    p.add_argument("--shard-size", type=int, default=2048,
+                   help="records per shard (a step fills its batch across leases; the straggler's last "
+                        "lease is the job's tail)")
     p.add_argument("--batch", type=int, default=2048, help="initial local batch (global = 4 x this)")
     p.add_argument("--hidden", type=int, default=1024,
                    help="hidden units: compute per sample (steps long enough that compute dominates)")
