@@ -73,17 +73,18 @@ def main():
         expect(not [a for a in none["actions"] if a["outcome"] == "executed"], "none: no action executed")
         plans = [a for a in mit["actions"] if a["kind"] == "ADJUST_BS" and a["outcome"] == "executed"]
         expect(len(plans) >= 1, "mitigated: an ADJUST_BS plan was executed")
-        # The plan made for the straggler (not the membership plans at the end of the data, when
-        # finished workers drop out): the straggler gets the smallest local batch (m x k).
+        # The speed plan the controller converged on (the last one; not the membership plans at
+        # the end of the data, when finished workers drop out; an early plan may come from the
+        # first noisy windows): the straggler gets the smallest local batch (m x k).
         strag = s["straggler"]
         speed_plans = [a for a in plans if not (a["reason"] or "").startswith("workers or global batch")]
         expect(len(speed_plans) >= 1, "mitigated: a speed-proportional plan was executed")
         if speed_plans:
             batches = {w: int(m) * int(k) for w, m, k in
-                       re.findall(r"(\w+)=(\d+)x(\d+)", speed_plans[0]["detail"] or "")}
+                       re.findall(r"(\w+)=(\d+)x(\d+)", speed_plans[-1]["detail"] or "")}
             expect(batches and batches.get(strag) == min(batches.values()) and
                    batches[strag] < max(batches.values()),
-                   f"mitigated: the first plan gives the straggler {strag} the smallest batch ({batches})")
+                   f"mitigated: the last speed plan gives the straggler {strag} the smallest batch ({batches})")
         expect(s["records_duplicated"] == 0 and s["records_done"] == s["records_expected"],
                "summary: exactly once")
         report = os.path.join(out, "report.html")
