@@ -280,6 +280,12 @@ std::map<std::string, double> MeasureRates(const std::string& dir, const std::ve
 
 // `strict`: the chosen worker's rate must drop by factor +-20 % and the other's must not drop
 // by more than 20 %. Otherwise only a measurable slowdown of the chosen worker is required.
+//
+// The machine is shared (other tests, other builds), so the other worker doubles as a control:
+// a measurement counts only when the control's rate moved by less than 15 % between the window
+// before and the window during contention, i.e. the foreign load stayed put. Up to 5 attempts
+// (contention set, measured, cleared); the first stable one is asserted. If none is stable the
+// test fails: the machine was too noisy to tell, which is not a pass.
 void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
                                               const std::string& dir, double factor,
                                               const std::string& method, bool strict) {
@@ -290,37 +296,47 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
            ReadProgress(dir + "/w1.progress").iterations > 0 && r.Worker("w0").ok() &&
            r.Worker("w0")->cpu_cores() > 0;
   }, 20s));
-  auto before = MeasureRates(dir, ids, 2000ms);
-  auto id = r.SetContention("w0", factor);
-  ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(WaitFor([&] {
-    auto c = r.Command(*id);
-    return c.ok() && c->state != CommandState::kPending;
-  }, 20s));
-  ASSERT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
-  std::this_thread::sleep_for(300ms);  // let the first throttled periods pass before measuring
-  auto during = MeasureRates(dir, ids, 2000ms);
-  const double slowdown0 = before["w0"] / during["w0"];
-  const double slowdown1 = before["w1"] / during["w1"];
-  std::cout << method << ": factor " << factor << ": w0 " << before["w0"] << " -> " << during["w0"]
-            << " it/s (slowdown " << slowdown0 << "), w1 " << before["w1"] << " -> "
-            << during["w1"] << " it/s (slowdown " << slowdown1 << ")" << std::endl;
-  if (strict) {
-    EXPECT_NEAR(slowdown0, factor, 0.2 * factor);
-    EXPECT_LT(slowdown1, 1.2) << "the other worker must not be slowed";
-  } else {
-    EXPECT_GT(slowdown0, 1.1);
-  }
-  EXPECT_DOUBLE_EQ(r.Worker("w0")->contention_factor(), factor);
-  EXPECT_DOUBLE_EQ(r.Worker("w1")->contention_factor(), 0);
+  constexpr int kAttempts = 5;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    auto before = MeasureRates(dir, ids, 2000ms);
+    auto id = r.SetContention("w0", factor);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ASSERT_TRUE(WaitFor([&] {
+      auto c = r.Command(*id);
+      return c.ok() && c->state != CommandState::kPending;
+    }, 20s));
+    ASSERT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+    std::this_thread::sleep_for(300ms);  // let the first throttled periods pass before measuring
+    auto during = MeasureRates(dir, ids, 2000ms);
+    const double slowdown0 = before["w0"] / during["w0"];
+    const double slowdown1 = before["w1"] / during["w1"];
+    std::cout << method << " attempt " << attempt << ": factor " << factor << ": w0 "
+              << before["w0"] << " -> " << during["w0"] << " it/s (slowdown " << slowdown0
+              << "), w1 " << before["w1"] << " -> " << during["w1"] << " it/s (slowdown "
+              << slowdown1 << ")" << std::endl;
+    EXPECT_DOUBLE_EQ(r.Worker("w0")->contention_factor(), factor);
+    EXPECT_DOUBLE_EQ(r.Worker("w1")->contention_factor(), 0);
 
-  auto clear = r.ClearContention("node-a", "");
-  ASSERT_TRUE(clear.ok());
-  ASSERT_TRUE(WaitFor([&] { return r.Command(*clear).ok() && r.Command(*clear)->state == CommandState::kDone; }, 20s));
-  auto after = MeasureRates(dir, ids, 1500ms);
-  std::cout << "cleared: w0 " << after["w0"] << " it/s, w1 " << after["w1"] << " it/s" << std::endl;
-  // Both uncontended again, in the same window: comparable rates (not a 1/factor one).
-  EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
+    auto clear = r.ClearContention("node-a", "");
+    ASSERT_TRUE(clear.ok());
+    ASSERT_TRUE(WaitFor([&] { return r.Command(*clear).ok() && r.Command(*clear)->state == CommandState::kDone; }, 20s));
+    auto after = MeasureRates(dir, ids, 1500ms);
+    std::cout << "cleared: w0 " << after["w0"] << " it/s, w1 " << after["w1"] << " it/s" << std::endl;
+
+    // The control may speed up (w0 frees CPU) but must not have been slowed by foreign load.
+    const bool stable = slowdown1 > 1.0 / 1.5 && slowdown1 < 1.15;
+    if (!stable && attempt < kAttempts) continue;
+    ASSERT_TRUE(stable) << "foreign load kept changing in all " << kAttempts << " attempts";
+    if (strict) {
+      EXPECT_NEAR(slowdown0, factor, 0.2 * factor);
+      EXPECT_LT(slowdown1, 1.2) << "the other worker must not be slowed";
+    } else {
+      EXPECT_GT(slowdown0, 1.1);
+    }
+    // Both uncontended again, in the same window: comparable rates (not a 1/factor one).
+    EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
+    return;
+  }
 }
 
 TEST_F(AgentTest, ContentionByCgroupQuotaSlowsTheChosenWorkerByTheFactor) {
