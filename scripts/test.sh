@@ -3,7 +3,7 @@
 # integration, chaos). Usage: scripts/test.sh [ctest args...], e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh --torch
+scripts/install-deps.sh --torch --chromium
 scripts/build.sh
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 -j 2 "$@"
