@@ -246,9 +246,13 @@ TEST_F(AgentTest, KeepsWorkersRunningWhilePacerdIsDownAndReRegisters) {
   EXPECT_EQ(exits[0].worker_id(), "w0");
   EXPECT_EQ(exits[0].pid(), p0);
   EXPECT_EQ(exits[0].signal(), SIGKILL);
-  const std::string log = Log();
-  EXPECT_NE(log.find("re-registered with pacerd"), std::string::npos) << log;
-  EXPECT_NE(log.find("failed heartbeats"), std::string::npos);
+  // The agent logs once it has processed pacerd's reply, which can be just after the registry
+  // saw the heartbeat: wait for the lines rather than read the log at once.
+  EXPECT_TRUE(WaitFor([&] {
+    const std::string log = Log();
+    return log.find("re-registered with pacerd") != std::string::npos &&
+           log.find("failed heartbeats") != std::string::npos;
+  }, 20s)) << Log();
 }
 
 // Rate of a spinning worker over `window`: iterations per wall second, from its progress file.
