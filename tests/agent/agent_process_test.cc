@@ -424,7 +424,7 @@ TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
   EXPECT_NE(env.find(std::string("PACER_TOKEN=") + kToken), std::string::npos);
   EXPECT_NE(env.find("PACER_ADDR=" + server.address()), std::string::npos);
   // Worker output is forwarded with its id.
-  EXPECT_NE(Log().find("[w1] started"), std::string::npos);
+  EXPECT_TRUE(WaitFor([&] { return Log().find("[w1] started") != std::string::npos; }, 20s)) << Log();
 }
 
 // Delegates to the registry, then appends scripted raw commands to its replies (commands the
