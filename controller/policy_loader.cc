@@ -55,8 +55,10 @@ class PolicyParser {
   absl::Status WalkMap(const YAML::Node& map, const std::string& path) {
     std::set<std::string> seen;
     for (auto it = map.begin(); it != map.end(); ++it) {
-      const YAML::Node& key = it->first;
-      const YAML::Node& value = it->second;
+      // Copies (cheap, reference-counted): `it->` yields a temporary proxy, so references to
+      // its members dangle at the end of the statement (ASan: stack-use-after-scope).
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
       if (!key.IsScalar()) return Error(key.Mark(), path, "keys must be plain names");
       const std::string& name = key.Scalar();
       const std::string full = path.empty() ? name : absl::StrCat(path, ".", name);

@@ -11,5 +11,6 @@ BUILD_DIR=$dir scripts/build.sh -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER
   -DPACER_SANITIZE="$kind" -DPACER_BUILD_BENCH=OFF
 export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1"
 export ASAN_OPTIONS="detect_leaks=1"
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 cd "$dir" && ctest --output-on-failure -j 2 -L "unit|integration"

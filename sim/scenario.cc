@@ -62,7 +62,7 @@ class ScenarioParser {
     if (!map.IsMap()) return Error(map.Mark(), path, "must be a mapping");
     std::set<std::string> seen;
     for (auto it = map.begin(); it != map.end(); ++it) {
-      const YAML::Node& key = it->first;
+      const YAML::Node key = it->first;  // a copy: `it->` is a temporary proxy
       if (!key.IsScalar()) return Error(key.Mark(), path, "keys must be plain names");
       const std::string name = key.Scalar();
       const std::string full = path.empty() ? name : absl::StrCat(path, ".", name);
