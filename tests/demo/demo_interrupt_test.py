@@ -18,20 +18,11 @@ import sys
 import tempfile
 import time
 
+from procs import procs_naming
 
-def procs_naming(path):
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if path in cmd and "demo_interrupt_test" not in cmd:
-            found.append((int(pid), cmd[:200]))
-    return found
+
+def run_procs(path):
+    return procs_naming(path, "demo_interrupt_test")
 
 
 def wait_for(pred, timeout_s, period_s=0.05):
@@ -46,7 +37,7 @@ def wait_for(pred, timeout_s, period_s=0.05):
 
 def agent_pids(out):
     pids = []
-    for pid, cmd in procs_naming(out):
+    for pid, cmd in run_procs(out):
         if "pacer-agent" in cmd.split(" ")[0]:
             pids.append(pid)
     return pids
@@ -69,7 +60,7 @@ def one_round(demo, bin_dir, delay_s, tmp, n):
         time.sleep(0.1)
     if p.poll() is not None:
         print(f"round {n}: the demo finished before the interrupt ({p.returncode}); nothing to check")
-        return p.returncode == 0 and not procs_naming(out)
+        return p.returncode == 0 and not run_procs(out)
     print(f"round {n}: SIGINT after {delay_s:.1f} s (agents seen: {sorted(agents)})")
     os.kill(p.pid, signal.SIGINT)
     try:
@@ -83,7 +74,7 @@ def one_round(demo, bin_dir, delay_s, tmp, n):
     if p.returncode != 130:
         print(f"FAIL round {n}: exit code {p.returncode}, want 130\n{p.stderr.read()[-2000:]}")
         ok = False
-    left = procs_naming(out)
+    left = run_procs(out)
     if left:
         print(f"FAIL round {n}: processes left behind: {left}")
         ok = False

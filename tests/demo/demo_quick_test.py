@@ -18,20 +18,11 @@ import subprocess
 import sys
 import tempfile
 
+from procs import procs_naming
+
 
 def leftovers(out_dir):
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if out_dir in cmd and "demo_quick_test" not in cmd:
-            found.append((pid, cmd))
-    return found
+    return procs_naming(out_dir, "demo_quick_test")
 
 
 def main():
