@@ -4,7 +4,8 @@
 //   pacer-agent --addr HOST:PORT --token-file F --node N --workers 2 -- python train.py
 //
 // Exit codes: 0 workers finished (or SIGTERM), 1 startup error, 2 bad flags, 3 workers failed
-// (restart limit), 75 migrated (pacerd told the agent to leave this node).
+// (restart limit), 75 migrated (pacerd told the agent to leave this node; with --kubernetes only
+// after the own pod was deleted).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
   pacer::NodeAgentOptions o;
   std::string token_file, tls_ca_file, method = "auto";
   std::vector<std::string> contention;
+  bool kubernetes = false;
+  pacer::KubeFlags kube;
+  int64_t kube_timeout_ms = 10'000, kube_backoff_ms = 500;
+  int kube_attempts = 6;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   o.node = host;
@@ -70,8 +75,24 @@ int main(int argc, char** argv) {
       ("cgroup-root", po::value(&o.contention.cgroup_root)->default_value(o.contention.cgroup_root),
        "cgroup mount root")
       ("no-nvml", "do not try NVML for GPU utilisation")
-      ("kubernetes", po::bool_switch(&o.kubernetes),
-       "migrate by deleting the own pod: NOT IMPLEMENTED (behaves as plain mode)");
+      ("kubernetes", po::bool_switch(&kubernetes),
+       "Kubernetes mode: migrate deletes the own pod through the API server (see README)")
+      ("k8s-api-url", po::value(&kube.api_url),
+       "API server https://HOST[:PORT] (default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+      ("k8s-token-file", po::value(&kube.token_file),
+       "service account token (default <sa>/token, sa = /var/run/secrets/kubernetes.io/serviceaccount)")
+      ("k8s-ca-file", po::value(&kube.ca_file), "CA bundle to verify the API server (default <sa>/ca.crt)")
+      ("k8s-namespace", po::value(&kube.namespace_name), "own namespace (default $POD_NAMESPACE, else <sa>/namespace)")
+      ("k8s-pod-name", po::value(&kube.pod_name), "own pod name (default $POD_NAME, from the downward API)")
+      ("k8s-pod-uid", po::value(&kube.pod_uid),
+       "own pod uid (default $POD_UID): delete only this pod, never a replacement with the same name")
+      ("k8s-allow-http", po::bool_switch(&kube.allow_insecure_http), "accept an http:// API URL (tests only)")
+      ("k8s-request-timeout-ms", po::value(&kube_timeout_ms)->default_value(kube_timeout_ms),
+       "deadline of one API request (connect, TLS, reply)")
+      ("k8s-max-attempts", po::value(&kube_attempts)->default_value(kube_attempts),
+       "API attempts on 5xx / connection errors before the migrate command fails")
+      ("k8s-backoff-initial-ms", po::value(&kube_backoff_ms)->default_value(kube_backoff_ms),
+       "delay before the first API retry (doubles per retry, at most 8 s)");
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv,
       "Usage: pacer-agent [options] -- <worker command ...>\n\n"
@@ -104,6 +125,17 @@ int main(int argc, char** argv) {
     auto ca = pacer::ReadSmallFile(tls_ca_file);
     if (!ca.ok()) pacer::ExitWithError("pacer-agent", std::string(ca.status().message()));
     o.tls_ca = *ca;
+  }
+  if (kubernetes) {
+    auto k = pacer::ResolveKubeClientOptions(kube, pacer::KubeEnvironment());
+    if (!k.ok()) pacer::ExitWithError("pacer-agent", "--kubernetes: " + std::string(k.status().message()), 1);
+    if (kube_timeout_ms <= 0 || kube_attempts <= 0 || kube_backoff_ms < 0) {
+      pacer::ExitWithError("pacer-agent", "--k8s-request-timeout-ms and --k8s-max-attempts must be > 0");
+    }
+    k->attempt_timeout_ms = kube_timeout_ms;
+    k->max_attempts = kube_attempts;
+    k->backoff_initial_ms = kube_backoff_ms;
+    o.kubernetes = *k;
   }
   auto agent = pacer::NodeAgent::Create(std::move(o));
   if (!agent.ok()) pacer::ExitWithError("pacer-agent", std::string(agent.status().message()));

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "agent/child_process.h"
@@ -139,6 +140,7 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
     }
     stub_ = AgentService::NewStub(grpc::CreateCustomChannel(options_.address, creds, args));
   }
+  if (options_.kubernetes) kube_ = std::make_unique<KubeClient>(io_, *options_.kubernetes);
 }
 
 NodeAgent::~NodeAgent() {
@@ -147,6 +149,7 @@ NodeAgent::~NodeAgent() {
     std::unique_lock<std::mutex> l(in_flight_->mu);
     in_flight_->cv.wait(l, [&] { return in_flight_->done; });
   }
+  kube_.reset();        // cancels a pod deletion in flight
   injector_.reset();    // removes groups, kills hogs
   supervisor_.reset();  // SIGKILLs whatever still runs
 }
@@ -439,16 +442,32 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
         (void)supervisor_->Stop(cmd.stop().worker_id(), done);
       }
       return;
-    case AgentCommand::kMigrate:
-      if (options_.kubernetes) {
-        PACER_LOG(ERROR) << "Kubernetes migration (deleting the own pod) is NOT IMPLEMENTED; "
-                            "leaving as in plain mode (exit "
-                         << kAgentExitMigrated << ")";
+    case AgentCommand::kMigrate: {
+      const std::string why = "migrate: " + cmd.migrate().reason();
+      if (!kube_) {
+        // The ack goes out with the final heartbeat, after every worker stopped.
+        Acknowledge(id, absl::OkStatus());
+        BeginExit(kAgentExitMigrated, why);
+        return;
       }
-      // The ack goes out with the final heartbeat, after every worker stopped.
-      Acknowledge(id, absl::OkStatus());
-      BeginExit(kAgentExitMigrated, "migrate: " + cmd.migrate().reason());
+      const KubeClientOptions& k = kube_->options();
+      PACER_LOG(INFO) << "migrate: deleting the own pod " << k.namespace_name << "/" << k.pod_name
+                      << " so that it is rescheduled on another node";
+      kube_->DeletePod([this, id, why](absl::StatusOr<PodDeletion> r) {
+        if (done_) return;
+        if (!r.ok()) {
+          PACER_LOG(ERROR) << "migrate: pod not deleted, workers keep running: " << r.status().message();
+          Acknowledge(id, absl::Status(r.status().code(),
+                                       absl::StrCat("pod not deleted: ", r.status().message())));
+          return;
+        }
+        PACER_LOG(INFO) << "migrate: pod " << (r->already_gone ? "already gone" : "deleted") << " (HTTP "
+                        << r->http_status << ", " << r->attempts << " attempt(s)); stopping workers";
+        Acknowledge(id, absl::OkStatus());
+        BeginExit(kAgentExitMigrated, why);
+      });
       return;
+    }
     case AgentCommand::kSetContention: {
       const std::string& w = cmd.set_contention().worker_id();
       std::vector<pid_t> others;

@@ -17,6 +17,12 @@
 //  4. Each command id is executed at most once per incarnation (a replay is acked with
 //     `duplicate`); an invalid command (no action, unknown worker, bad factor, ambiguous stop)
 //     is refused with a reason and changes nothing.
+//  5. Migrate, plain mode: acked OK, every worker stopped, the ack goes out with the final
+//     heartbeat, exit 75. Kubernetes mode: first DELETE the own pod (KubeClient, retried with
+//     backoff on 5xx / transport errors); the command stays in flight meanwhile (a replay is
+//     not executed twice). Deleted or already gone: as plain mode (the kubelet's SIGTERM for
+//     the deleted pod joins the same exit). Refused (401/403/other 4xx, or retries exhausted):
+//     acked as failed with the API's reason, the workers keep running, the agent stays.
 //
 // Exit codes of Run(): 0 every worker finished (or SIGTERM/SIGINT stopped them), 3 every worker
 // ended and at least one FAILED (restart limit), 75 migrated (told to leave the node).
@@ -37,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/contention_injector.h"
+#include "agent/kube_client.h"
 #include "agent/node_metrics_collector.h"
 #include "agent/restart_backoff.h"
 #include "agent/worker_supervisor.h"
@@ -68,7 +75,9 @@ struct NodeAgentOptions {
   int64_t metrics_interval_ms = 1000;
   ContentionOptions contention;
   std::map<std::string, double> initial_contention;  // worker id -> factor (local demos)
-  bool kubernetes = false;  // migrate by deleting the own pod: NOT IMPLEMENTED (stub, see README)
+  // Set: Kubernetes mode, migrate deletes the own pod through the API server (kube_client.h)
+  // before the workers are stopped. Unset: plain mode, migrate only stops and exits 75.
+  std::optional<KubeClientOptions> kubernetes;
   NodeMetricsSources metrics_sources;
   int stdout_fd = 1, stderr_fd = 2;
 };
@@ -129,6 +138,7 @@ class NodeAgent {
   std::unique_ptr<ContentionInjector> injector_;
   std::unique_ptr<WorkerSupervisor> supervisor_;
   std::unique_ptr<AgentService::Stub> stub_;
+  std::unique_ptr<KubeClient> kube_;  // Kubernetes mode only
 
   std::deque<WorkerExit> exits_outbox_;
   std::vector<CommandAck> acks_outbox_;
