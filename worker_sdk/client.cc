@@ -136,6 +136,13 @@ void Client::EnqueueStep(const StepReport& report) {
   steps_.back().set_worker_id(options_.worker_id);
 }
 
+void Client::NoteRegroupGeneration(uint64_t generation) {
+  uint64_t held = regroup_generation_.load(std::memory_order_relaxed);
+  while (held < generation &&
+         !regroup_generation_.compare_exchange_weak(held, generation, std::memory_order_acq_rel)) {
+  }
+}
+
 std::string Client::stop_reason() const {
   std::lock_guard<std::mutex> l(mu_);
   return stop_reason_;
@@ -260,6 +267,7 @@ void Client::SendHeartbeat() {
   }
   req.set_step(step_.load(std::memory_order_relaxed));
   req.set_plan_version(plan_.newest_version());
+  req.set_regroup_generation(regroup_generation());
   auto resp = sharding_->Heartbeat(req);
   std::vector<std::pair<uint64_t, uint64_t>> acked;
   std::vector<uint64_t> cancelled;
@@ -292,6 +300,9 @@ void Client::SendHeartbeat() {
       for (const auto& cmd : resp->commands()) {
         if (cmd.has_batch_plan()) {
           if (plan_.Offer(cmd.batch_plan())) ++stats_.plans_received;
+        } else if (cmd.has_regroup()) {
+          if (cmd.regroup().generation() > regroup_generation()) ++stats_.regroups_received;
+          NoteRegroupGeneration(cmd.regroup().generation());
         } else if (cmd.kind_case() == WorkerCommand::kStop) {
           stop_reason_ = cmd.stop();
           stop_requested_.store(true, std::memory_order_release);

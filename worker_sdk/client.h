@@ -71,6 +71,7 @@ struct ClientStats {
   uint64_t steps_dropped = 0;       // queue over its bound while the monitor was unreachable
   uint64_t monitor_reregistrations = 0;
   uint64_t plans_received = 0;
+  uint64_t regroups_received = 0;  // RegroupCommands newer than the generation held
 };
 
 class Client {
@@ -95,6 +96,13 @@ class Client {
   LocalBatchPlan& batch_plan() { return plan_; }
   // A stop command arrived (finish the current step and exit).
   bool stop_requested() const { return stop_requested_.load(std::memory_order_acquire); }
+  // The newest collective generation pacerd announced (RegroupCommand; 0: none) or the
+  // collective noted as held (NoteRegroupGeneration), whichever is newer. A collective built
+  // under an older generation must be rebuilt (ElasticGlooCollective::Regroup) at the next
+  // step boundary. The heartbeat reports it, so pacerd stops resending the command.
+  uint64_t regroup_generation() const { return regroup_generation_.load(std::memory_order_acquire); }
+  // The collective now holds `generation` (monotonic: an older one is ignored).
+  void NoteRegroupGeneration(uint64_t generation);
   std::string stop_reason() const;
 
   // ---- any thread ----
@@ -141,6 +149,7 @@ class Client {
   LocalBatchPlan plan_;
   std::atomic<uint64_t> step_{0};
   std::atomic<bool> stop_requested_{false};
+  std::atomic<uint64_t> regroup_generation_{0};
   std::atomic<bool> monitor_enabled_{true};
 
   mutable std::mutex mu_;  // guards everything below until the thread

@@ -19,12 +19,14 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
                                       std::to_string(o.rank) + ", size " +
                                       std::to_string(o.size) + ")");
   }
-  if (o.store_dir.empty()) return absl::InvalidArgumentError("gloo: store_dir is required");
-  std::error_code ec;
-  std::filesystem::create_directories(o.store_dir, ec);
-  if (ec) {
-    return absl::InvalidArgumentError("gloo: cannot create store dir '" + o.store_dir +
-                                      "': " + ec.message());
+  if (o.store == nullptr) {
+    if (o.store_dir.empty()) return absl::InvalidArgumentError("gloo: store_dir or store is required");
+    std::error_code ec;
+    std::filesystem::create_directories(o.store_dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError("gloo: cannot create store dir '" + o.store_dir +
+                                        "': " + ec.message());
+    }
   }
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   std::unique_ptr<GlooCollective> c(new GlooCollective(o.rank, o.size, timeout));
@@ -32,16 +34,17 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
     gloo::transport::tcp::attr attr;
     attr.hostname = o.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore file_store(o.store_dir);
-    gloo::rendezvous::PrefixStore store(o.prefix, file_store);
+    std::unique_ptr<gloo::rendezvous::FileStore> file_store;
+    if (o.store == nullptr) file_store = std::make_unique<gloo::rendezvous::FileStore>(o.store_dir);
+    gloo::rendezvous::PrefixStore store(o.prefix, o.store ? *o.store : *file_store);
     auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
     context->setTimeout(timeout);
     context->connectFullMesh(store, device);
     c->context_ = std::move(context);
   } catch (const std::exception& e) {
     return absl::UnavailableError(std::string("gloo rendezvous (rank ") + std::to_string(o.rank) +
-                                  " of " + std::to_string(o.size) + ", store '" + o.store_dir +
-                                  "'): " + e.what());
+                                  " of " + std::to_string(o.size) + ", store '" +
+                                  (o.store ? std::string("given") : o.store_dir) + "'): " + e.what());
   }
   return c;
 }

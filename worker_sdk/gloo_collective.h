@@ -1,10 +1,11 @@
 // GlooCollective: the CPU all-reduce backend on Gloo's TCP transport.
 //
-// Rendezvous goes through a Gloo store. For local runs (tests, the examples, one machine) it
-// is a FileStore in a directory every rank can see; each run must use a fresh directory or a
-// fresh `prefix` (keys of an old run would be read as this run's). A store served by pacerd
-// (so that ranks on different machines rendezvous without a shared file system, and a
-// restarted worker re-rendezvouses without a job restart) is future work: see worker_sdk/README.md.
+// Rendezvous goes through a Gloo store: either a FileStore in a directory every rank can see
+// (local runs: tests, the examples, one machine; each run must use a fresh directory or a
+// fresh `prefix`, since keys of an old run would be read as this run's), or any store the
+// caller passes, such as pacerd's rendezvous store (rendezvous_client.h). For ranks on
+// several machines, and to regroup after a worker restarts without restarting the job, use
+// ElasticGlooCollective (elastic_gloo.h), which builds this class under pacerd's store.
 //
 // Owns the Gloo context (a full mesh of TCP pairs). Every operation has a timeout, so a dead
 // peer yields UNAVAILABLE instead of a hang. Gloo reports errors by exceptions; they are caught
@@ -20,14 +21,18 @@
 
 namespace gloo {
 class Context;
+namespace rendezvous {
+class Store;
 }
+}  // namespace gloo
 
 namespace pacer {
 
 struct GlooOptions {
   int rank = 0;
   int size = 1;
-  std::string store_dir;          // FileStore directory shared by every rank
+  std::string store_dir;          // FileStore directory shared by every rank (when no `store`)
+  gloo::rendezvous::Store* store = nullptr;  // used instead of a FileStore; only during Create
   std::string prefix = "pacer";   // namespace inside the store (a run / generation id)
   std::string hostname = "127.0.0.1";  // address this rank listens on
   int64_t timeout_ms = 60'000;    // rendezvous and every collective

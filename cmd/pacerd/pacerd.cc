@@ -117,10 +117,13 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
                                         ActionKindName(a.kind) + " yet (parameter servers)");
     }
   });
-  d->sharding_->SetHeartbeatHook(
-      [reconciler](const HeartbeatRequest& req, HeartbeatResponse* resp) {
-        reconciler->OnHeartbeat(req, resp);
-      });
+  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>();
+  d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
+  d->sharding_->SetHeartbeatHook([reconciler, rendezvous = d->rendezvous_.get()](
+                                     const HeartbeatRequest& req, HeartbeatResponse* resp) {
+    reconciler->OnHeartbeat(req, resp);
+    rendezvous->OnHeartbeat(req, resp);  // regroup commands after a membership change
+  });
   d->monitor_->SetEventListener(
       [reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
   PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"
@@ -133,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   builder.RegisterService(d->controller_grpc_.get());
   builder.RegisterService(d->agents_grpc_.get());
   builder.RegisterService(d->contention_grpc_.get());
+  builder.RegisterService(d->rendezvous_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {
@@ -169,6 +173,7 @@ void Pacerd::Shutdown() {
   }
   cv_.notify_all();
   if (housekeeping_.joinable()) housekeeping_.join();
+  if (rendezvous_) rendezvous_->Shutdown();  // parked Gets would hold up the server's shutdown
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (sharding_) (void)sharding_->Flush();
 }

@@ -1,7 +1,7 @@
 // Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
 //
-// Owns the sharding service, the monitor, the agent registry and the controller's reconcile
-// loop, their gRPC
+// Owns the sharding service, the monitor, the agent registry, the controller's reconcile
+// loop, the rendezvous store of the collective backends (soft state), their gRPC
 // server, the metrics endpoint and a housekeeping thread that expires silent workers' leases,
 // closes monitor windows and reconciles. Start() binds (port 0 = the OS picks) and returns once
 // serving; Shutdown() (or the destructor) stops accepting, finishes in-flight calls and flushes
@@ -27,6 +27,8 @@
 #include "controller/reconciler.h"
 #include "monitor/grpc_monitor_service.h"
 #include "monitor/monitor_service.h"
+#include "rendezvous/grpc_rendezvous_service.h"
+#include "rendezvous/rendezvous_service.h"
 #include "sharding_service/grpc_sharding_service.h"
 #include "sharding_service/sharding_service.h"
 
@@ -65,6 +67,7 @@ class Pacerd {
   MonitorServiceImpl* monitor() { return monitor_.get(); }
   Reconciler* reconciler() { return reconciler_.get(); }
   AgentRegistry* agents() { return agents_.get(); }
+  RendezvousServiceImpl* rendezvous() { return rendezvous_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
 
  private:
@@ -85,6 +88,8 @@ class Pacerd {
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
+  std::unique_ptr<RendezvousServiceImpl> rendezvous_;
+  std::unique_ptr<GrpcRendezvousService> rendezvous_grpc_;
   std::unique_ptr<grpc::Server> server_;
   std::string host_;
   int port_ = 0;

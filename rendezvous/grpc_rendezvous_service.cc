@@ -1,0 +1,59 @@
+#include "rendezvous/grpc_rendezvous_service.h"
+
+#include "common/status.h"
+
+namespace pacer {
+namespace {
+
+// A Get that may wait: parked in the impl under its own address as the tag. OnCancel (deadline
+// or client gone) takes it out again; whoever takes it out finishes it, exactly once. gRPC
+// calls OnCancel and OnDone only once the handler has returned the reactor (a call cancelled
+// earlier still gets OnCancel then), so `this` outlives Start and no cancellation is missed.
+class WaitingGet final : public grpc::ServerUnaryReactor {
+ public:
+  explicit WaitingGet(RendezvousServiceImpl* impl) : impl_(impl) {}
+
+  void Start(const RendezvousGetRequest* req, RendezvousGetResponse* resp) {
+    impl_->Get(*req, resp, this, [this](absl::Status s) { Finish(ToGrpcStatus(s)); });
+  }
+  void OnCancel() override { impl_->CancelWait(this); }
+  void OnDone() override { delete this; }
+
+ private:
+  RendezvousServiceImpl* impl_;
+};
+
+}  // namespace
+
+#define PACER_RENDEZVOUS_HANDLER(Method, Request, Response)                                    \
+  grpc::ServerUnaryReactor* GrpcRendezvousService::Method(grpc::CallbackServerContext* ctx,    \
+                                                          const Request* req, Response* resp) { \
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                 \
+    absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);                    \
+    if (s.ok()) s = impl_->Method(*req, resp);                                                 \
+    reactor->Finish(ToGrpcStatus(s));                                                          \
+    return reactor;                                                                            \
+  }
+
+PACER_RENDEZVOUS_HANDLER(Join, RendezvousJoinRequest, RendezvousJoinResponse)
+PACER_RENDEZVOUS_HANDLER(Reform, RendezvousReformRequest, RendezvousReformResponse)
+PACER_RENDEZVOUS_HANDLER(Set, RendezvousSetRequest, RendezvousSetResponse)
+PACER_RENDEZVOUS_HANDLER(Add, RendezvousAddRequest, RendezvousAddResponse)
+PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse)
+
+#undef PACER_RENDEZVOUS_HANDLER
+
+grpc::ServerUnaryReactor* GrpcRendezvousService::Get(grpc::CallbackServerContext* ctx,
+                                                     const RendezvousGetRequest* req,
+                                                     RendezvousGetResponse* resp) {
+  if (absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker); !s.ok()) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  auto* reactor = new WaitingGet(impl_);
+  reactor->Start(req, resp);
+  return reactor;
+}
+
+}  // namespace pacer

@@ -1,0 +1,112 @@
+// RendezvousServiceImpl: the key-value store collective backends rendezvous through, and the
+// job's collective membership generation (proto/pacer/rendezvous.proto).
+//
+// Owns, in memory only (soft state, not journaled; see the proto): the group (world size and,
+// per rank, the worker id and incarnation that hold it), the current generation, the keys of
+// the current generation, and the Get calls waiting for keys.
+//
+// Generations. The first Join opens generation 1. The generation moves on (a *regroup*) when
+//   1. a member Joins again with a new incarnation (the worker restarted), or
+//   2. a rank Reforms the generation its collective failed in (compare-and-bump: the first of
+//      several ranks reporting the same generation bumps it, the rest see the new one).
+// A new generation drops the keys of older ones and fails their waiting Gets with ABORTED, so
+// a rank stuck rendezvousing in an old generation learns at once that it must rebuild. Every
+// live member whose heartbeat reports an older generation gets a RegroupCommand in the reply
+// (OnHeartbeat), until it reports the new one.
+//
+// Thread-safe: one mutex; `done` callbacks run outside it (inline, or on the thread of the Set,
+// Reform, Join or CancelWait that completed them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/pacer/rendezvous.pb.h"
+#include "proto/pacer/sharding.pb.h"
+
+namespace pacer {
+
+struct RendezvousOptions {
+  size_t max_bytes = 64 << 20;    // keys + values of the current generation
+  size_t max_keys_per_get = 4096;
+  size_t max_value_bytes = 1 << 20;
+};
+
+struct RendezvousStats {
+  uint64_t generation = 0;
+  uint64_t regroups = 0;  // generation bumps after the first
+  size_t keys = 0;
+  size_t waiting = 0;
+};
+
+class RendezvousServiceImpl {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  explicit RendezvousServiceImpl(RendezvousOptions options = {}) : options_(options) {}
+  ~RendezvousServiceImpl();  // fails waiting Gets with CANCELLED
+  // Fails waiting Gets, and every later waiting Get at once, with UNAVAILABLE (pacerd is
+  // stopping; the client retries against the next pacerd). Lets the server shut down at once.
+  void Shutdown();
+
+  absl::Status Join(const RendezvousJoinRequest& req, RendezvousJoinResponse* resp);
+  absl::Status Reform(const RendezvousReformRequest& req, RendezvousReformResponse* resp);
+  absl::Status Set(const RendezvousSetRequest& req, RendezvousSetResponse* resp);
+  absl::Status Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp);
+  absl::Status Check(const RendezvousCheckRequest& req, RendezvousCheckResponse* resp);
+  // Fills `resp` and calls `done`: at once, or (req.wait and a key missing) once every key is
+  // set, the generation is superseded (ABORTED), or CancelWait(tag) is called (CANCELLED; the
+  // gRPC adapter calls it when the call's deadline passes or the client goes away).
+  // `tag` identifies the waiting call (unique among waiting calls).
+  void Get(const RendezvousGetRequest& req, RendezvousGetResponse* resp, const void* tag,
+           Done done);
+  void CancelWait(const void* tag);
+
+  // Heartbeat hook: adds a RegroupCommand for a member whose reported generation is older.
+  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+
+  RendezvousStats stats() const;
+
+ private:
+  struct Member {
+    std::string worker_id;
+    uint64_t incarnation = 0;
+  };
+  struct Waiter {
+    uint64_t generation;
+    std::vector<std::string> keys;
+    RendezvousGetResponse* resp;
+    Done done;
+  };
+  using Completion = std::pair<Done, absl::Status>;
+
+  // The checks shared by Set/Get/Add/Check: the generation is the current one.
+  absl::Status CheckGeneration(uint64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens generation_ + 1: drops the old keys, aborts the old waiters (into *out).
+  void Bump(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the waiters whose keys are now all set (into *out).
+  void WakeReady(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllSet(const std::vector<std::string>& keys) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillValues(const std::vector<std::string>& keys, RendezvousGetResponse* resp) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Run(std::vector<Completion>& completions);
+
+  const RendezvousOptions options_;
+  mutable absl::Mutex mu_;
+  uint32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no Join yet
+  std::map<int32_t, Member> members_ ABSL_GUARDED_BY(mu_);  // by rank
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t regroups_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);  // of generation_
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<const void*, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pacer
