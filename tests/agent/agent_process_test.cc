@@ -18,6 +18,7 @@
 #include "agent/proc_stats.h"
 #include "common/auth.h"
 #include "common/status.h"
+#include "tests/agent/fake_kube_api.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -74,7 +75,8 @@ class AgentTest : public ::testing::Test {
 
   // Starts pacer-agent against `address` with `workers` workers running `worker_args`.
   void StartAgent(const std::string& address, int workers, std::vector<std::string> worker_args,
-                  std::vector<std::string> extra_flags = {}) {
+                  std::vector<std::string> extra_flags = {},
+                  const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> argv = {BinaryPath("pacer-agent"), "--addr", address, "--token-file",
                                      dir_.Sub("token"), "--node", "node-a", "--job", "testjob",
                                      "--workers", std::to_string(workers), "--heartbeat-ms", "200",
@@ -84,7 +86,7 @@ class AgentTest : public ::testing::Test {
     argv.push_back("--");
     argv.push_back(BinaryPath("agent_test_worker"));
     argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-    agent_ = Subprocess::Start(argv, {}, dir_.Sub("agent.log"));
+    agent_ = Subprocess::Start(argv, env, dir_.Sub("agent.log"));
   }
   std::string Log() const { return ReadFileOrEmpty(dir_.Sub("agent.log")); }
 
@@ -555,6 +557,144 @@ TEST_F(AgentTest, MigrateStopsWorkersAndExitsWithTheDocumentedCode) {
   EXPECT_EQ(r.Command(*id)->state, CommandState::kDone);  // acked by the final heartbeat
   EXPECT_TRUE(r.Agents()[0].leaving);
   EXPECT_EQ(r.Exits().size(), 2u);
+}
+
+// Kubernetes mode (--kubernetes): the agent talks HTTPS to FakeKubeApi, which stands in for the
+// API server on a loopback port with its own CA. The API server is found the in-cluster way
+// ($KUBERNETES_SERVICE_HOST/_PORT) and the pod name from $POD_NAME (downward API); the token,
+// CA and namespace come from flags, as the service account mount is not here.
+class KubernetesAgentTest : public AgentTest {
+ protected:
+  void SetUp() override {
+    AgentTest::SetUp();
+    std::ofstream(dir_.Sub("sa-token")) << "sa-token-123\n";
+  }
+  void StartKubeAgent(AgentServer& server, testing::FakeKubeApi& api) {
+    StartAgent(server.address(), 2, {"sleep"},
+               {"--kubernetes", "--k8s-token-file", dir_.Sub("sa-token"), "--k8s-ca-file", api.ca_file(),
+                "--k8s-namespace", "pacer-jobs", "--k8s-max-attempts", "3", "--k8s-backoff-initial-ms",
+                "100", "--k8s-request-timeout-ms", "5000"},
+               {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"},
+                {"KUBERNETES_SERVICE_PORT", std::to_string(api.port())},
+                {"POD_NAME", "trainer-pod-a"}});
+  }
+  // Every worker process (and its group) is gone.
+  static bool AllGone(const std::vector<pid_t>& pids) {
+    for (pid_t p : pids) {
+      if (!ProcessGone(p) || !LiveMembersOfGroup(p).empty()) return false;
+    }
+    return true;
+  }
+};
+
+TEST_F(KubernetesAgentTest, MigrateDeletesTheOwnPodThenStopsTheWorkersGracefully) {
+  AgentServer server;
+  testing::FakeKubeApi api(dir_.path());  // answers 200 with the pod
+  StartKubeAgent(server, api);
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}); }, 20s)) << Log();
+  const std::vector<pid_t> pids = {W(r, "w0").pid(), W(r, "w1").pid()};
+  auto id = r.Migrate("node-a", "node is slow");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 30s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status())) << Log();
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 75) << Log();
+
+  const auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 1u) << Log();
+  EXPECT_EQ(reqs[0].method, "DELETE");
+  EXPECT_EQ(reqs[0].target, "/api/v1/namespaces/pacer-jobs/pods/trainer-pod-a");
+  EXPECT_EQ(reqs[0].authorization, "Bearer sa-token-123");
+
+  EXPECT_TRUE(AllGone(pids)) << "a worker outlived the agent";
+  EXPECT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+  EXPECT_TRUE(r.Agents()[0].leaving);
+  // Graceful: each worker was stopped by the agent's SIGTERM (grace 2 s), after the delete.
+  const std::vector<WorkerExit> exits = r.Exits();
+  ASSERT_EQ(exits.size(), 2u);
+  for (const WorkerExit& e : exits) {
+    EXPECT_EQ(e.signal(), SIGTERM) << e.ShortDebugString();
+    EXPECT_EQ(e.cause(), "command") << e.ShortDebugString();
+    EXPECT_GE(e.time_ms(), reqs[0].time_ms) << "workers stopped before the pod was deleted";
+  }
+  EXPECT_NE(Log().find("migrate: pod deleted (HTTP 200"), std::string::npos) << Log();
+}
+
+TEST_F(KubernetesAgentTest, ForbiddenDeleteFailsTheCommandAndTheWorkersKeepRunning) {
+  AgentServer server;
+  testing::FakeKubeApi api(dir_.path());
+  api.SetDefault({403, testing::KubeStatusBody(
+                           403, "Forbidden",
+                           "pods is forbidden: User cannot delete resource pods in the namespace pacer-jobs")});
+  StartKubeAgent(server, api);
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}); }, 20s)) << Log();
+  const pid_t p0 = W(r, "w0").pid(), p1 = W(r, "w1").pid();
+  auto id = r.Migrate("node-a", "node is slow");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(WaitFor([&] { return CommandEnded(r, *id); }, 30s)) << Log();
+  const auto cmd = *r.Command(*id);
+  EXPECT_EQ(cmd.state, CommandState::kRefused);
+  EXPECT_NE(cmd.reason.find("pod not deleted"), std::string::npos) << cmd.reason;
+  EXPECT_NE(cmd.reason.find("403 Forbidden"), std::string::npos) << cmd.reason;
+  EXPECT_NE(cmd.reason.find("cannot delete resource pods"), std::string::npos) << cmd.reason;
+  EXPECT_NE(cmd.reason.find("RBAC"), std::string::npos) << cmd.reason;
+  EXPECT_EQ(api.Requests().size(), 1u);  // a 403 is not retried
+
+  // The agent stays and so do its workers: same processes, no exit, for several more beats.
+  const uint64_t beats = r.Agents()[0].heartbeats;
+  ASSERT_TRUE(WaitFor([&] { return r.Agents()[0].heartbeats >= beats + 3; }, 10s)) << Log();
+  EXPECT_TRUE(agent_.running());
+  EXPECT_FALSE(r.Agents()[0].leaving);
+  EXPECT_TRUE(AllRunning(r, {"w0", "w1"}));
+  EXPECT_EQ(W(r, "w0").pid(), p0);
+  EXPECT_EQ(W(r, "w1").pid(), p1);
+  EXPECT_EQ(kill(p0, 0), 0);
+  EXPECT_EQ(kill(p1, 0), 0);
+  EXPECT_TRUE(r.Exits().empty());
+  EXPECT_NE(Log().find("pod not deleted, workers keep running"), std::string::npos) << Log();
+
+  // And it still leaves cleanly when asked to.
+  kill(agent_.pid(), SIGTERM);
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 20s)) << Log();
+  EXPECT_TRUE(WIFEXITED(agent_.exit_status()) && WEXITSTATUS(agent_.exit_status()) == 0) << Log();
+  EXPECT_TRUE(AllGone({p0, p1}));
+}
+
+TEST_F(KubernetesAgentTest, PodAlreadyGoneCountsAsDone) {
+  AgentServer server;
+  testing::FakeKubeApi api(dir_.path());
+  api.SetDefault({404, testing::KubeStatusBody(404, "NotFound", "pods trainer-pod-a not found")});
+  StartKubeAgent(server, api);
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1"}); }, 20s)) << Log();
+  const std::vector<pid_t> pids = {W(r, "w0").pid(), W(r, "w1").pid()};
+  auto id = r.Migrate("node-a", "node is slow");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 30s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status()));
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 75) << Log();
+  EXPECT_EQ(r.Command(*id)->state, CommandState::kDone);
+  EXPECT_EQ(api.Requests().size(), 1u);
+  EXPECT_TRUE(AllGone(pids));
+  EXPECT_NE(Log().find("migrate: pod already gone (HTTP 404"), std::string::npos) << Log();
+}
+
+TEST_F(KubernetesAgentTest, MissingTokenIsAClearStartupErrorAndNoWorkerStarts) {
+  testing::FakeKubeApi api(dir_.path());
+  StartAgent("", 1, {"sleep"},
+             {"--kubernetes", "--k8s-token-file", dir_.Sub("no-such-token"), "--k8s-ca-file", api.ca_file(),
+              "--k8s-namespace", "pacer-jobs", "--k8s-pod-name", "p"},
+             {{"KUBERNETES_SERVICE_HOST", "127.0.0.1"}, {"KUBERNETES_SERVICE_PORT", std::to_string(api.port())}});
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 20s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status()));
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 1) << Log();
+  const std::string log = Log();
+  EXPECT_NE(log.find("cannot read the service account token file " + dir_.Sub("no-such-token")),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("--k8s-token-file"), std::string::npos) << log;
+  EXPECT_EQ(log.find("started"), std::string::npos) << "a worker was launched:\n" << log;
+  EXPECT_TRUE(api.Requests().empty());
 }
 
 }  // namespace

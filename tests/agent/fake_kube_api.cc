@@ -8,6 +8,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <fstream>
 #include <stdexcept>
 
@@ -105,6 +106,9 @@ struct FakeKubeApi::Impl {
         r.authorization = std::string(self->request[http::field::authorization]);
         r.content_type = std::string(self->request[http::field::content_type]);
         r.body = self->request.body();
+        r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
         const FakeKubeReply reply = self->impl->api->Next(r);
         if (reply.hang) {
           self->impl->held.push_back(self);  // open and silent until the server stops

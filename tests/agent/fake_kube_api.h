@@ -27,6 +27,7 @@ struct FakeKubeReply {
 
 struct FakeKubeRequest {
   std::string method, target, authorization, content_type, body;
+  int64_t time_ms = 0;  // when it was received (system clock, ms since the epoch)
 };
 
 // A self-signed certificate (CA:TRUE, subjectAltName `san`) and its key, PEM.
