@@ -10,7 +10,8 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache curl
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       librocksdb-dev libboost-dev libboost-program-options-dev prometheus-cpp-dev
       libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-      pybind11-dev python3-dev libabsl-dev nlohmann-json3-dev)
+      pybind11-dev python3-dev libabsl-dev nlohmann-json3-dev
+      libssl-dev)  # libssl-dev: TLS to the Kubernetes API (agent/kube_client.cc, Boost.Beast)
 for arg in "$@"; do
   case "$arg" in
     --torch) pkgs+=(python3-torch python3-numpy) ;;
