@@ -121,14 +121,31 @@ ReportIssue MonitorState::IngestStep(StepReport report) {
       issue = ReportIssue::kTooManyEntities;
     }
   }
-  if (issue == ReportIssue::kNone) {
-    // The flood check first, so a flood does not fill the de-duplication window.
-    if (!speed_.HasRoom(index)) {
-      issue = ReportIssue::kFlood;
-    } else {
-      issue = workers_[index].dedup.Accept(report.step());
-    }
+  if (issue != ReportIssue::kNone) {
+    issues_.Add(issue);
+    return issue;
   }
+  return Accept(index, StepSample::Of(report), repairs, now);
+}
+
+ReportIssue MonitorState::IngestStepAt(uint32_t worker, StepSample sample) {
+  const int64_t now = clock_->NowMs();
+  RejectionCounts repairs;
+  const ReportIssue issue = worker < workers_.size()
+                                ? CheckStepSample(options_, now, &sample, &repairs)
+                                : ReportIssue::kUnknownWorker;
+  if (issue != ReportIssue::kNone) {
+    issues_.Add(issue);
+    return issue;
+  }
+  return Accept(worker, sample, repairs, now);
+}
+
+ReportIssue MonitorState::Accept(uint32_t index, const StepSample& report,
+                                 const RejectionCounts& repairs, int64_t now) {
+  // The flood check first, so a flood does not fill the de-duplication window.
+  const ReportIssue issue =
+      !speed_.HasRoom(index) ? ReportIssue::kFlood : workers_[index].dedup.Accept(report.step);
   if (issue != ReportIssue::kNone) {
     issues_.Add(issue);
     return issue;
@@ -136,15 +153,21 @@ ReportIssue MonitorState::IngestStep(StepReport report) {
   for (ReportIssue r : {ReportIssue::kClampedComm, ReportIssue::kClampedDataWait, ReportIssue::kClampedWall}) {
     issues_.Add(r, repairs.Get(r));
   }
-  speed_.Add(index, report.samples(), report.compute_s(), report.comm_s(), report.data_wait_s(),
-             report.wall_s());
+  speed_.Add(index, report.samples, report.compute_s, report.comm_s, report.data_wait_s,
+             report.wall_s);
   WorkerRecord& rec = workers_[index];
-  rec.model.Add(report.local_batch(), report.compute_s());
-  rec.last_batch = report.local_batch();
+  rec.model.Add(report.local_batch, report.compute_s);
+  rec.last_batch = report.local_batch;
   rec.last_report_ms = now;
   ++rec.reports;
   ++accepted_;
   return ReportIssue::kNone;
+}
+
+std::optional<uint32_t> MonitorState::WorkerIndex(absl::string_view worker_id) const {
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return std::nullopt;
+  return it->second;
 }
 
 ReportIssue MonitorState::IngestServerLatency(const ServerLatency& sample) {
@@ -230,8 +253,13 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
   median_speed_ = closed.median_speed;
   last_closed_ = window;
 
-  std::vector<Contention> contention(node_names_.size());
-  for (uint32_t n = 0; n < node_names_.size(); ++n) contention[n] = node_signals_.Assess(n, end_ms);
+  // Evidence text only for contended nodes: the classifier quotes it for their stragglers.
+  std::vector<Contention>& contention = contention_scratch_;
+  contention.resize(node_names_.size());
+  for (uint32_t n = 0; n < node_names_.size(); ++n) {
+    contention[n] = node_signals_.Assess(n, end_ms, /*with_evidence=*/false);
+    if (contention[n].contended()) contention[n] = node_signals_.Assess(n, end_ms);
+  }
 
   std::vector<StragglerClassifier::Observation> observed;
   if (closed.median_speed > 0) {
@@ -286,13 +314,14 @@ void MonitorState::Emit(int64_t window, EntityKind kind, const std::string& id,
   while (events_.size() > options_.events_kept) events_.pop_front();
 }
 
-WorkerStatus MonitorState::StatusOf(uint32_t w) const {
+WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
   const WorkerRecord& rec = workers_[w];
   WorkerStatus st;
   st.set_id(rec.id);
   st.set_kind(ENTITY_WORKER);
   if (rec.node != StragglerClassifier::kNoNode) st.set_node(node_names_[rec.node]);
-  *st.mutable_classification() = worker_classifier_.Get(w);
+  *st.mutable_classification() =
+      with_evidence ? worker_classifier_.Get(w) : worker_classifier_.Current(w);
   if (const WindowSummary* s = speed_.Last(w)) {
     st.set_speed(s->speed);
     st.set_relative_speed(s->relative);
@@ -319,10 +348,10 @@ absl::StatusOr<WorkerStatus> MonitorState::Worker(absl::string_view worker_id) c
   return StatusOf(it->second);
 }
 
-std::vector<WorkerStatus> MonitorState::Workers() const {
+std::vector<WorkerStatus> MonitorState::Workers(bool with_evidence) const {
   std::vector<WorkerStatus> out;
   out.reserve(workers_.size());
-  for (uint32_t w = 0; w < workers_.size(); ++w) out.push_back(StatusOf(w));
+  for (uint32_t w = 0; w < workers_.size(); ++w) out.push_back(StatusOf(w, with_evidence));
   return out;
 }
 
@@ -356,7 +385,7 @@ std::vector<WorkerStatus> MonitorState::Servers() const {
   return out;
 }
 
-std::vector<NodeStatus> MonitorState::Nodes() const {
+std::vector<NodeStatus> MonitorState::Nodes(bool with_evidence) const {
   std::vector<NodeStatus> out(node_names_.size());
   std::vector<std::vector<double>> rel(node_names_.size());
   for (uint32_t n = 0; n < node_names_.size(); ++n) out[n].set_node(node_names_[n]);
@@ -374,9 +403,9 @@ std::vector<NodeStatus> MonitorState::Nodes() const {
   const int64_t now = clock_->NowMs();
   for (uint32_t n = 0; n < node_names_.size(); ++n) {
     out[n].set_median_relative_speed(MedianInPlace(rel[n]));
-    const Contention c = node_signals_.Assess(n, now);
+    const Contention c = node_signals_.Assess(n, now, with_evidence);
     out[n].set_contention_score(c.score);
-    out[n].set_contention_evidence(c.evidence);
+    if (with_evidence) out[n].set_contention_evidence(c.evidence);
     *out[n].mutable_last_metrics() = node_signals_.Latest(n);
   }
   return out;

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -63,6 +64,11 @@ class MonitorState {
 
   // Each returns kNone when used (possibly repaired), else the reason it was refused.
   ReportIssue IngestStep(StepReport report);
+  // IngestStep for a registered worker known by its index (WorkerIndex()): the same checks
+  // and effects, without a message or an id lookup (kUnknownWorker for a bad index).
+  ReportIssue IngestStepAt(uint32_t worker, StepSample sample);
+  // The dense index of a registered (or admitted) worker; stable for the state's lifetime.
+  std::optional<uint32_t> WorkerIndex(absl::string_view worker_id) const;
   ReportIssue IngestServerLatency(const ServerLatency& sample);
   ReportIssue IngestNodeMetrics(const NodeMetrics& metrics);
   // Counts refusals decided outside (e.g. a request over max_reports_per_request).
@@ -74,9 +80,11 @@ class MonitorState {
 
   // ---- views ----
   absl::StatusOr<WorkerStatus> Worker(absl::string_view worker_id) const;
-  std::vector<WorkerStatus> Workers() const;
+  // Every worker's status; without evidence, the classifications carry no evidence text
+  // (cheaper: a controller reading only the classes and speeds does not need it).
+  std::vector<WorkerStatus> Workers(bool with_evidence = true) const;
   std::vector<WorkerStatus> Servers() const;
-  std::vector<NodeStatus> Nodes() const;
+  std::vector<NodeStatus> Nodes(bool with_evidence = true) const;  // evidence: contention text
   std::vector<ClassificationEvent> EventsAfter(uint64_t seq, size_t max) const;
   absl::StatusOr<std::vector<WindowSummary>> History(absl::string_view worker_id) const;
   // Predicted compute seconds of one step of `batch` samples on the worker (its fitted
@@ -125,7 +133,9 @@ class MonitorState {
   void CloseWindow(int64_t window, std::vector<ClassificationEvent>* events);
   void Emit(int64_t window, EntityKind kind, const std::string& id,
             const StragglerClassifier::Change& change, std::vector<ClassificationEvent>* events);
-  WorkerStatus StatusOf(uint32_t worker) const;
+  WorkerStatus StatusOf(uint32_t worker, bool with_evidence = true) const;
+  ReportIssue Accept(uint32_t worker, const StepSample& report, const RejectionCounts& repairs,
+                     int64_t now_ms);
 
   const MonitorOptions options_;
   const Clock* clock_;
@@ -146,6 +156,7 @@ class MonitorState {
   StragglerClassifier worker_classifier_;
   StragglerClassifier server_classifier_;
 
+  std::vector<Contention> contention_scratch_;  // CloseWindow's per-node assessments
   std::deque<ClassificationEvent> events_;
   uint64_t next_event_seq_ = 1;
   RejectionCounts issues_;

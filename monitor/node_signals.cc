@@ -16,7 +16,7 @@ void NodeSignals::Update(uint32_t node, const NodeMetrics& metrics, int64_t now_
   nodes_[node].received_ms = now_ms;
 }
 
-Contention NodeSignals::Assess(uint32_t node, int64_t now_ms) const {
+Contention NodeSignals::Assess(uint32_t node, int64_t now_ms, bool with_evidence) const {
   Contention c;
   const Node& n = nodes_[node];
   if (n.received_ms < 0 || now_ms - n.received_ms > options_.node_metrics_max_age_ms) return c;
@@ -28,6 +28,7 @@ Contention NodeSignals::Assess(uint32_t node, int64_t now_ms) const {
                       throttled / options_.throttle_threshold,
                       m.other_cpu_frac() / options_.other_cpu_threshold,
                       m.num_cpus() > 0 ? load / options_.load_per_cpu_threshold : 0.0});
+  if (!with_evidence) return c;
   c.evidence = absl::StrFormat(
       "steal %.1f%% (>%.1f%%), throttled %.1f%% (>%.1f%%), co-located cpu %.1f%% (>%.1f%%), "
       "load/cpu %.2f (>%.2f)",

@@ -34,7 +34,10 @@ class NodeSignals {
 
   // Stores already validated metrics (CheckNodeMetrics) received at `now_ms`.
   void Update(uint32_t node, const NodeMetrics& metrics, int64_t now_ms);
-  Contention Assess(uint32_t node, int64_t now_ms) const;
+  // The node's contention score and, with `with_evidence`, its evidence text. Formatting the
+  // text is most of the cost, and a window close at 1 000+ nodes needs it only for the nodes
+  // that are contended (the classifier quotes it for their stragglers).
+  Contention Assess(uint32_t node, int64_t now_ms, bool with_evidence = true) const;
   // The latest metrics (empty message when none).
   const NodeMetrics& Latest(uint32_t node) const { return nodes_[node].metrics; }
 

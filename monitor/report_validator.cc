@@ -65,36 +65,60 @@ std::map<std::string, uint64_t> RejectionCounts::ToMap() const {
   return out;
 }
 
+StepSample StepSample::Of(const StepReport& r) {
+  StepSample s;
+  s.step = r.step();
+  s.local_batch = r.local_batch();
+  s.samples = r.samples();
+  s.compute_s = r.compute_s();
+  s.comm_s = r.comm_s();
+  s.data_wait_s = r.data_wait_s();
+  s.wall_s = r.wall_s();
+  s.time_ms = r.time_ms();
+  return s;
+}
+
 ReportIssue CheckStepReport(const MonitorOptions& o, int64_t now_ms, StepReport* r,
                             RejectionCounts* repairs) {
   if (ReportIssue id = CheckId(o, r->worker_id()); id != ReportIssue::kNone) return id;
-  if (r->local_batch() == 0 || r->local_batch() > o.max_local_batch) return ReportIssue::kBadBatch;
+  StepSample s = StepSample::Of(*r);
+  const ReportIssue issue = CheckStepSample(o, now_ms, &s, repairs);
+  if (issue != ReportIssue::kNone) return issue;
+  r->set_comm_s(s.comm_s);
+  r->set_data_wait_s(s.data_wait_s);
+  r->set_wall_s(s.wall_s);
+  return ReportIssue::kNone;
+}
+
+ReportIssue CheckStepSample(const MonitorOptions& o, int64_t now_ms, StepSample* r,
+                            RejectionCounts* repairs) {
+  if (r->local_batch == 0 || r->local_batch > o.max_local_batch) return ReportIssue::kBadBatch;
   // Gradient accumulation may run a batch several times, but not thousands of times.
-  if (r->samples() == 0 || r->samples() > o.max_samples_per_step ||
-      r->samples() > uint64_t{r->local_batch()} * 1024) {
+  if (r->samples == 0 || r->samples > o.max_samples_per_step ||
+      r->samples > uint64_t{r->local_batch} * 1024) {
     return ReportIssue::kBadSamples;
   }
-  const double compute = r->compute_s();
+  const double compute = r->compute_s;
   if (!std::isfinite(compute) || compute <= 0 || compute > o.max_step_s)
     return ReportIssue::kBadComputeTime;
-  if (static_cast<double>(r->samples()) / compute > o.max_speed) return ReportIssue::kImplausibleSpeed;
-  if (ReportIssue t = CheckTime(o, now_ms, r->time_ms()); t != ReportIssue::kNone) return t;
+  if (static_cast<double>(r->samples) / compute > o.max_speed) return ReportIssue::kImplausibleSpeed;
+  if (ReportIssue t = CheckTime(o, now_ms, r->time_ms); t != ReportIssue::kNone) return t;
 
   auto repair = [&](ReportIssue issue) {
     if (repairs) repairs->Add(issue);
   };
-  if (!FiniteNonNegative(r->comm_s()) || r->comm_s() > o.max_step_s) {
-    r->set_comm_s(0);
+  if (!FiniteNonNegative(r->comm_s) || r->comm_s > o.max_step_s) {
+    r->comm_s = 0;
     repair(ReportIssue::kClampedComm);
   }
-  if (!FiniteNonNegative(r->data_wait_s()) || r->data_wait_s() > o.max_step_s) {
-    r->set_data_wait_s(0);
+  if (!FiniteNonNegative(r->data_wait_s) || r->data_wait_s > o.max_step_s) {
+    r->data_wait_s = 0;
     repair(ReportIssue::kClampedDataWait);
   }
-  const double parts = compute + r->comm_s() + r->data_wait_s();
+  const double parts = compute + r->comm_s + r->data_wait_s;
   // Timers round; allow 1 % below the sum before calling the wall time wrong.
-  if (!std::isfinite(r->wall_s()) || r->wall_s() < parts * 0.99 || r->wall_s() > 4 * o.max_step_s) {
-    r->set_wall_s(parts);
+  if (!std::isfinite(r->wall_s) || r->wall_s < parts * 0.99 || r->wall_s > 4 * o.max_step_s) {
+    r->wall_s = parts;
     repair(ReportIssue::kClampedWall);
   }
   return ReportIssue::kNone;

@@ -64,9 +64,24 @@ class RejectionCounts {
   std::array<uint64_t, static_cast<size_t>(ReportIssue::kCount)> counts_{};
 };
 
+// The numbers of one step report (StepReport without the worker id): the form the monitor
+// ingests for a worker it already knows by index (MonitorState::IngestStepAt), so a caller
+// with thousands of workers (the simulator) builds no message and hashes no id per report.
+struct StepSample {
+  uint64_t step = 0;
+  uint32_t local_batch = 0;
+  uint64_t samples = 0;
+  double compute_s = 0, comm_s = 0, data_wait_s = 0, wall_s = 0;
+  int64_t time_ms = 0;
+  static StepSample Of(const StepReport& r);
+};
+
 // Checks the fields of `report` and repairs the repairable ones in place. Returns the
 // rejection reason (kNone when usable); each repair made is added to `repairs` (may be null).
 ReportIssue CheckStepReport(const MonitorOptions& options, int64_t now_ms, StepReport* report,
+                            RejectionCounts* repairs);
+// The same checks and repairs, the id check aside.
+ReportIssue CheckStepSample(const MonitorOptions& options, int64_t now_ms, StepSample* sample,
                             RejectionCounts* repairs);
 
 ReportIssue CheckServerLatency(const MonitorOptions& options, int64_t now_ms,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
+
 #include "monitor/robust_stats.h"
 
 namespace pacer {
@@ -104,12 +106,15 @@ double SpeedEstimator::SmoothedSpeed(uint32_t worker, uint32_t n) const {
   const Ring& ring = history_[worker];
   n = std::min(n, ring.size);
   if (n == 0) return 0;
-  std::vector<double> v;
-  v.reserve(n);
+  // Called for every worker at every view: a small median, no allocation for typical n.
+  absl::InlinedVector<double, 16> v;
   for (uint32_t i = 0; i < n; ++i) {
     v.push_back(ring.entries[(ring.head + history_windows_ - 1 - i) % history_windows_].speed);
   }
-  return MedianInPlace(v);
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(mid), v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  return 0.5 * (*std::max_element(v.begin(), v.begin() + static_cast<long>(mid)) + v[mid]);
 }
 
 size_t SpeedEstimator::MemoryBytes() const {

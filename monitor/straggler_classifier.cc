@@ -51,10 +51,42 @@ std::string StragglerClassifier::NormalEvidence(double r) const {
 Classification StragglerClassifier::Get(uint32_t entity) const {
   const Track& t = tracks_[entity];
   Classification c = t.current;
-  if (c.evidence().empty() && c.worker_class() == WORKER_CLASS_NORMAL && t.observed > 0) {
-    c.set_evidence(NormalEvidence(t.recent_r[(t.observed - 1) % 64]));
+  if (c.evidence().empty() && c.worker_class() != WORKER_CLASS_UNKNOWN && t.observed > 0) {
+    c.set_evidence(Evidence(c, t.evidence));
   }
   return c;
+}
+
+std::string StragglerClassifier::Evidence(const Classification& c, const EvidenceInputs& in) const {
+  const WorkerClass cls = c.worker_class();
+  if (cls != WORKER_CLASS_STRAGGLER && cls != WORKER_CLASS_LEADER) return NormalEvidence(in.r);
+  const bool straggling = cls == WORKER_CLASS_STRAGGLER;
+  const double line = straggling ? thresholds_.straggler : thresholds_.leader;
+  std::string evidence = absl::StrFormat("r=%.3f %s %.2f in %u/%u windows", in.r,
+                                         straggling ? "<" : ">", line, in.flagged,
+                                         options_.persistent_w);
+  if (kind_ == ENTITY_SERVER) {
+    absl::StrAppend(&evidence, "; latency above ", options_.hot_server_ratio, "x the median server");
+    return evidence;
+  }
+  if (!straggling) return evidence;
+  if (c.scope() == SCOPE_NODE) {
+    absl::StrAppend(&evidence, absl::StrFormat("; node-level: %u/%u workers of its node slow",
+                                               in.node_stragglers, in.node_observed));
+  }
+  if (c.cause() == CAUSE_CONTENTION) {
+    absl::StrAppend(&evidence, absl::StrFormat("; contention score %.2f: ", in.contention_score),
+                    in.contention_evidence);
+  } else if (c.persistence() == PERSISTENCE_PERSISTENT && in.cv >= 0) {
+    if (c.cause() == CAUSE_DETERMINISTIC) {
+      absl::StrAppend(&evidence, absl::StrFormat("; stable (cv %.3f <= %.3f), no node contention "
+                                                 "signal: likely hardware",
+                                                 in.cv, options_.deterministic_max_cv));
+    } else {
+      absl::StrAppend(&evidence, absl::StrFormat("; unstable (cv %.3f), no node contention signal", in.cv));
+    }
+  }
+  return evidence;
 }
 
 uint32_t StragglerClassifier::WindowsFlagged(uint32_t entity) const {
@@ -108,13 +140,20 @@ void StragglerClassifier::Classify(const std::vector<Observation>& observed,
       node_level = n >= options_.node_level_min_workers &&
                    node_stragglers_[t.node] >= options_.node_level_fraction * n;
     }
-    Classification next;
-    Decide(t, ob.relative, f & 2, f & 4, contention, node_level, &next);
+    Classification& next = next_scratch_;
+    next.Clear();
+    EvidenceInputs& ev = evidence_scratch_;
+    Decide(t, ob.relative, f & 2, f & 4, contention, node_level, &next, &ev);
     if (!SameClass(next, t.current)) {
-      if (next.evidence().empty()) next.set_evidence(NormalEvidence(ob.relative));
-      changes->push_back({ob.entity, Get(ob.entity), next, ob.relative});
+      Classification previous = Get(ob.entity);  // still the previous window's evidence
+      Classification current = next;
+      current.set_evidence(Evidence(next, ev));
+      changes->push_back({ob.entity, std::move(previous), std::move(current), ob.relative});
+      t.current.Swap(&next);
+    } else {
+      t.current.set_confidence(next.confidence());  // same class: only the confidence moves
     }
-    t.current = std::move(next);
+    std::swap(t.evidence, ev);  // keeps both strings' buffers for reuse
   }
 
   // 3. Entities that went quiet.
@@ -132,10 +171,16 @@ void StragglerClassifier::Classify(const std::vector<Observation>& observed,
   }
 }
 
-void StragglerClassifier::Decide(Track& t, double r, bool straggling, bool leading,
+void StragglerClassifier::Decide(const Track& t, double r, bool straggling, bool leading,
                                  const std::vector<Contention>& contention, bool node_level,
-                                 Classification* out) const {
+                                 Classification* out, EvidenceInputs* ev) const {
   const uint32_t w = options_.persistent_w;
+  ev->r = r;
+  ev->flagged = 0;
+  ev->node_stragglers = ev->node_observed = 0;
+  ev->contention_score = 0;
+  ev->contention_evidence.clear();
+  ev->cv = -1;
   if (!straggling && !leading) {
     out->set_worker_class(WORKER_CLASS_NORMAL);
     const double to_line = std::min(std::abs(std::log(r / thresholds_.straggler)),
@@ -143,7 +188,7 @@ void StragglerClassifier::Decide(Track& t, double r, bool straggling, bool leadi
                                         ? std::abs(std::log(r / thresholds_.leader))
                                         : std::numeric_limits<double>::infinity());
     out->set_confidence(0.5 + 0.5 * Clamp01(to_line / std::log(1.15)));
-    return;  // evidence on demand: NormalEvidence()
+    return;  // evidence on demand: Evidence()
   }
   const uint64_t bits = (straggling ? t.straggler_bits : t.leader_bits) & window_mask_;
   const uint32_t flagged = static_cast<uint32_t>(std::popcount(bits));
@@ -153,51 +198,43 @@ void StragglerClassifier::Decide(Track& t, double r, bool straggling, bool leadi
   out->set_persistence(persistent ? PERSISTENCE_PERSISTENT : PERSISTENCE_TRANSIENT);
   const double margin = Clamp01(std::abs(std::log(r / line)) / std::log(1.5));
   out->set_confidence(0.4 + 0.3 * margin + 0.3 * Clamp01(static_cast<double>(flagged) / w));
-  std::string evidence = absl::StrFormat("r=%.3f %s %.2f in %u/%u windows", r,
-                                         straggling ? "<" : ">", line, flagged, w);
+  ev->flagged = flagged;
   if (kind_ == ENTITY_SERVER) {
     out->set_scope(SCOPE_SERVER);
-    absl::StrAppend(&evidence, "; latency above ", options_.hot_server_ratio, "x the median server");
-    out->set_evidence(std::move(evidence));
     return;
   }
   if (!straggling) {
     out->set_scope(SCOPE_WORKER);
-    out->set_evidence(std::move(evidence));
     return;
   }
   out->set_scope(node_level ? SCOPE_NODE : SCOPE_WORKER);
   if (node_level) {
-    absl::StrAppend(&evidence, absl::StrFormat("; node-level: %u/%u workers of its node slow",
-                                               node_stragglers_[t.node], node_observed_[t.node]));
+    ev->node_stragglers = node_stragglers_[t.node];
+    ev->node_observed = node_observed_[t.node];
   }
   const Contention* c =
       t.node != kNoNode && t.node < contention.size() ? &contention[t.node] : nullptr;
   if (c != nullptr && c->contended()) {
     out->set_cause(CAUSE_CONTENTION);
-    absl::StrAppend(&evidence, absl::StrFormat("; contention score %.2f: ", c->score), c->evidence);
+    ev->contention_score = c->score;
+    ev->contention_evidence = c->evidence;
   } else if (persistent) {
     // r over the flagged windows among the last W.
-    std::vector<double> rs;
+    std::vector<double>& rs = cv_scratch_;
+    rs.clear();
     for (uint32_t i = 0; i < static_cast<uint32_t>(std::min<uint64_t>(w, std::min<uint64_t>(t.observed, 64))); ++i) {
       if (bits & (uint64_t{1} << i)) rs.push_back(t.recent_r[(t.observed - 1 - i) % 64]);
     }
     const double cv = CoefficientOfVariation(rs);
-    if (cv <= options_.deterministic_max_cv) {
-      out->set_cause(CAUSE_DETERMINISTIC);
-      absl::StrAppend(&evidence, absl::StrFormat("; stable (cv %.3f <= %.3f), no node contention "
-                                                 "signal: likely hardware",
-                                                 cv, options_.deterministic_max_cv));
-    } else {
-      absl::StrAppend(&evidence, absl::StrFormat("; unstable (cv %.3f), no node contention signal", cv));
-    }
+    ev->cv = cv;
+    if (cv <= options_.deterministic_max_cv) out->set_cause(CAUSE_DETERMINISTIC);
   }
-  out->set_evidence(std::move(evidence));
 }
 
 size_t StragglerClassifier::MemoryBytes() const {
   size_t bytes = tracks_.capacity() * sizeof(Track);
-  for (const Track& t : tracks_) bytes += t.current.evidence().capacity();
+  for (const Track& t : tracks_)
+    bytes += t.current.evidence().capacity() + t.evidence.contention_evidence.capacity();
   return bytes + (node_observed_.capacity() + node_stragglers_.capacity()) * sizeof(uint32_t);
 }
 

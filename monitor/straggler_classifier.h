@@ -70,9 +70,10 @@ class StragglerClassifier {
   void Classify(const std::vector<Observation>& observed, const std::vector<Contention>& contention,
                 std::vector<Change>* changes);
 
-  // The entity's classification with its evidence text. A normal entity's evidence is
-  // formatted here, on demand, not every window (it is most of the per-window cost at 4096
-  // workers); Current() is the cheap view for per-window use.
+  // The entity's classification with its evidence text. Evidence is formatted here, on
+  // demand (and for the two sides of every Change), not every window: formatting it for every
+  // flagged entity each window was most of the window-close cost at 4 096 workers. Current()
+  // is the cheap view for per-window use; its evidence is empty except for UNKNOWN.
   Classification Get(uint32_t entity) const;
   const Classification& Current(uint32_t entity) const { return tracks_[entity].current; }
   uint32_t WindowsFlagged(uint32_t entity) const;
@@ -82,7 +83,17 @@ class StragglerClassifier {
   size_t MemoryBytes() const;
 
  private:
+  // What the evidence text of a track's current classification quotes (see Evidence()).
+  struct EvidenceInputs {
+    double r = 0;
+    uint32_t flagged = 0;
+    uint32_t node_stragglers = 0, node_observed = 0;
+    double contention_score = 0;
+    std::string contention_evidence;  // the node's text; set for contended stragglers only
+    double cv = -1;                   // flagged-window cv of a persistent straggler; <0 none
+  };
   std::string NormalEvidence(double r) const;
+  std::string Evidence(const Classification& c, const EvidenceInputs& in) const;
   struct Track {
     uint32_t node = kNoNode;
     uint64_t straggler_bits = 0;  // bit 0: latest observed window
@@ -91,10 +102,12 @@ class StragglerClassifier {
     uint32_t missed = 0;          // consecutive windows without an observation
     float recent_r[64] = {};      // r of the last observed windows, ring by `observed`
     Classification current;
+    EvidenceInputs evidence;  // of `current`
   };
 
-  void Decide(Track& t, double r, bool straggling, bool leading, const std::vector<Contention>& contention,
-              bool node_level, Classification* out) const;
+  void Decide(const Track& t, double r, bool straggling, bool leading,
+              const std::vector<Contention>& contention, bool node_level, Classification* out,
+              EvidenceInputs* evidence) const;
 
   const MonitorOptions options_;
   const EntityKind kind_;
@@ -103,6 +116,9 @@ class StragglerClassifier {
   std::vector<Track> tracks_;
   std::vector<uint32_t> node_observed_, node_stragglers_;
   std::vector<uint8_t> flags_scratch_;
+  EvidenceInputs evidence_scratch_;
+  Classification next_scratch_;
+  mutable std::vector<double> cv_scratch_;  // Decide()'s flagged-window r values
 };
 
 }  // namespace pacer

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
+
 namespace pacer::sim {
 
 void DataLedger::Acknowledge(uint64_t begin, uint64_t end, uint64_t key) {
@@ -13,7 +15,7 @@ void DataLedger::Acknowledge(uint64_t begin, uint64_t end, uint64_t key) {
     auto prev = std::prev(it);
     if (prev->second.end > begin) it = prev;
   }
-  std::vector<std::pair<uint64_t, uint64_t>> gaps;
+  absl::InlinedVector<std::pair<uint64_t, uint64_t>, 4> gaps;  // no allocation in the usual case
   uint64_t pos = begin;
   for (; it != segs_.end() && it->first < end; ++it) {
     if (it->first > pos) gaps.emplace_back(pos, it->first);

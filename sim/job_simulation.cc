@@ -44,6 +44,7 @@ struct SimWorker {
   // Report accumulators since the last report.
   double rep_compute = 0, rep_wall = 0, rep_steps = 0;
   uint64_t report_seq = 0;
+  uint32_t monitor_index = 0;  // the monitor's dense index (MonitorState::WorkerIndex)
 };
 
 int64_t IndexOf(const std::string& id, char prefix_len) {
@@ -102,6 +103,7 @@ class JobSimulation {
   std::vector<SimWorker> w_;
   absl::flat_hash_map<std::string, int64_t> index_;
   std::vector<std::string> node_names_;
+  std::vector<std::string> server_ids_;
   std::map<std::string, int64_t> caps_;
   uint64_t shard_size_ = 0;
   double t_ = 0;
@@ -117,6 +119,8 @@ class JobSimulation {
   std::vector<double> shard_times_;  // recent completed lease durations (ring)
   size_t shard_times_next_ = 0;
   std::vector<WorkerStatus> last_statuses_;
+  NodeMetrics node_metrics_;
+  ServerLatency server_latency_;
   PolicyRun run_;
 };
 
@@ -150,6 +154,7 @@ absl::Status JobSimulation::Init() {
   const int64_t B = sc_.job.global_batch;
   node_names_.resize(static_cast<size_t>(model_.nodes()));
   for (int64_t i = 0; i < model_.nodes(); ++i) node_names_[i] = absl::StrCat("n", i);
+  for (int64_t s = 0; s < sc_.job.servers; ++s) server_ids_.push_back(absl::StrCat("ps", s));
   // Shard size: ~30 s of a median worker's work unless the scenario says.
   const double local = static_cast<double>(B) / static_cast<double>(n);
   shard_size_ = sc_.sim.shard_size > 0
@@ -193,7 +198,9 @@ absl::Status JobSimulation::Up(int64_t i) {
   w.incarnation = state_.FindWorker(w.id)->incarnation;
   w.rep_compute = w.rep_wall = w.rep_steps = 0;
   w.carry = 0;
-  return monitor_->RegisterWorker(w.id, w.node_name);
+  if (absl::Status s = monitor_->RegisterWorker(w.id, w.node_name); !s.ok()) return s;
+  w.monitor_index = *monitor_->WorkerIndex(w.id);
+  return absl::OkStatus();
 }
 
 absl::Status JobSimulation::Down(int64_t i, double cost, int64_t migrate_to) {
@@ -248,7 +255,8 @@ absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
   // Only a lease in a tail-backup pair can be fenced behind the worker's back (its partner
   // completed first); every other lease ends only through this worker, so the service's
   // token check (a std::map lookup per report) is needed only for pairs.
-  const bool may_be_fenced = w.pair_key != 0 || state_.FindLease(w.lease) == nullptr;
+  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
+  const bool may_be_fenced = w.pair_key != 0 || l == nullptr;
   if (may_be_fenced && !state_.CheckLease(w.id, w.incarnation, w.lease, w.token).ok()) {
     // Fenced off (the backup partner completed first): the un-acknowledged work is wasted.
     ++run_.fenced_reports;
@@ -256,7 +264,6 @@ absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
     w.lease = 0;
     return absl::OkStatus();
   }
-  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
   const uint64_t offset = w.begin - l->begin;  // a backup starts inside its range
   Update u;
   if (complete) {
@@ -391,18 +398,19 @@ absl::Status JobSimulation::Report() {
     if (progress_due)
       if (absl::Status s = Acknowledge(w, false); !s.ok()) return s;
     if (w.rep_steps <= 0 || w.rep_compute <= 0) continue;
-    StepReport r;
-    r.set_worker_id(w.id);
-    r.set_step(++w.report_seq);
+    // A StepReport's numbers, handed over by the worker's monitor index (the monitor's
+    // checks and effects are those of IngestStep; no message, no id lookup).
+    StepSample r;
+    r.step = ++w.report_seq;
     const int64_t micro = (w.batch + w.accumulation - 1) / w.accumulation;
-    r.set_local_batch(static_cast<uint32_t>(std::max<int64_t>(1, micro)));
-    r.set_samples(static_cast<uint64_t>(w.batch));
-    r.set_compute_s(w.rep_compute / w.rep_steps);
-    r.set_wall_s(std::max(w.rep_wall, w.rep_compute) / w.rep_steps);
-    r.set_comm_s(r.wall_s() - r.compute_s());
-    r.set_time_ms(now_ms);
+    r.local_batch = static_cast<uint32_t>(std::max<int64_t>(1, micro));
+    r.samples = static_cast<uint64_t>(w.batch);
+    r.compute_s = w.rep_compute / w.rep_steps;
+    r.wall_s = std::max(w.rep_wall, w.rep_compute) / w.rep_steps;
+    r.comm_s = r.wall_s - r.compute_s;
+    r.time_ms = now_ms;
     ++run_.monitor_reports;
-    monitor_->IngestStep(std::move(r));
+    monitor_->IngestStepAt(w.monitor_index, r);
     w.rep_compute = w.rep_wall = w.rep_steps = 0;
   }
   // Node agents: CPU steal shows contention (hardware slowness leaves no trace). They report
@@ -411,9 +419,9 @@ absl::Status JobSimulation::Report() {
   const bool nodes_due = t_ >= next_node_report_;
   if (nodes_due)
     while (next_node_report_ <= t_) next_node_report_ += std::max(20.0, sc_.sim.report_interval_s);
+  NodeMetrics& m = node_metrics_;  // one message reused: no allocation per node
   for (int64_t nd = 0; nodes_due && nd < model_.nodes(); ++nd) {
     if (speed_.workers_on(nd).empty()) continue;
-    NodeMetrics m;
     m.set_node(node_names_[nd]);
     m.set_time_ms(now_ms);
     m.set_interval_s(sc_.sim.report_interval_s);
@@ -429,9 +437,9 @@ absl::Status JobSimulation::Report() {
     const int64_t stride = std::max<int64_t>(1, n / 16);
     for (int64_t i = 0; i < n; i += stride) {
       if (w_[i].down) continue;
+      ServerLatency& l = server_latency_;  // reused, as node_metrics_
       for (int64_t s = 0; s < sc_.job.servers; ++s) {
-        ServerLatency l;
-        l.set_server_id(absl::StrCat("ps", s));
+        l.set_server_id(server_ids_[s]);
         l.set_reporter(w_[i].id);
         l.set_requests(100);
         l.set_mean_latency_ms(kServerLatencyMs / speed_.ServerFactor(s));
@@ -464,10 +472,10 @@ absl::Status JobSimulation::Reconcile() {
     facts[i].shard_elapsed_s = w.lease != 0 ? t_ - w.lease_start : 0;
     facts[i].node = w.node_name;
   }
-  last_statuses_ = monitor_->Workers();
+  last_statuses_ = monitor_->Workers(/*with_evidence=*/false);  // the view reads no evidence
   FillWorkerViews(last_statuses_, facts, &view);
   FillServerViews(monitor_->Servers(), policy_.server.hot_threshold, &view);
-  FillNodeViews(monitor_->Nodes(), &view);
+  FillNodeViews(monitor_->Nodes(/*with_evidence=*/false), &view);
   JobView& j = view.job;
   j.mode = sync() ? JobMode::kSync : JobMode::kAsync;
   j.global_batch = sync() ? sc_.job.global_batch : 0;
