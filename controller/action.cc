@@ -15,4 +15,16 @@ const char* ActionKindName(ActionKind kind) {
   return "?";
 }
 
+bool ParseActionKind(const std::string& name, ActionKind* kind) {
+  for (ActionKind k : {ActionKind::kAdjustBatch, ActionKind::kReallocate, ActionKind::kRestart,
+                       ActionKind::kMigrate, ActionKind::kRestartServer, ActionKind::kRelieveServer,
+                       ActionKind::kExcludeWorkers}) {
+    if (name == ActionKindName(k)) {
+      *kind = k;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace pacer

@@ -26,6 +26,8 @@ enum class ActionKind {
 };
 
 const char* ActionKindName(ActionKind kind);
+// Inverse of ActionKindName; false for an unknown name.
+bool ParseActionKind(const std::string& name, ActionKind* kind);
 
 // Whether the action takes a worker or server offline for a while.
 inline bool IsDisruptive(ActionKind kind) {

@@ -56,6 +56,8 @@ class Controller {
 
   const PolicyConfig& policy() const { return config_; }
   const History& history() const { return history_; }
+  // Durability only (pacerd's ControllerStore): restoring after a restart, taking the changes.
+  History* mutable_history() { return &history_; }
 
  private:
   Controller(const PolicyConfig& config, DecideFn decide) : config_(config), decide_(decide) {}

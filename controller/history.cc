@@ -1,5 +1,7 @@
 #include "controller/history.h"
 
+#include <algorithm>
+
 namespace pacer {
 
 const char* AuditOutcomeName(AuditRecord::Outcome outcome) {
@@ -80,6 +82,7 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
       if (it->outcome == record.outcome && it->veto_reason == record.veto_reason) {
         it->last_seen_ms = record.time_ms;
         ++it->repeats;
+        changed_records_.insert(it->id);
         return it->id;
       }
       break;  // only the newest record of this kind and target may absorb it
@@ -88,8 +91,10 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
   record.id = next_id_++;
   record.action.id = record.id;
   record.last_seen_ms = record.time_ms;
+  changed_records_.insert(record.id);
   audit_.push_back(std::move(record));
   while (static_cast<int64_t>(audit_.size()) > max_records) audit_.pop_front();
+  state_changed_ = true;  // next_id
   return audit_.back().id;
 }
 
@@ -97,17 +102,45 @@ void History::SetMeasuredGain(uint64_t id, double gain, int64_t now_ms) {
   if (AuditRecord* r = MutableRecord(id)) {
     r->measured_gain = gain;
     r->measured_at_ms = now_ms;
+    changed_records_.insert(id);
   }
 }
 
 void History::MarkRolledBack(uint64_t id) {
-  if (AuditRecord* r = MutableRecord(id)) r->rolled_back = true;
+  if (AuditRecord* r = MutableRecord(id)) {
+    r->rolled_back = true;
+    changed_records_.insert(id);
+  }
 }
 
 void History::AddNodeIncident(const std::string& node, int64_t now_ms) {
   NodeRecord& rec = nodes_[node];
   ++rec.incidents;
   rec.last_ms = now_ms;
+  state_changed_ = true;
+}
+
+History::Changes History::TakeChanges() {
+  Changes c;
+  c.records.assign(changed_records_.begin(), changed_records_.end());
+  c.state = state_changed_;
+  changed_records_.clear();
+  state_changed_ = false;
+  return c;
+}
+
+void History::Restore(std::deque<AuditRecord> audit, uint64_t next_id, std::optional<BatchPlan> plan,
+                      std::vector<WorkerAllocation> allocations, bool tail_backups,
+                      std::vector<std::string> excluded, std::map<std::string, NodeRecord> nodes) {
+  audit_ = std::move(audit);
+  next_id_ = std::max<uint64_t>(next_id, audit_.empty() ? 1 : audit_.back().id + 1);
+  plan_ = std::move(plan);
+  allocations_ = std::move(allocations);
+  tail_backups_ = tail_backups;
+  excluded_ = std::move(excluded);
+  nodes_ = std::move(nodes);
+  changed_records_.clear();
+  state_changed_ = false;
 }
 
 }  // namespace pacer

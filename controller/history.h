@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,17 @@ const char* AuditOutcomeName(AuditRecord::Outcome outcome);
 
 class History {
  public:
+  struct NodeRecord {
+    int64_t incidents = 0;
+    int64_t last_ms = 0;
+  };
+  // What changed since the last TakeChanges() (pacerd's ControllerStore persists it).
+  struct Changes {
+    std::vector<uint64_t> records;  // ids written, folded into, measured or rolled back
+    bool state = false;             // plan, allocations, tail backups, exclusions, node incidents
+    bool empty() const { return records.empty() && !state; }
+  };
+
   // ---- Queries (policies and the safety layer) ----
   const std::deque<AuditRecord>& audit() const { return audit_; }
   const AuditRecord* FindRecord(uint64_t id) const;
@@ -74,6 +86,16 @@ class History {
   std::vector<std::string> BadNodes(int64_t now_ms, const RestartConfig& cfg) const;
   int64_t NodeIncidents(const std::string& node) const;
 
+  uint64_t next_id() const { return next_id_; }
+  const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
+
+  // ---- Durability ----
+  Changes TakeChanges();
+  // Replaces the whole history with one restored from the store (no changes pending after).
+  void Restore(std::deque<AuditRecord> audit, uint64_t next_id, std::optional<BatchPlan> plan,
+               std::vector<WorkerAllocation> allocations, bool tail_backups,
+               std::vector<std::string> excluded, std::map<std::string, NodeRecord> nodes);
+
   // ---- Changes (the Controller only) ----
   // Appends a record (assigning its id) or, when it repeats the newest record of the same kind
   // and target with the same outcome and veto reason (not kExecuted), folds into it. Returns
@@ -81,17 +103,25 @@ class History {
   uint64_t Record(AuditRecord record, int64_t max_records);
   void SetMeasuredGain(uint64_t id, double gain, int64_t now_ms);
   void MarkRolledBack(uint64_t id);
-  void SetPlan(const BatchPlan& plan) { plan_ = plan; }
-  void SetAllocations(std::vector<WorkerAllocation> a) { allocations_ = std::move(a); }
-  void SetTailBackups(bool on) { tail_backups_ = on; }
-  void SetExcluded(std::vector<std::string> workers) { excluded_ = std::move(workers); }
+  void SetPlan(const BatchPlan& plan) {
+    plan_ = plan;
+    state_changed_ = true;
+  }
+  void SetAllocations(std::vector<WorkerAllocation> a) {
+    allocations_ = std::move(a);
+    state_changed_ = true;
+  }
+  void SetTailBackups(bool on) {
+    tail_backups_ = on;
+    state_changed_ = true;
+  }
+  void SetExcluded(std::vector<std::string> workers) {
+    excluded_ = std::move(workers);
+    state_changed_ = true;
+  }
   void AddNodeIncident(const std::string& node, int64_t now_ms);
 
  private:
-  struct NodeRecord {
-    int64_t incidents = 0;
-    int64_t last_ms = 0;
-  };
   AuditRecord* MutableRecord(uint64_t id);
 
   std::deque<AuditRecord> audit_;
@@ -101,6 +131,8 @@ class History {
   bool tail_backups_ = false;
   std::vector<std::string> excluded_;
   std::map<std::string, NodeRecord> nodes_;
+  std::set<uint64_t> changed_records_;
+  bool state_changed_ = false;
 };
 
 }  // namespace pacer

@@ -6,9 +6,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "controller/policy_loader.h"
 
 namespace pacer {
+
+std::string PolicyDigest(const std::string& yaml) {
+  // FNV-1a 64: identifies the --policy file's text, not a security boundary.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : yaml) h = (h ^ c) * 1099511628211ull;
+  return absl::StrFormat("%016x", h);
+}
 namespace {
 
 // Calls an async sharding method and waits for its reply (the housekeeping thread only).
@@ -196,14 +204,16 @@ absl::Status Reconciler::ReconcileNow() {
 
     auto result = controller_->Reconcile(v);
     if (!result.ok()) return result.status();
+    // Decisions are durable before they are carried out (a restarted pacerd knows them).
+    PersistLocked();
     for (Action& a : result->dispatch) {
       switch (a.kind) {
         case ActionKind::kAdjustBatch:
           if (a.plan) DispatchPlan(*a.plan);
-          dispatch_notes_[a.id] = "plan sent in heartbeat replies";
+          NoteDispatchLocked(a.id, "plan sent in heartbeat replies");
           break;
         case ActionKind::kExcludeWorkers:
-          dispatch_notes_[a.id] = "not dispatched: the all-reduce layer has no exclusion yet";
+          NoteDispatchLocked(a.id, "not dispatched: the all-reduce layer has no exclusion yet");
           break;
         default:
           remote.emplace_back(a.id, a);
@@ -250,8 +260,71 @@ absl::Status Reconciler::ReconcileNow() {
       }
     }
     absl::MutexLock l(&mu_);
-    dispatch_notes_[id] = note;
+    NoteDispatchLocked(id, note);
   }
+  absl::MutexLock l(&mu_);
+  PersistLocked();
+  return absl::OkStatus();
+}
+
+void Reconciler::NoteDispatchLocked(uint64_t id, const std::string& note) {
+  dispatch_notes_[id] = note;
+  unsaved_.records.push_back(id);
+}
+
+void Reconciler::PersistLocked() {
+  History::Changes c = controller_->mutable_history()->TakeChanges();
+  unsaved_.records.insert(unsaved_.records.end(), c.records.begin(), c.records.end());
+  unsaved_.state = unsaved_.state || c.state;
+  if (!store_ || unsaved_.empty()) {
+    if (!store_) unsaved_ = {};
+    return;
+  }
+  std::sort(unsaved_.records.begin(), unsaved_.records.end());
+  unsaved_.records.erase(std::unique(unsaved_.records.begin(), unsaved_.records.end()), unsaved_.records.end());
+  if (absl::Status s = store_->Save(controller_->history(), unsaved_, dispatch_notes_); !s.ok()) {
+    // Kept and retried at the next reconcile; the sharding journal shares the disk, so this
+    // is loud.
+    PACER_LOG(ERROR) << "controller decisions not persisted (retried at the next reconcile): " << s;
+    return;
+  }
+  unsaved_ = {};
+}
+
+absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
+                                     const std::string& base_policy_yaml) {
+  ASSIGN_OR_RETURN(ControllerStore::Loaded loaded, store->Load());
+  absl::MutexLock l(&mu_);
+  store_ = std::move(store);
+  base_policy_digest_ = PolicyDigest(base_policy_yaml);
+  if (loaded.empty) return absl::OkStatus();
+  RestoreHistory(loaded, controller_->mutable_history());
+  dispatch_notes_ = std::move(loaded.dispatch);
+  if (const auto& plan = controller_->history().plan()) DispatchPlan(*plan);
+  PACER_LOG(INFO) << "controller state restored: " << controller_->history().audit().size()
+                  << " audit records, plan v"
+                  << (controller_->history().plan() ? controller_->history().plan()->version : 0)
+                  << ", " << controller_->history().nodes().size() << " node(s) with incidents";
+  if (loaded.policy) {
+    if (loaded.policy->base_digest() != base_policy_digest_) {
+      PACER_LOG(WARNING) << "policy '" << loaded.policy->file_name()
+                         << "' applied before the restart is not restored: pacerd was started "
+                            "with a different --policy file since";
+    } else {
+      auto config = ParsePolicy(loaded.policy->yaml(), loaded.policy->file_name());
+      if (!config.ok()) {
+        PACER_LOG(WARNING) << "policy applied before the restart no longer loads, --policy stays: "
+                           << config.status();
+      } else if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) {
+        PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
+      } else {
+        PACER_LOG(INFO) << "policy '" << config->name << "' (" << loaded.policy->file_name()
+                        << ", applied before the restart) restored";
+        if (on_policy_) on_policy_(*config);
+      }
+    }
+  }
+  PersistLocked();
   return absl::OkStatus();
 }
 
@@ -274,6 +347,18 @@ absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string&
   if (!config.ok()) return config.status();
   absl::MutexLock l(&mu_);
   if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) return s;
+  if (store_) {
+    AppliedPolicy applied;
+    applied.set_yaml(yaml);
+    applied.set_file_name(file_name);
+    applied.set_applied_ms(clock_->NowMs());
+    applied.set_base_digest(base_policy_digest_);
+    if (absl::Status s = store_->SavePolicy(applied); !s.ok()) {
+      PACER_LOG(ERROR) << "applied policy not persisted (a restart goes back to --policy): " << s;
+    }
+  }
+  PersistLocked();
+  if (on_policy_) on_policy_(*config);
   resp->set_policy_name(controller_->policy().name);
   resp->set_policy(controller_->policy().policy);
   PACER_LOG(INFO) << "policy applied: " << config->name << " (" << config->policy << ")";

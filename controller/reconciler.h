@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "controller/controller.h"
+#include "controller/controller_store.h"
 #include "monitor/monitor_service.h"
 #include "proto/pacer/controller.pb.h"
 #include "proto/pacer/sharding.pb.h"
@@ -64,6 +65,17 @@ class Reconciler {
   absl::Status ReconcileNow();
 
   void SetAgentDispatcher(AgentDispatcher dispatcher);
+  // Makes the controller durable (controller_store.h): restores what `store` holds -- audit,
+  // plan (re-sent to the workers), allocations, node incidents, and the policy applied before
+  // the restart when pacerd runs with the same --policy text (`base_policy_yaml`) -- and
+  // saves every decision before it is dispatched from now on. Call before serving.
+  absl::Status AttachStore(std::unique_ptr<ControllerStore> store, const std::string& base_policy_yaml);
+  // Called (under the reconciler's lock) with every policy that comes into force after start:
+  // applied, or restored by AttachStore. pacerd passes the detection settings to the monitor.
+  void SetPolicyListener(std::function<void(const PolicyConfig&)> listener) {
+    absl::MutexLock l(&mu_);
+    on_policy_ = std::move(listener);
+  }
   absl::Status ApplyPolicy(const std::string& yaml, const std::string& file_name,
                            ApplyPolicyResponse* resp);
   void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
@@ -73,6 +85,9 @@ class Reconciler {
  private:
   ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchPlan(const BatchPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteDispatchLocked(uint64_t id, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves what changed (no-op without a store); on failure keeps it for the next call.
+  void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* clock_;
   MonitorServiceImpl* monitor_;
@@ -88,6 +103,13 @@ class Reconciler {
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_command_id_ ABSL_GUARDED_BY(mu_) = 1;
   AgentDispatcher agents_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ControllerStore> store_ ABSL_GUARDED_BY(mu_);
+  History::Changes unsaved_ ABSL_GUARDED_BY(mu_);
+  std::string base_policy_digest_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const PolicyConfig&)> on_policy_ ABSL_GUARDED_BY(mu_);
 };
+
+// Digest of a policy file's text (which --policy a stored applied policy replaced).
+std::string PolicyDigest(const std::string& yaml);
 
 }  // namespace pacer

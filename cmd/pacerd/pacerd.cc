@@ -76,8 +76,11 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
   d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
   PolicyConfig policy;  // default: "none"
+  std::string policy_text;  // identifies the --policy file for the controller store
   if (!options.policy_file.empty()) {
     ASSIGN_OR_RETURN(policy, LoadPolicyFile(options.policy_file));
+    std::ifstream in(options.policy_file);
+    policy_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.detection, options.monitor);
   ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(monitor_options, clock, &d->metrics_));
@@ -100,6 +103,21 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), d->monitor_.get(),
                                                 d->sharding_.get(), clock, ro);
   d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
+  d->reconciler_->SetPolicyListener([running = monitor_options, base = options.monitor](const PolicyConfig& p) {
+    const MonitorOptions want = MonitorOptionsFromPolicy(p.detection, base);
+    if (want.straggler_threshold != running.straggler_threshold ||
+        want.leader_threshold != running.leader_threshold || want.window_ms != running.window_ms ||
+        want.persistent_k != running.persistent_k || want.persistent_w != running.persistent_w) {
+      PACER_LOG(WARNING) << "policy '" << p.name << "': its detection settings take effect when pacerd "
+                            "restarts (the applied policy is kept across restarts); the actions' "
+                            "settings are in force now";
+    }
+  });
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<ControllerStore> store,
+                     ControllerStore::Open(options.data_dir + "/controller"));
+    RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(store), policy_text));
+  }
   Reconciler* reconciler = d->reconciler_.get();
   reconciler->SetAgentDispatcher([agents = d->agents_.get()](const Action& a)
                                      -> absl::StatusOr<std::string> {
