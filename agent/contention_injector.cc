@@ -83,6 +83,19 @@ int LastCpuOf(const std::string& proc_root, pid_t pid) {
   return 0;
 }
 
+// Gives the cgroup `dir` `cores` CPUs of CFS bandwidth: period `period_us`, widened when the
+// quota would fall below the kernel's 1 ms minimum.
+absl::Status WriteCpuQuota(const std::string& dir, double cores, int64_t period_us) {
+  constexpr int64_t kMinQuotaUs = 1000, kMaxPeriodUs = 1'000'000;  // the kernel's limits
+  const int64_t period = std::clamp<int64_t>(
+      std::max<int64_t>(period_us, std::llround(kMinQuotaUs / cores)), kMinQuotaUs, kMaxPeriodUs);
+  const int64_t quota = std::max<int64_t>(kMinQuotaUs, std::llround(period * cores));
+  // Quota first to -1 so a shorter period is never refused for being below a child's quota.
+  (void)WriteFile(dir + "/cpu.cfs_quota_us", "-1");
+  if (absl::Status s = WriteFile(dir + "/cpu.cfs_period_us", std::to_string(period)); !s.ok()) return s;
+  return WriteFile(dir + "/cpu.cfs_quota_us", std::to_string(quota));
+}
+
 }  // namespace
 
 const char* ContentionMethodName(ContentionMethod m) {
@@ -106,7 +119,10 @@ bool ParseContentionMethod(const std::string& s, ContentionMethod* out) {
 
 ContentionInjector::ContentionInjector(ContentionOptions options) : options_(std::move(options)) {}
 
-ContentionInjector::~ContentionInjector() { ClearAll(); }
+ContentionInjector::~ContentionInjector() {
+  ClearAll();
+  RemoveLimits();
+}
 
 bool ContentionInjector::CgroupWritable() const {
   const std::string root = options_.cgroup_root + "/cpu";
@@ -169,11 +185,44 @@ absl::Status ContentionInjector::ApplyCgroup(const std::string& worker_id, Entry
     e.group_dir.clear();
     return absl::UnavailableError("mkdir cgroup: " + why);
   }
-  const int64_t quota = std::max<int64_t>(
-      1000, std::llround(options_.cfs_period_us * e.baseline_cores / e.factor));
-  if (absl::Status s = WriteFile(e.group_dir + "/cpu.cfs_period_us", std::to_string(options_.cfs_period_us)); !s.ok()) return s;
-  if (absl::Status s = WriteFile(e.group_dir + "/cpu.cfs_quota_us", std::to_string(quota)); !s.ok()) return s;
+  if (absl::Status s = WriteCpuQuota(e.group_dir, e.baseline_cores / e.factor, options_.cfs_period_us); !s.ok()) {
+    return s;
+  }
   return WriteFile(e.group_dir + "/cgroup.procs", std::to_string(e.pid));
+}
+
+absl::Status ContentionInjector::ApplyLimit(const std::string& worker_id, pid_t pid) {
+  const double cores = options_.worker_cpu_limit_cores;
+  if (!(cores > 0)) return absl::OkStatus();
+  auto it = limits_.find(worker_id);
+  if (it == limits_.end()) {
+    auto rel = CgroupPathOf(options_.proc_root, pid, "cpu");
+    if (!rel.ok()) return absl::UnavailableError(std::string(rel.status().message()));
+    LimitGroup g;
+    g.original_dir = options_.cgroup_root + "/cpu" + *rel;
+    if (!g.original_dir.empty() && g.original_dir.back() == '/') g.original_dir.pop_back();
+    g.dir = absl::StrFormat("%s/pacer-agent-%d-limit-%s", g.original_dir, getpid(), worker_id);
+    if (mkdir(g.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::UnavailableError("mkdir cgroup " + g.dir + ": " + strerror(errno));
+    }
+    if (absl::Status s = WriteCpuQuota(g.dir, cores, options_.cfs_period_us); !s.ok()) {
+      rmdir(g.dir.c_str());
+      return s;
+    }
+    PACER_LOG(INFO) << "worker " << worker_id << " limited to " << cores << " core(s) (" << g.dir << ")";
+    it = limits_.emplace(worker_id, std::move(g)).first;
+  }
+  return WriteFile(it->second.dir + "/cgroup.procs", std::to_string(pid));
+}
+
+void ContentionInjector::RemoveLimits() {
+  for (auto& [id, g] : limits_) {
+    MoveAllProcs(g.dir, g.original_dir);
+    if (rmdir(g.dir.c_str()) != 0 && errno != ENOENT) {
+      PACER_LOG(WARNING) << "cannot remove cgroup " << g.dir << ": " << strerror(errno);
+    }
+  }
+  limits_.clear();
 }
 
 std::vector<int> CpusOf(pid_t pid) {
@@ -251,6 +300,9 @@ void ContentionInjector::Remove(Entry& e) {
 }
 
 absl::Status ContentionInjector::Reapply(const std::string& worker_id, pid_t pid) {
+  if (absl::Status s = ApplyLimit(worker_id, pid); !s.ok()) {
+    PACER_LOG(WARNING) << "CPU limit of worker " << worker_id << " not applied: " << s.message();
+  }
   auto it = entries_.find(worker_id);
   if (it == entries_.end()) return absl::OkStatus();
   const double factor = it->second.factor, baseline = it->second.baseline_cores;
@@ -320,6 +372,18 @@ void ContentionInjector::RemoveStaleGroups() {
   }
   closedir(d);
   for (const std::string& g : stale) {
+    // A dead agent's CPU-limit group may still hold its contention group.
+    if (DIR* sub = opendir(g.c_str())) {
+      std::vector<std::string> children;
+      while (dirent* e = readdir(sub)) {
+        if (absl::string_view(e->d_name).rfind("pacer-agent-", 0) == 0) children.push_back(g + "/" + e->d_name);
+      }
+      closedir(sub);
+      for (const std::string& c : children) {
+        MoveAllProcs(c, base);
+        rmdir(c.c_str());
+      }
+    }
     MoveAllProcs(g, base);
     if (rmdir(g.c_str()) == 0) {
       PACER_LOG(INFO) << "removed stale contention cgroup " << g;

@@ -41,13 +41,23 @@ struct ContentionOptions {
   ContentionMethod method = ContentionMethod::kAuto;
   std::string cgroup_root = "/sys/fs/cgroup";
   std::string proc_root = "/proc";
-  int64_t cfs_period_us = 100'000;
+  // CFS bandwidth period of the cgroup method. Short periods spread the worker's share finely
+  // (a throttled worker stalls at most one period), as a co-located busy job would: with the
+  // kernel's 100 ms default a worker left 0.1 core sits throttled for ~90 ms at a stretch, and
+  // every collective it takes part in stalls with it. Widened when the quota would fall below
+  // the kernel's 1 ms minimum.
+  int64_t cfs_period_us = 10'000;
+  // > 0: every worker runs in its own cgroup with this many cores (CFS quota, same period), as
+  // a container's CPU limit would give it -- its speed then depends on its own budget, not on
+  // how much CPU its neighbours leave idle while they wait in a collective (the way one node
+  // per worker behaves). Contention nests inside that group. 0: no limit.
+  double worker_cpu_limit_cores = 0;
 };
 
 class ContentionInjector {
  public:
   explicit ContentionInjector(ContentionOptions options);
-  ~ContentionInjector();  // clears every contention it set
+  ~ContentionInjector();  // clears every contention and CPU limit it set
   ContentionInjector(const ContentionInjector&) = delete;
   ContentionInjector& operator=(const ContentionInjector&) = delete;
 
@@ -58,11 +68,12 @@ class ContentionInjector {
   // `others`: the node's other worker processes (cpu-hog method: kept off the hog's CPU).
   absl::Status Apply(const std::string& worker_id, pid_t pid, double factor, double baseline_cores,
                      const std::vector<pid_t>& others = {});
-  // Re-applies a worker's contention to its new process after a relaunch (no-op when none).
+  // Re-applies a worker's CPU limit and contention to its new process after a (re)launch
+  // (no-op when neither is set).
   absl::Status Reapply(const std::string& worker_id, pid_t pid);
   // Removes the contention of one worker (OK when there is none).
   absl::Status Clear(const std::string& worker_id);
-  void ClearAll();
+  void ClearAll();  // contention only; the CPU-limit groups go with the injector
 
   std::optional<double> FactorOf(const std::string& worker_id) const;
   // Method in force for a worker ("cgroup" / "cpu-hog"); empty when none.
@@ -90,12 +101,18 @@ class ContentionInjector {
   };
 
   absl::Status ApplyCgroup(const std::string& worker_id, Entry& e);
+  absl::Status ApplyLimit(const std::string& worker_id, pid_t pid);
+  void RemoveLimits();
   absl::Status ApplyCpuHog(Entry& e, const std::vector<pid_t>& others);
   void Remove(Entry& e);
   bool CgroupWritable() const;
 
   ContentionOptions options_;
   std::map<std::string, Entry> entries_;
+  struct LimitGroup {
+    std::string dir, original_dir;
+  };
+  std::map<std::string, LimitGroup> limits_;  // worker id -> its CPU-limit cgroup
 };
 
 }  // namespace pacer

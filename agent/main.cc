@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
        "auto (cgroup v1 cpu quota where writable, else a pinned CPU hog), cgroup or cpu-hog")
       ("cgroup-root", po::value(&o.contention.cgroup_root)->default_value(o.contention.cgroup_root),
        "cgroup mount root")
+      ("worker-cpu-limit", po::value(&o.contention.worker_cpu_limit_cores)->default_value(0),
+       "cores each worker may use (own cgroup, like a container's CPU limit); 0: no limit")
+      ("contention-period-us", po::value(&o.contention.cfs_period_us)->default_value(o.contention.cfs_period_us),
+       "CFS period of the cgroup contention method (µs; widened if the quota would fall under 1 ms)")
       ("no-nvml", "do not try NVML for GPU utilisation")
       ("kubernetes", po::bool_switch(&kubernetes),
        "Kubernetes mode: migrate deletes the own pod through the API server (see README)")

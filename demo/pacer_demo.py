@@ -184,7 +184,8 @@ class Run:
                 a.bin + "/pacer-agent", "--addr", self.addr, "--token-file",
                 os.path.join(self.data, "job.token"), "--node", node, "--workers", "2",
                 "--first-rank", str(first), "--world-size", str(WORLD), "--heartbeat-ms", "500",
-                "--metrics-ms", "500", "--max-restarts", "0", "--", *trainer,
+                "--metrics-ms", "500", "--max-restarts", "0",
+                "--worker-cpu-limit", str(a.worker_cores), "--", *trainer,
             ], os.path.join(self.dir, f"agent-{node}.log"))
 
     def now(self):
@@ -735,6 +736,10 @@ def parse_args(argv):
                    help="slow-down factor when --straggler-cores is 0 (or not measurable)")
     p.add_argument("--straggler-cores", type=float, default=0.15,
                    help="leave the straggler this many CPU cores (cgroup quota); 0: use --contention-factor")
+    p.add_argument("--worker-cores", type=float, default=0.4,
+                   help="CPU limit of each worker (the agent's cgroup, like a container limit): each "
+                        "worker gets its own budget, as on its own node, instead of all four sharing "
+                        "two cores; 0: no limit")
     p.add_argument("--warmup-fraction", type=float, default=0.15)
     p.add_argument("--poll-s", type=float, default=1.0, help="pacerctl polling period (each poll costs CPU the trainers share)")
     p.add_argument("--run-timeout-s", type=float, default=150)
