@@ -373,6 +373,57 @@ TEST_F(AgentTest, ContentionByPinnedCpuHogSlowsTheChosenWorker) {
   ExpectContentionSlowsOnlyTheChosenWorker(server, dir_.path(), 2.0, "cpu-hog", /*strict=*/false);
 }
 
+// --worker-cpu-limit: each worker in its own cgroup with that CFS quota. A CPU-bound worker
+// never gets more (its own CPU clock over wall time, from the worker), whatever else the machine
+// runs; contention nests inside the limit; the groups go with the agent.
+TEST_F(AgentTest, WorkerCpuLimitCapsEachWorkerAndContentionNestsInside) {
+  if (access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", W_OK) != 0) {
+    GTEST_SKIP() << "cgroup v1 cpu controller not writable here";
+  }
+  constexpr double kLimit = 0.3;
+  AgentServer server;
+  StartAgent(server.address(), 2, {"spin", "--progress", dir_.Sub("{worker_id}.progress")},
+             {"--worker-cpu-limit", std::to_string(kLimit), "--contention-method", "cgroup"});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] {
+    return ReadProgress(dir_.Sub("w0.progress")).iterations > 0 &&
+           ReadProgress(dir_.Sub("w1.progress")).iterations > 0 && r.Worker("w0").ok();
+  }, 20s));
+  auto cpu_share = [&](const std::string& id, std::chrono::milliseconds window) {
+    const Progress a = ReadProgress(dir_.Sub(id + ".progress"));
+    std::this_thread::sleep_for(window);  // the measurement window
+    const Progress b = ReadProgress(dir_.Sub(id + ".progress"));
+    return static_cast<double>(b.cpu_ns - a.cpu_ns) / static_cast<double>(std::max<int64_t>(1, b.wall_ns - a.wall_ns));
+  };
+  for (const std::string id : {"w0", "w1"}) {
+    const double share = cpu_share(id, 2000ms);
+    std::cout << id << " CPU share " << share << " (limit " << kLimit << ")" << std::endl;
+    EXPECT_LE(share, kLimit * 1.1) << id << " exceeds its limit";
+    EXPECT_GT(share, 0.0);
+  }
+  // Contention inside the limit: the quota is the worker's recent use / factor.
+  auto id = r.SetContention("w0", 3.0);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(WaitFor([&] { return CommandEnded(r, *id); }, 20s));
+  ASSERT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+  std::this_thread::sleep_for(300ms);  // let the first throttled periods pass before measuring
+  const double contended = cpu_share("w0", 2000ms);
+  std::cout << "w0 under contention x3: CPU share " << contended << std::endl;
+  EXPECT_LE(contended, kLimit / 3 * 1.25);
+  const std::string prefix = "pacer-agent-" + std::to_string(agent_.pid()) + "-limit-";
+  auto groups_left = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/sys/fs/cgroup/cpu")) {
+      n += e.path().filename().string().rfind(prefix, 0) == 0;
+    }
+    return n;
+  };
+  EXPECT_EQ(groups_left(), 2);
+  agent_.Signal(SIGTERM);
+  agent_.Wait(20s);
+  EXPECT_EQ(groups_left(), 0) << "CPU-limit cgroups not removed";
+}
+
 TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
   AgentServer server;
   std::vector<NodeMetrics> metrics;
