@@ -8,10 +8,25 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <exception>
 #include <filesystem>
 
 namespace pacer {
+namespace {
+
+// Gloo's TCP transport writes with writev(), which raises SIGPIPE when a peer has died; its
+// default action would kill this trainer silently instead of letting the write fail (EPIPE ->
+// UNAVAILABLE -> regroup). Ignore it unless the program installed its own handler.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const GlooOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
@@ -28,6 +43,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
                                         "': " + ec.message());
     }
   }
+  IgnoreSigpipeUnlessHandled();
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   std::unique_ptr<GlooCollective> c(new GlooCollective(o.rank, o.size, timeout));
   try {

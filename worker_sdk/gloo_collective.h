@@ -8,7 +8,8 @@
 // ElasticGlooCollective (elastic_gloo.h), which builds this class under pacerd's store.
 //
 // Owns the Gloo context (a full mesh of TCP pairs). Every operation has a timeout, so a dead
-// peer yields UNAVAILABLE instead of a hang. Gloo reports errors by exceptions; they are caught
+// peer yields UNAVAILABLE instead of a hang. Create() sets SIGPIPE to SIG_IGN when it still has
+// its default action (a write to a dead peer must fail, not kill the process). Gloo reports errors by exceptions; they are caught
 // here and become absl::Status. Not thread-safe.
 #pragma once
 

@@ -1,0 +1,249 @@
+// Pacerd's rendezvous store (rendezvous/) and its SDK side (worker_sdk/rendezvous_client.h):
+// the group and generation rules on the service itself; then over gRPC against a real
+// in-process pacerd: set/get, a wait bounded by its deadline (DEADLINE_EXCEEDED, not a hang),
+// a wait woken by a set, a wait aborted by a new generation, a wrong token refused with
+// UNAUTHENTICATED, the regroup command on heartbeats, and a two-rank Gloo all-reduce that
+// rendezvoused through the store.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cmd/pacerd/pacerd.h"
+#include "rendezvous/rendezvous_service.h"
+#include "tests/testing/test_util.h"
+#include "worker_sdk/client.h"
+#include "worker_sdk/elastic_gloo.h"
+#include "worker_sdk/rendezvous_client.h"
+
+namespace pacer {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::TempDir;
+using testing::WaitFor;
+
+RendezvousJoinRequest JoinReq(const std::string& worker, uint64_t incarnation, int rank,
+                              uint32_t world) {
+  RendezvousJoinRequest r;
+  r.set_worker_id(worker);
+  r.set_incarnation(incarnation);
+  r.set_rank(rank);
+  r.set_world_size(world);
+  return r;
+}
+
+TEST(RendezvousServiceTest, GroupAndGenerationRules) {
+  RendezvousServiceImpl s;
+  RendezvousJoinResponse j;
+  ASSERT_TRUE(s.Join(JoinReq("a", 1, -1, 3), &j).ok());
+  EXPECT_EQ(j.generation(), 1u);
+  EXPECT_EQ(j.rank(), 0);
+  ASSERT_TRUE(s.Join(JoinReq("b", 1, 2, 3), &j).ok());
+  EXPECT_EQ(j.rank(), 2);
+  ASSERT_TRUE(s.Join(JoinReq("c", 1, -1, 3), &j).ok());
+  EXPECT_EQ(j.rank(), 1);  // the lowest free rank
+  EXPECT_EQ(j.generation(), 1u) << "new members of a forming group do not regroup";
+  // Bad joins change nothing.
+  EXPECT_EQ(s.Join(JoinReq("d", 1, -1, 3), &j).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.Join(JoinReq("d", 1, 0, 3), &j).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.Join(JoinReq("a", 1, 0, 4), &j).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Join(JoinReq("a", 1, 5, 3), &j).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.Join(JoinReq("a", 1, 1, 3), &j).code(), absl::StatusCode::kFailedPrecondition);
+  // A retried join (same incarnation) is idempotent; a restarted worker regroups.
+  ASSERT_TRUE(s.Join(JoinReq("a", 1, -1, 3), &j).ok());
+  EXPECT_EQ(j.generation(), 1u);
+  ASSERT_TRUE(s.Join(JoinReq("c", 2, -1, 3), &j).ok());
+  EXPECT_EQ(j.generation(), 2u);
+  EXPECT_EQ(j.rank(), 1) << "a restarted worker keeps its rank";
+
+  // Keys belong to one generation; older generations are refused with ABORTED.
+  RendezvousSetRequest set;
+  set.set_generation(2);
+  set.set_key("k");
+  set.set_value("v");
+  RendezvousSetResponse sr;
+  ASSERT_TRUE(s.Set(set, &sr).ok());
+  set.set_generation(1);
+  EXPECT_EQ(s.Set(set, &sr).code(), absl::StatusCode::kAborted);
+  set.set_generation(7);
+  EXPECT_EQ(s.Set(set, &sr).code(), absl::StatusCode::kFailedPrecondition);
+
+  // Reform is compare-and-bump: the first report of generation 2 bumps, the second does not.
+  RendezvousReformRequest rf;
+  rf.set_generation(2);
+  RendezvousReformResponse rr;
+  ASSERT_TRUE(s.Reform(rf, &rr).ok());
+  EXPECT_EQ(rr.generation(), 3u);
+  ASSERT_TRUE(s.Reform(rf, &rr).ok());
+  EXPECT_EQ(rr.generation(), 3u);
+  RendezvousCheckRequest ck;
+  ck.set_generation(3);
+  ck.add_keys("k");
+  RendezvousCheckResponse cr;
+  ASSERT_TRUE(s.Check(ck, &cr).ok());
+  EXPECT_FALSE(cr.all_set()) << "a new generation starts empty";
+
+  // Heartbeats: a member reporting an older generation gets a RegroupCommand; the current one
+  // or another incarnation gets nothing.
+  HeartbeatRequest hb;
+  hb.set_worker_id("b");
+  hb.set_incarnation(1);
+  hb.set_regroup_generation(1);
+  HeartbeatResponse resp;
+  s.OnHeartbeat(hb, &resp);
+  ASSERT_EQ(resp.commands_size(), 1);
+  EXPECT_EQ(resp.commands(0).regroup().generation(), 3u);
+  EXPECT_EQ(resp.commands(0).regroup().rank(), 2);
+  EXPECT_EQ(resp.commands(0).regroup().world_size(), 3u);
+  hb.set_regroup_generation(3);
+  resp.Clear();
+  s.OnHeartbeat(hb, &resp);
+  EXPECT_EQ(resp.commands_size(), 0);
+  hb.set_regroup_generation(0);
+  hb.set_incarnation(9);
+  s.OnHeartbeat(hb, &resp);
+  EXPECT_EQ(resp.commands_size(), 0);
+
+  // Add: a counter per key.
+  RendezvousAddRequest add;
+  add.set_generation(3);
+  add.set_key("n");
+  add.set_delta(2);
+  RendezvousAddResponse ar;
+  ASSERT_TRUE(s.Add(add, &ar).ok());
+  ASSERT_TRUE(s.Add(add, &ar).ok());
+  EXPECT_EQ(ar.value(), 4);
+}
+
+class RendezvousStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PacerdOptions o;
+    o.data_dir = dir_.Sub("data");
+    o.listen = "127.0.0.1:0";
+    o.metrics_listen = "";
+    o.sharding.heartbeat_interval_ms = 50;
+    auto d = Pacerd::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    pacerd_ = std::move(*d);
+  }
+  RendezvousClientOptions Options(const std::string& token = "") {
+    RendezvousClientOptions o;
+    o.address = pacerd_->address();
+    o.token = token.empty() ? pacerd_->job_token() : token;
+    o.retry_budget_ms = 5'000;
+    return o;
+  }
+  std::unique_ptr<Client> Connect(const std::string& worker) {
+    ClientOptions o;
+    o.address = pacerd_->address();
+    o.token = pacerd_->job_token();
+    o.worker_id = worker;
+    o.connect_budget_ms = 20'000;
+    o.report_steps = false;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Pacerd> pacerd_;
+};
+
+TEST_F(RendezvousStoreTest, SetGetAndWaitsThatEnd) {
+  RendezvousClient rc(Options());
+  auto j = rc.Join("w0", 1, 0, 2);
+  ASSERT_TRUE(j.ok()) << j.status();
+  const uint64_t gen = j->generation();
+  ASSERT_TRUE(rc.Set(gen, "a", std::string("\0x", 2)).ok());
+  auto v = rc.Get(gen, {"a"}, false, milliseconds(1000));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)[0], std::string("\0x", 2));
+  EXPECT_EQ(rc.Get(gen, {"a", "missing"}, false, milliseconds(1000)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(*rc.Check(gen, {"a", "missing"}));
+
+  // A wait for a key nobody sets ends at its deadline, with DEADLINE_EXCEEDED.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto missing = rc.Get(gen, {"missing"}, true, milliseconds(300));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
+  EXPECT_GE(waited, milliseconds(250));
+  EXPECT_LT(waited, milliseconds(5000));
+  EXPECT_TRUE(WaitFor([&] { return pacerd_->rendezvous()->stats().waiting == 0; }, milliseconds(5000)))
+      << "the cancelled wait was taken out of the service";
+
+  // A wait is woken by the set it waits for.
+  absl::StatusOr<std::vector<std::string>> woken;
+  std::thread waiter([&] { woken = rc.Get(gen, {"b", "a"}, true, milliseconds(20'000)); });
+  ASSERT_TRUE(WaitFor([&] { return pacerd_->rendezvous()->stats().waiting == 1; }, milliseconds(10'000)));
+  ASSERT_TRUE(rc.Set(gen, "b", "B").ok());
+  waiter.join();
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ((*woken)[0], "B");
+  EXPECT_EQ((*woken)[1], std::string("\0x", 2));
+
+  // A wait in a generation that is superseded ends with ABORTED.
+  absl::StatusOr<std::vector<std::string>> aborted;
+  std::thread waiter2([&] { aborted = rc.Get(gen, {"c"}, true, milliseconds(20'000)); });
+  ASSERT_TRUE(WaitFor([&] { return pacerd_->rendezvous()->stats().waiting == 1; }, milliseconds(10'000)));
+  auto next = rc.Reform("w0", gen);
+  waiter2.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, gen + 1);
+  EXPECT_EQ(aborted.status().code(), absl::StatusCode::kAborted) << aborted.status();
+  EXPECT_EQ(rc.Set(gen, "a", "x").code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RendezvousStoreTest, WrongTokenIsRefused) {
+  RendezvousClient bad(Options("not-the-job-token"));
+  EXPECT_EQ(bad.Join("w0", 1, 0, 1).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(bad.Set(1, "a", "b").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(bad.Get(1, {"a"}, true, milliseconds(2000)).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(pacerd_->rendezvous()->stats().generation, 0u) << "nothing was joined";
+}
+
+TEST_F(RendezvousStoreTest, RegroupCommandReachesTheClient) {
+  auto client = Connect("w0");
+  ASSERT_TRUE(client);
+  RendezvousClient rc(Options());
+  auto j = rc.Join("w0", client->registration().incarnation(), -1, 2);
+  ASSERT_TRUE(j.ok()) << j.status();
+  client->NoteRegroupGeneration(j->generation());
+  auto g = rc.Reform("w0", j->generation());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(WaitFor([&] { return client->regroup_generation() == *g; }, milliseconds(10'000)))
+      << "held " << client->regroup_generation() << ", want " << *g;
+  EXPECT_EQ(client->stats().regroups_received, 1u);
+}
+
+TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughThePacerdStore) {
+  auto c0 = Connect("w0");
+  auto c1 = Connect("w1");
+  ASSERT_TRUE(c0 && c1);
+  absl::StatusOr<std::unique_ptr<ElasticGlooCollective>> e1;
+  ElasticGlooOptions eo;
+  eo.world_size = 2;
+  eo.timeout_ms = 10'000;
+  eo.regroup_timeout_ms = 30'000;
+  std::thread t([&] { e1 = ElasticGlooCollective::Create(c1.get(), eo); });
+  auto e0 = ElasticGlooCollective::Create(c0.get(), eo);
+  t.join();
+  ASSERT_TRUE(e0.ok()) << e0.status();
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_NE((*e0)->rank(), (*e1)->rank());
+  std::vector<float> a = {1, 2}, b = {10, 20};
+  absl::Status s1;
+  std::thread t2([&] { s1 = (*e1)->AllReduceSum(b); });
+  ASSERT_TRUE((*e0)->AllReduceSum(a).ok());
+  t2.join();
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(a, (std::vector<float>{11, 22}));
+  EXPECT_EQ(b, (std::vector<float>{11, 22}));
+  EXPECT_FALSE((*e0)->regroup_pending());
+}
+
+}  // namespace
+}  // namespace pacer
