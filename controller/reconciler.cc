@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "controller/policies/policy.h"
 #include "controller/policy_loader.h"
 
 namespace pacer {
@@ -267,6 +268,13 @@ absl::Status Reconciler::ReconcileNow() {
   return absl::OkStatus();
 }
 
+absl::Status Reconciler::ValidateAndNotify(const PolicyConfig& config) {
+  // The controller validates too, but the listener must not see a policy it would refuse.
+  if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
+  if (auto decide = FindPolicy(config.policy); !decide.ok()) return decide.status();
+  return on_policy_ ? on_policy_(config) : absl::OkStatus();
+}
+
 void Reconciler::NoteDispatchLocked(uint64_t id, const std::string& note) {
   dispatch_notes_[id] = note;
   unsaved_.records.push_back(id);
@@ -315,12 +323,13 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
       if (!config.ok()) {
         PACER_LOG(WARNING) << "policy applied before the restart no longer loads, --policy stays: "
                            << config.status();
+      } else if (absl::Status s = ValidateAndNotify(*config); !s.ok()) {
+        PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
       } else if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) {
         PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
       } else {
         PACER_LOG(INFO) << "policy '" << config->name << "' (" << loaded.policy->file_name()
                         << ", applied before the restart) restored";
-        if (on_policy_) on_policy_(*config);
       }
     }
   }
@@ -346,6 +355,7 @@ absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string&
   auto config = ParsePolicy(yaml, file_name);
   if (!config.ok()) return config.status();
   absl::MutexLock l(&mu_);
+  if (absl::Status s = ValidateAndNotify(*config); !s.ok()) return s;
   if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) return s;
   if (store_) {
     AppliedPolicy applied;
@@ -358,7 +368,6 @@ absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string&
     }
   }
   PersistLocked();
-  if (on_policy_) on_policy_(*config);
   resp->set_policy_name(controller_->policy().name);
   resp->set_policy(controller_->policy().policy);
   PACER_LOG(INFO) << "policy applied: " << config->name << " (" << config->policy << ")";

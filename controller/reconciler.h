@@ -70,9 +70,10 @@ class Reconciler {
   // the restart when pacerd runs with the same --policy text (`base_policy_yaml`) -- and
   // saves every decision before it is dispatched from now on. Call before serving.
   absl::Status AttachStore(std::unique_ptr<ControllerStore> store, const std::string& base_policy_yaml);
-  // Called (under the reconciler's lock) with every policy that comes into force after start:
-  // applied, or restored by AttachStore. pacerd passes the detection settings to the monitor.
-  void SetPolicyListener(std::function<void(const PolicyConfig&)> listener) {
+  // Called (under the reconciler's lock) with every policy about to come into force after
+  // start -- applied, or restored by AttachStore -- before it does; an error refuses the policy
+  // (the running one stays). pacerd passes the detection settings to the monitor.
+  void SetPolicyListener(std::function<absl::Status(const PolicyConfig&)> listener) {
     absl::MutexLock l(&mu_);
     on_policy_ = std::move(listener);
   }
@@ -86,6 +87,7 @@ class Reconciler {
   ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchPlan(const BatchPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteDispatchLocked(uint64_t id, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ValidateAndNotify(const PolicyConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves what changed (no-op without a store); on failure keeps it for the next call.
   void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -106,7 +108,7 @@ class Reconciler {
   std::unique_ptr<ControllerStore> store_ ABSL_GUARDED_BY(mu_);
   History::Changes unsaved_ ABSL_GUARDED_BY(mu_);
   std::string base_policy_digest_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const PolicyConfig&)> on_policy_ ABSL_GUARDED_BY(mu_);
+  std::function<absl::Status(const PolicyConfig&)> on_policy_ ABSL_GUARDED_BY(mu_);
 };
 
 // Digest of a policy file's text (which --policy a stored applied policy replaced).

@@ -48,6 +48,16 @@ void MonitorServiceImpl::Tick() {
   DeliverEvents();
 }
 
+MonitorOptions MonitorServiceImpl::Options() const {
+  absl::MutexLock l(&mu_);
+  return state_->options();
+}
+
+absl::Status MonitorServiceImpl::UpdateDetection(const MonitorOptions& options) {
+  absl::MutexLock l(&mu_);
+  return state_->UpdateDetection(options);
+}
+
 void MonitorServiceImpl::SetEventListener(EventListener listener) {
   absl::MutexLock lock(&listener_mu_);
   listener_ = std::move(listener);

@@ -55,6 +55,9 @@ class MonitorServiceImpl {
   void Tick();
   // Receives every classification event (replaces any previous listener; null removes it).
   void SetEventListener(EventListener listener);
+  // Hot reload of the detection settings (MonitorState::UpdateDetection).
+  absl::Status UpdateDetection(const MonitorOptions& options);
+  MonitorOptions Options() const;  // in force now
   absl::StatusOr<WorkerStatus> Worker(absl::string_view worker_id) const;
   absl::StatusOr<double> PredictStepSeconds(absl::string_view worker_id, uint32_t batch) const;
   absl::StatusOr<std::vector<WindowSummary>> History(absl::string_view worker_id) const;

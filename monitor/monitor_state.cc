@@ -57,6 +57,41 @@ MonitorState::MonitorState(const MonitorOptions& options, const Clock* clock)
       worker_classifier_(options, ENTITY_WORKER),
       server_classifier_(options, ENTITY_SERVER) {}
 
+absl::Status MonitorState::UpdateDetection(const MonitorOptions& o) {
+  if (absl::Status s = o.Validate(); !s.ok()) return s;
+  MonitorOptions next = options_;  // input limits and estimator settings stay as started
+  next.straggler_threshold = o.straggler_threshold;
+  next.leader_threshold = o.leader_threshold;
+  next.hysteresis = o.hysteresis;
+  next.persistent_k = o.persistent_k;
+  next.persistent_w = o.persistent_w;
+  next.stale_after_windows = o.stale_after_windows;
+  next.smoothed_windows = o.smoothed_windows;
+  next.steal_threshold = o.steal_threshold;
+  next.throttle_threshold = o.throttle_threshold;
+  next.other_cpu_threshold = o.other_cpu_threshold;
+  next.load_per_cpu_threshold = o.load_per_cpu_threshold;
+  next.deterministic_max_cv = o.deterministic_max_cv;
+  next.node_metrics_max_age_ms = o.node_metrics_max_age_ms;
+  next.node_level_fraction = o.node_level_fraction;
+  next.node_level_min_workers = o.node_level_min_workers;
+  next.hot_server_ratio = o.hot_server_ratio;
+  next.hot_server_min_latency_ms = o.hot_server_min_latency_ms;
+  if (o.window_ms != options_.window_ms || o.history_ms != options_.history_ms ||
+      next.HistoryWindows() != options_.HistoryWindows()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "monitor: window_s / history changes need a restart (running ", options_.window_ms,
+        " ms windows, ", options_.HistoryWindows(), " kept; asked ", o.window_ms, " ms, ",
+        next.HistoryWindows(), ")"));
+  }
+  if (absl::Status s = next.Validate(); !s.ok()) return s;
+  options_ = next;
+  node_signals_.SetOptions(next);
+  worker_classifier_.SetOptions(next);
+  server_classifier_.SetOptions(next);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> MonitorState::NodeIndex(absl::string_view node) {
   if (node.empty()) return StragglerClassifier::kNoNode;
   if (!ValidId(node, options_.max_id_length)) {

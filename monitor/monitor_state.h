@@ -98,6 +98,12 @@ class MonitorState {
   int64_t last_closed_window() const { return last_closed_; }
   double median_speed() const { return median_speed_; }
   const MonitorOptions& options() const { return options_; }
+  // Hot reload of the detection settings (policy apply): thresholds, K-of-W, cause and scope
+  // settings take effect from the next window closed. FAILED_PRECONDITION when `options`
+  // changes the window geometry (window, history, estimator settings) or the input limits:
+  // those need a restart. INVALID_ARGUMENT when `options` fails Validate(). Nothing changes
+  // on error.
+  absl::Status UpdateDetection(const MonitorOptions& options);
   size_t num_workers() const { return workers_.size(); }
   // Approximate bytes held by the state (buffers' capacities).
   size_t MemoryBytes() const;
@@ -137,7 +143,7 @@ class MonitorState {
   ReportIssue Accept(uint32_t worker, const StepSample& report, const RejectionCounts& repairs,
                      int64_t now_ms);
 
-  const MonitorOptions options_;
+  MonitorOptions options_;
   const Clock* clock_;
   int64_t open_window_;
   int64_t last_closed_ = -1;

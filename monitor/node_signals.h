@@ -28,6 +28,7 @@ struct Contention {
 class NodeSignals {
  public:
   explicit NodeSignals(const MonitorOptions& options) : options_(options) {}
+  void SetOptions(const MonitorOptions& options) { options_ = options; }  // hot reload
 
   uint32_t AddNode();
   size_t num_nodes() const { return nodes_.size(); }
@@ -48,7 +49,7 @@ class NodeSignals {
     NodeMetrics metrics;
     int64_t received_ms = -1;
   };
-  const MonitorOptions options_;
+  MonitorOptions options_;
   std::vector<Node> nodes_;
 };
 

@@ -34,6 +34,12 @@ StragglerClassifier::StragglerClassifier(const MonitorOptions& options, EntityKi
       window_mask_(options.persistent_w >= 64 ? ~uint64_t{0}
                                               : (uint64_t{1} << options.persistent_w) - 1) {}
 
+void StragglerClassifier::SetOptions(const MonitorOptions& options) {
+  options_ = options;
+  thresholds_ = kind_ == ENTITY_SERVER ? ServerThresholds(options) : WorkerThresholds(options);
+  window_mask_ = options.persistent_w >= 64 ? ~uint64_t{0} : (uint64_t{1} << options.persistent_w) - 1;
+}
+
 uint32_t StragglerClassifier::AddEntity(uint32_t node) {
   Track t;
   t.node = node;

@@ -47,6 +47,9 @@ class StragglerClassifier {
   static Thresholds ServerThresholds(const MonitorOptions& options);
 
   StragglerClassifier(const MonitorOptions& options, EntityKind kind);
+  // Hot reload (MonitorState::UpdateDetection): thresholds and K-of-W from the next window on;
+  // the flag history kept per entity is reinterpreted under the new W.
+  void SetOptions(const MonitorOptions& options);
 
   uint32_t AddEntity(uint32_t node = kNoNode);
   void SetNode(uint32_t entity, uint32_t node) { tracks_[entity].node = node; }
@@ -109,10 +112,10 @@ class StragglerClassifier {
               const std::vector<Contention>& contention, bool node_level, Classification* out,
               EvidenceInputs* evidence) const;
 
-  const MonitorOptions options_;
+  MonitorOptions options_;
   const EntityKind kind_;
-  const Thresholds thresholds_;
-  const uint64_t window_mask_;
+  Thresholds thresholds_;
+  uint64_t window_mask_;
   std::vector<Track> tracks_;
   std::vector<uint32_t> node_observed_, node_stragglers_;
   std::vector<uint8_t> flags_scratch_;

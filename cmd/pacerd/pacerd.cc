@@ -103,15 +103,10 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), d->monitor_.get(),
                                                 d->sharding_.get(), clock, ro);
   d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
-  d->reconciler_->SetPolicyListener([running = monitor_options, base = options.monitor](const PolicyConfig& p) {
-    const MonitorOptions want = MonitorOptionsFromPolicy(p.detection, base);
-    if (want.straggler_threshold != running.straggler_threshold ||
-        want.leader_threshold != running.leader_threshold || want.window_ms != running.window_ms ||
-        want.persistent_k != running.persistent_k || want.persistent_w != running.persistent_w) {
-      PACER_LOG(WARNING) << "policy '" << p.name << "': its detection settings take effect when pacerd "
-                            "restarts (the applied policy is kept across restarts); the actions' "
-                            "settings are in force now";
-    }
+  // Hot reload reaches the monitor: thresholds and K-of-W from the next window; a policy that
+  // changes window_s is refused (it needs a restart with that --policy file).
+  d->reconciler_->SetPolicyListener([m = d->monitor_.get(), base = options.monitor](const PolicyConfig& p) {
+    return m->UpdateDetection(MonitorOptionsFromPolicy(p.detection, base));
   });
   {
     ASSIGN_OR_RETURN(std::unique_ptr<ControllerStore> store,

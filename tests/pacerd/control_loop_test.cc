@@ -234,6 +234,25 @@ TEST(ControlLoopTest, ControllerStateSurvivesARestart) {
     grpc::Status s = ctl->ApplyPolicy(&ctx, req, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.policy_name(), "applied-dd");
+    // A policy that changes the monitor's window needs a restart: refused, nothing changes.
+    std::string rewindowed = applied;
+    rewindowed.replace(rewindowed.find("window_s: 1"), 11, "window_s: 2");
+    rewindowed.replace(rewindowed.find("name: applied-dd"), 16, "name: windowed-dd");
+    grpc::ClientContext ctx2;
+    AttachToken(&ctx2, job.pacerd->admin_token());
+    req.set_yaml(rewindowed);
+    grpc::Status refused = ctl->ApplyPolicy(&ctx2, req, &resp);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("restart"), std::string::npos) << refused.error_message();
+    EXPECT_EQ(Actions(job).policy_name(), "applied-dd");
+    // New thresholds reach the monitor at once.
+    std::string stricter = applied;
+    stricter.replace(stricter.find("straggler_threshold: 0.85"), 25, "straggler_threshold: 0.80");
+    grpc::ClientContext ctx3;
+    AttachToken(&ctx3, job.pacerd->admin_token());
+    req.set_yaml(stricter);
+    ASSERT_TRUE(ctl->ApplyPolicy(&ctx3, req, &resp).ok());
+    EXPECT_DOUBLE_EQ(job.pacerd->monitor()->Options().straggler_threshold, 0.80);
   }
   job.clients.clear();
   job.pacerd.reset();
