@@ -560,7 +560,9 @@ TEST_F(AgentTest, BadCommandsAreRefusedWithAReasonAndChangeNothing) {
   c.mutable_stop()->set_worker_id("");
   bad.push_back({c, "malformed: stop needs exactly one"});
   for (const auto& [command, reason] : bad) scripted.Inject(command);
-  for (const auto& [command, reason] : bad) {
+  for (const auto& entry : bad) {  // not a structured binding: clang 14 cannot capture one
+    const AgentCommand& command = entry.first;
+    const std::string& reason = entry.second;
     ASSERT_TRUE(WaitFor([&] { return !scripted.Acks(command.command_id()).empty(); }, 10s))
         << command.command_id() << "\n" << Log();
     const CommandAck a = scripted.Acks(command.command_id())[0];
