@@ -432,14 +432,29 @@ class Run:
             bound = sum(self.samples[i]["sum_speed"] for i in win[1:]) / (len(win) - 1)
             return tput, bound
 
+        def sync_seconds(start):
+            # The all-reduce itself: in each window, the worker that reached the collective last
+            # waited for nobody, so its communication time is the collective's cost (the sync
+            # cost of the balanced bound in the simulator's sense, DESIGN.md §7).
+            win = [s for i, s in enumerate(self.samples)
+                   if start is not None and s["t"] >= start and i <= end_i and s["workers"]]
+            per = [min(w["comm_s"] for w in s["workers"].values()) for s in win]
+            return sum(per) / len(per) if per else None
+
         usable = [t for t in plan_ts if t + settle + 3.0 <= end_t]
         first_tput, first_bound = measure(plan_ts[0] + settle if plan_ts else None)
+        start = None
         if usable:
-            tput, bound = measure(usable[-1] + settle)
+            start = usable[-1] + settle
         elif self.contention_t is not None and not plan_ts:
-            tput, bound = measure(self.contention_t + settle)
-        else:
-            tput, bound = first_tput, first_bound
+            start = self.contention_t + settle
+        elif plan_ts:
+            start = plan_ts[0] + settle
+        tput, bound = measure(start)
+        sync_s = sync_seconds(start)
+        global_batch = a.batch * WORLD
+        # Σ v_i with the measured all-reduce time added to every perfectly balanced step.
+        bound_sync = (global_batch / (global_batch / bound + sync_s)) if bound and sync_s is not None else None
         # Balanced bound of the job time: the same warm-up, then from the moment the contention
         # began the job at throughput Σ v_i (perfect balance at the measured speeds).
         bound_jct = None
@@ -461,6 +476,9 @@ class Run:
             "throughput_after_plan": round(tput, 1) if tput else None,
             "bound_throughput": round(bound, 1) if bound else None,
             "throughput_vs_bound": round(tput / bound, 3) if tput and bound else None,
+            "sync_s": round(sync_s, 4) if sync_s is not None else None,
+            "bound_with_sync_throughput": round(bound_sync, 1) if bound_sync else None,
+            "throughput_vs_bound_with_sync": round(tput / bound_sync, 3) if tput and bound_sync else None,
             "throughput_vs_bound_since_first_plan":
                 round(first_tput / first_bound, 3) if first_tput and first_bound else None,
             "plans_executed": len(plan_ts),
@@ -497,6 +515,7 @@ def summarize(args, runs):
         "speedup": round(base["jct_s"] / mit["jct_s"], 3) if base["jct_s"] and mit["jct_s"] else None,
         "bound_jct_s": mit["bound_jct_s"],
         "throughput_vs_bound": mit["throughput_vs_bound"],
+        "throughput_vs_bound_with_sync": mit["throughput_vs_bound_with_sync"],
         "detect_s": mit["detect_s"],
         "actions": [x for x in mit["actions"] if x["outcome"] == "executed"],
         "records_expected": mit["records_expected"],
@@ -527,6 +546,8 @@ def table_rows(summary):
     rows.append(("throughput under contention (rec/s)", *[fmt(r["throughput_after_plan"], "{:.0f}") for r in runs]))
     rows.append(("balanced bound Σv_i (rec/s)", *[fmt(r["bound_throughput"], "{:.0f}") for r in runs]))
     rows.append(("throughput / bound", *[fmt(r["throughput_vs_bound"], "{:.2f}") for r in runs]))
+    rows.append(("all-reduce time per step (s)", *[fmt(r["sync_s"], "{:.3f}") for r in runs]))
+    rows.append(("throughput / (bound + all-reduce)", *[fmt(r["throughput_vs_bound_with_sync"], "{:.2f}") for r in runs]))
     rows.append(("balanced-bound job time (s)", *[fmt(r["bound_jct_s"]) for r in runs]))
     rows.append(("accuracy", *[fmt(r["accuracy"], "{:.3f}") for r in runs]))
     rows.append(("records expected", *[str(r["records_expected"]) for r in runs]))
