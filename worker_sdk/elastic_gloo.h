@@ -48,7 +48,7 @@ struct ElasticGlooOptions {
   int64_t regroup_timeout_ms = 120'000; // one Create()/Regroup() in all
   // Empty: rendezvous through pacerd's store. Otherwise a directory every rank sees: Gloo's
   // FileStore under the key prefix "gen-<N>" (generations still come from pacerd; a superseded
-  // generation is only noticed at timeout_ms).
+  // generation is only noticed at timeout_ms; the directory must be fresh for each pacerd).
   std::string store_dir;
 };
 
