@@ -27,6 +27,44 @@ std::map<std::string, double> SpeedShares(const ClusterView& view) {
   return shares;
 }
 
+// Step seconds of a sync job without the `excluded` workers, each at its batch now and its
+// last window's speed; `counted` gets the share of the batch that still counts. 0 when a
+// counted worker has no speed.
+double StepWithout(const ClusterView& view, const std::vector<std::string>& excluded,
+                   double* counted) {
+  double step = 0, all = 0, kept = 0;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting || w.local_batch <= 0) continue;
+    all += static_cast<double>(w.local_batch);
+    if (std::find(excluded.begin(), excluded.end(), w.id) != excluded.end()) continue;
+    kept += static_cast<double>(w.local_batch);
+    const double v = w.last_window_speed > 0 ? w.last_window_speed : w.speed;
+    if (!(v > 0)) return 0;
+    step = std::max(step, static_cast<double>(w.local_batch) / v);
+  }
+  *counted = all > 0 ? kept / all : 0;
+  return step;
+}
+
+// Whether an exclusion's measured shortfall says nothing about the exclusion. The job's
+// throughput moves with every speed change: in a shared cluster a burst on another worker
+// during the evaluation halves it, and a rollback also blocks every exclusion for
+// safety.window_s. An exclusion's own effect is measured directly every window instead: on
+// the last window's speeds, either the excluded workers no longer hold the step back (their
+// burst is over: the policy waits for them again itself, nothing to undo), or dropping them
+// still beats waiting for them by safety.min_gain, the bar the gate admits actions by (the
+// throughput fell for another reason). Only in between — they are slow, but not enough to
+// pay — is the measured shortfall taken as the exclusion's.
+bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain, const ClusterView& view) {
+  if (view.job.mode != JobMode::kSync || rec.action.kind != ActionKind::kExcludeWorkers) return false;
+  double c_with = 0, c_without = 0;
+  const double t_with = StepWithout(view, rec.previous_excluded, &c_with);
+  const double t_without = StepWithout(view, rec.action.excluded_workers, &c_without);
+  if (!(t_with > 0) || !(t_without > 0) || !(c_with > 0)) return false;
+  const double gain_now = (c_without / t_without) / (c_with / t_with) - 1;
+  return gain_now <= 0 || gain_now >= min_gain;
+}
+
 }  // namespace
 
 std::string SummarizeView(const ClusterView& view) {
@@ -162,6 +200,7 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
         rec.action.mandatory || rec.action.predicted_gain <= 0 ||
         gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
       continue;
+    if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;
     Action undo;
     undo.kind = rec.action.kind;
     undo.target = rec.action.target;
@@ -191,6 +230,9 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
       undo.allocations = rec.previous_allocations;
       undo.tail_backups = rec.previous_tail_backups;
     } else {
+      // Only an exclusion still in force: one the policy has since changed (a burst ended, a
+      // worker rejoined) is not there to undo, and restoring its predecessor would be wrong.
+      if (history_.excluded_workers() != rec.action.excluded_workers) continue;
       undo.excluded_workers = rec.previous_excluded;
     }
     history_.MarkRolledBack(rec.id);

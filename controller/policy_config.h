@@ -59,6 +59,12 @@ struct BackupWorkersConfig {
   int64_t count = 1;  // b in N+b: gradients of the slowest b are not waited for
 };
 
+// Sync jobs: a step does not wait for a worker caught in a short burst (policies with the
+// burst rule: non-dedicated; see ProposeBurstExclusions in policies/action_rules.h).
+struct BurstExclusionConfig {
+  int64_t max_workers = 0;  // at most this many workers not waited for at once; 0 = off
+};
+
 struct TimeoutRelaunchConfig {
   double factor = 3.0;  // relaunch when a shard takes more than factor × typical
 };
@@ -95,6 +101,7 @@ struct PolicyConfig {
   RestartConfig restart;
   ServerConfig server;
   BackupWorkersConfig backup_workers;
+  BurstExclusionConfig burst_exclusion;
   TimeoutRelaunchConfig timeout_relaunch;
   SafetyConfig safety;
   AuditConfig audit;

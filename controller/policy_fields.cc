@@ -71,6 +71,7 @@ std::vector<PolicyField> BuildFields() {
       PF_BOOL("actions.server.restart", server.restart),
 
       PF_INT("actions.backup_workers.count", backup_workers.count, 0, 1024),
+      PF_INT("actions.burst_exclusion.max_workers", burst_exclusion.max_workers, 0, 1024),
       PF_REAL("actions.timeout_relaunch.factor", timeout_relaunch.factor, 1, 1000),
 
       PF_REAL("safety.min_gain", safety.min_gain, 0, 10),

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
 #include "controller/relaunch_cost_model.h"
 
@@ -51,6 +52,92 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   a.mandatory = p.membership_changed;
   a.plan = std::move(p.plan);
   return a;
+}
+
+std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const History& history,
+                                           const PolicyConfig& cfg) {
+  std::vector<Action> out;
+  const int64_t max_excluded = cfg.burst_exclusion.max_workers;
+  if (view.job.mode != JobMode::kSync || max_excluded <= 0) return out;
+  struct Step {
+    const WorkerView* w;
+    double s;  // predicted step seconds at its batch now and its last window's speed
+  };
+  std::vector<Step> steps;
+  double batch_sum = 0;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting || w.local_batch <= 0) continue;
+    const double v = w.last_window_speed > 0 ? w.last_window_speed : w.speed;
+    if (!(v > 0)) continue;
+    steps.push_back({&w, static_cast<double>(w.local_batch) / v});
+    batch_sum += static_cast<double>(w.local_batch);
+  }
+  const std::vector<std::string>& before = history.excluded_workers();
+  auto was_excluded = [&](const std::string& id) {
+    return std::find(before.begin(), before.end(), id) != before.end();
+  };
+  std::vector<std::string> keep;  // still excluded: the rest of `before` is re-included
+  std::vector<std::string> chosen;
+  double gain = 0;
+  if (steps.size() >= 3 && batch_sum > 0) {
+    std::vector<double> s;
+    for (const Step& st : steps) s.push_back(st.s);
+    std::nth_element(s.begin(), s.begin() + static_cast<long>(s.size() / 2), s.end());
+    const double median = s[s.size() / 2];
+    std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
+      return a.s != b.s ? a.s > b.s : a.w->id < b.w->id;
+    });
+    const double enter = median / cfg.detection.straggler_threshold;
+    const double stay = median / std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin);
+    // Greedy, slowest first: each further worker dropped must improve the predicted throughput
+    // (1 − dropped share) / (slowest counted step) over the one before.
+    const double all = steps.front().s;
+    double dropped = 0, best = 1;
+    size_t k = 0;
+    for (; k < steps.size() - 1 && static_cast<int64_t>(k) < max_excluded; ++k) {
+      const Step& st = steps[k];
+      const bool slow = st.s > enter || (was_excluded(st.w->id) && st.s > stay);
+      if (!slow) break;
+      const double share = dropped + static_cast<double>(st.w->local_batch) / batch_sum;
+      const double rel = (1 - share) * all / steps[k + 1].s;  // throughput vs waiting for all
+      if (rel <= best) break;
+      best = rel;
+      dropped = share;
+      chosen.push_back(st.w->id);
+    }
+    gain = best - 1;
+  }
+  std::sort(chosen.begin(), chosen.end());
+  for (const auto& id : before)
+    if (std::find(chosen.begin(), chosen.end(), id) != chosen.end()) keep.push_back(id);
+  std::vector<std::string> back, added;
+  for (const auto& id : before)
+    if (std::find(keep.begin(), keep.end(), id) == keep.end()) back.push_back(id);
+  for (const auto& id : chosen)
+    if (!was_excluded(id)) added.push_back(id);
+  if (!back.empty()) {
+    Action a;
+    a.kind = ActionKind::kExcludeWorkers;
+    a.excluded_workers = keep;
+    a.target = absl::StrJoin(back, ",");
+    a.mandatory = true;  // waiting for everyone again is the default; nothing to predict
+    a.reason = absl::StrFormat("burst over: wait for %s again (step back within %.2fx the median)",
+                               a.target, 1 / std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin));
+    out.push_back(std::move(a));
+  }
+  if (!added.empty() && gain > 0) {
+    Action a;
+    a.kind = ActionKind::kExcludeWorkers;
+    a.excluded_workers = chosen;
+    a.target = absl::StrJoin(added, ",");
+    a.predicted_gain = gain;
+    a.reason = absl::StrFormat(
+        "burst: do not wait for %s (step > %.2fx the median at its last window's speed; "
+        "dropping %zu of %zu gradients pays)",
+        a.target, 1 / cfg.detection.straggler_threshold, chosen.size(), steps.size());
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 std::optional<Action> ProposeReallocation(const ClusterView& view, const History& history,
