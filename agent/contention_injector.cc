@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +29,8 @@ constexpr int kNiceWeights[40] = {
     9548,  7620,  6100,  4904,  3906,  3121,  2501,  1991,  1586,  1277,
     1024,  820,   655,   526,   423,   335,   272,   215,   172,   137,
     110,   87,    70,    56,    45,    36,    29,    23,    18,    15};
+
+constexpr double kWorkerWeight = 1024;  // nice 0
 
 int NiceForWeight(double weight) {
   int best = 0;
@@ -261,14 +264,20 @@ absl::Status ContentionInjector::ApplyCpuHog(Entry& e, const std::vector<pid_t>&
       return absl::UnavailableError("sched_setaffinity: " + std::string(strerror(errno)));
     }
   }
-  // Worker weight 1024 (nice 0); the hogs together weigh 1024 * (f - 1).
-  const int hogs = static_cast<int>(std::ceil(e.factor - 1.0 - 1e-9));
-  const int nice = NiceForWeight(1024.0 * (e.factor - 1.0) / hogs);
+  // First guess, for an otherwise idle CPU: worker weight 1024 (nice 0), the hogs together
+  // 1024 * (f / baseline - 1); Regulate() corrects for the load that is there.
+  const double target = std::min(e.baseline_cores, 1.0) / e.factor;
+  // As many hogs as nice 0 needs on an idle CPU (no privilege needed then); more weight, when
+  // the load or a baseline under one core asks for it, comes from lower nice levels.
+  const int hogs = std::max(1, static_cast<int>(std::ceil(e.factor - 1.0 - 1e-9)));
+  e.hog_weight = kWorkerWeight * (1.0 / target - 1.0);
+  const int nice = NiceForWeight(e.hog_weight / hogs);
   for (int i = 0; i < hogs; ++i) {
     auto hog = SpawnCpuHog(cpu, nice);
     if (!hog.ok()) return hog.status();
     e.hogs.push_back(*hog);
   }
+  e.samples_to_skip = 1;
   for (pid_t other : others) {  // keep the node's other workers off the contended CPU
     std::vector<int> cpus = CpusOf(other), rest;
     for (int c : cpus) {
@@ -351,6 +360,37 @@ bool ContentionInjector::OnChildExit(pid_t pid) {
     return true;
   }
   return false;
+}
+
+void ContentionInjector::Regulate(const std::map<std::string, double>& worker_cores) {
+  constexpr double kGain = 0.6, kDeadBand = 0.05;
+  for (auto& [id, e] : entries_) {
+    if (e.method != ContentionMethod::kCpuHog || e.hogs.empty()) continue;
+    auto it = worker_cores.find(id);
+    if (it == worker_cores.end()) continue;
+    if (e.samples_to_skip > 0) {
+      --e.samples_to_skip;
+      continue;
+    }
+    const double target = std::min(e.baseline_cores, 1.0) / e.factor;
+    const double share = std::max(it->second, 0.01);
+    if (std::abs(share / target - 1.0) <= kDeadBand) continue;
+    const double n = static_cast<double>(e.hogs.size());
+    const double weight = std::clamp(e.hog_weight + kGain * kWorkerWeight * (1.0 / target - 1.0 / share),
+                                     n * kNiceWeights[39], n * kNiceWeights[0]);
+    // Spread the weight over the hogs, each at the nice level nearest to what is left per hog.
+    double left = weight;
+    for (size_t i = 0; i < e.hogs.size(); ++i) {
+      const int nice = NiceForWeight(left / static_cast<double>(e.hogs.size() - i));
+      left -= kNiceWeights[nice + 20];
+      if (setpriority(PRIO_PROCESS, static_cast<id_t>(e.hogs[i]), nice) != 0) {
+        PACER_LOG(WARNING) << "setpriority(hog " << e.hogs[i] << ", " << nice << "): " << strerror(errno);
+      }
+    }
+    PACER_LOG(DEBUG) << "cpu-hog " << id << ": share " << share << " cores, target " << target
+                     << ": hog weight " << e.hog_weight << " -> " << weight - left;
+    e.hog_weight = weight - left;  // what the nice levels really give
+  }
 }
 
 void ContentionInjector::RemoveStaleGroups() {

@@ -14,8 +14,10 @@
 //    the kernel's nice->weight table; assumes the worker itself runs at nice 0). The other
 //    workers named in Apply() are kept off that CPU (when the node has another), so the hogs do
 //    not slow them; they are not re-pinned if they are relaunched meanwhile. Clear() kills the
-//    hogs and restores every CPU mask it changed. This method slows a worker relative to one
-//    full core, whatever it used before.
+//    hogs and restores every CPU mask it changed. The nice levels are only the first guess:
+//    other load on that CPU (a shared node) takes its own share, so Regulate() -- called with
+//    every metrics sample -- steers the hogs' total weight until the worker's measured CPU
+//    share is min(baseline_cores, 1) / f, the same target as the cgroup method's quota.
 // Groups left by a previous agent that was SIGKILLed are removed by RemoveStaleGroups().
 //
 // Owns the groups it created and the hog processes (its children: the agent's SIGCHLD handler
@@ -82,6 +84,13 @@ class ContentionInjector {
   std::vector<std::string> CpuStatPaths() const;
   // True when `pid` was one of the hogs (an unexpected hog death is logged).
   bool OnChildExit(pid_t pid);
+  // cpu-hog method: feedback from the CPU cores each worker used over the last metrics interval
+  // (worker id -> cores). With CFS sharing the worker's CPU by weight, its share is
+  // s = w / (w + H + F) (w its weight, H the hogs', F the foreign load's), so the hog weight
+  // that gives the target t is H + w * (1/t - 1/s): applied with a gain of 0.6, inside a +-5 %
+  // dead band, spread over the hogs as nice levels. The first sample after Apply() (it covers
+  // time before the hogs) is skipped.
+  void Regulate(const std::map<std::string, double>& worker_cores);
 
   // Removes "pacer-agent-<pid>-*" groups under the agent's cpu cgroup whose agent is gone.
   void RemoveStaleGroups();
@@ -96,6 +105,8 @@ class ContentionInjector {
     std::string group_dir;      // cgroup method
     std::string original_dir;   // the worker's cgroup before
     std::vector<pid_t> hogs;    // cpu-hog method
+    double hog_weight = 0;      // their total CFS weight now (Regulate() moves it)
+    int samples_to_skip = 0;
     std::vector<int> original_cpus;
     std::vector<std::pair<pid_t, std::vector<int>>> moved_others;  // pid, original CPUs
   };

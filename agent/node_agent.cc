@@ -266,6 +266,7 @@ void NodeAgent::CollectMetrics() {
     const size_t keep = static_cast<size_t>(std::max<int64_t>(1, 2000 / options_.metrics_interval_ms));
     while (recent.size() > keep) recent.pop_front();
   }
+  injector_->Regulate((*sample)->worker_cores);  // cpu-hog contention: steer toward the factor
   unsent_metrics_ = std::move((*sample)->metrics);
 }
 

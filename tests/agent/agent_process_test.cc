@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -285,13 +286,15 @@ std::map<std::string, double> MeasureRates(const std::string& dir, const std::ve
 }
 
 // `strict`: the chosen worker's rate must drop by factor +-20 % and the other's must not drop
-// by more than 20 %. Otherwise only a measurable slowdown of the chosen worker is required.
+// by more than 20 %. The machine is shared (other tests, other builds), so the other worker
+// doubles as a control: a measurement counts only when the control's rate moved by less than
+// 15 % between the window before and the window during contention, i.e. the foreign load stayed
+// put. Up to 5 attempts (contention set, measured, cleared); the first stable one is asserted.
+// If none is stable the test fails: the machine was too noisy to tell, which is not a pass.
 //
-// The machine is shared (other tests, other builds), so the other worker doubles as a control:
-// a measurement counts only when the control's rate moved by less than 15 % between the window
-// before and the window during contention, i.e. the foreign load stayed put. Up to 5 attempts
-// (contention set, measured, cleared); the first stable one is asserted. If none is stable the
-// test fails: the machine was too noisy to tell, which is not a pass.
+// Not `strict` (the cpu-hog method): the other worker is no control there -- it is confined to
+// the CPUs the hog leaves, where the foreign load goes too -- so 3 attempts are measured and
+// the median slowdown of the chosen worker must be clearly above 1 (> 1.3).
 void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
                                               const std::string& dir, double factor,
                                               const std::string& method, bool strict) {
@@ -303,6 +306,7 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
            r.Worker("w0")->cpu_cores() > 0;
   }, 20s));
   constexpr int kAttempts = 5;
+  std::vector<double> slowdowns;  // of w0, not strict
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
     auto before = MeasureRates(dir, ids, 2000ms);
     auto id = r.SetContention("w0", factor);
@@ -329,6 +333,15 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
     auto after = MeasureRates(dir, ids, 1500ms);
     std::cout << "cleared: w0 " << after["w0"] << " it/s, w1 " << after["w1"] << " it/s" << std::endl;
 
+    if (!strict) {
+      slowdowns.push_back(slowdown0);
+      if (slowdowns.size() < 3) continue;
+      std::sort(slowdowns.begin(), slowdowns.end());
+      std::cout << method << ": median slowdown " << slowdowns[1] << " for factor " << factor << std::endl;
+      EXPECT_GT(slowdowns[1], 1.3);
+      EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
+      return;
+    }
     // The control may speed up (w0 frees CPU) but must not have been slowed by foreign load.
     const bool stable = slowdown1 > 1.0 / 1.5 && slowdown1 < 1.15;
     if (!stable && attempt < kAttempts) continue;
@@ -361,10 +374,14 @@ TEST_F(AgentTest, ContentionByCgroupQuotaSlowsTheChosenWorkerByTheFactor) {
   EXPECT_FALSE(left) << "contention cgroup not removed";
 }
 
-// The fallback. On this 2-core machine shared with other builds, the hog's CPU and the one left
-// to the other worker both carry foreign load, so the factor cannot be held to +-20 % here (seen:
-// 1.24..1.66 for factor 2, the other worker 1.4..1.7 slower once confined to one CPU); the test
-// asserts a measurable slowdown and prints the figures. The cgroup test above is the strict one.
+// The fallback. On this 2-core machine shared with other builds (load average ~8 when measured)
+// the hog's CPU and the one left to the other worker both carry foreign load. With the hogs'
+// weight steered by the worker's measured CPU share (ContentionInjector::Regulate) the chosen
+// worker's slowdown for factor 2 was 1.36..2.13 (median 1.88, 27 of 34 attempts within +-20 %;
+// fixed nice levels alone: 0.78..1.82, median 1.2, 3 of 25), but the other worker, confined to
+// the other CPU with the foreign load, was 1.7 (fixed) to 2.2 (steered) times slower (medians),
+// so "no other worker slowed" does not hold here. The test asserts a clear slowdown of the chosen
+// worker and prints the figures; the cgroup test above is the strict one.
 TEST_F(AgentTest, ContentionByPinnedCpuHogSlowsTheChosenWorker) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2) GTEST_SKIP() << "needs 2 CPUs";
   AgentServer server;
