@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <filesystem>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -82,7 +84,18 @@ absl::Status ElasticGlooCollective::Regroup() {
       store = MakePacerdStore(&rendezvous_, generation, std::chrono::milliseconds(go.timeout_ms),
                               &store_error);
     } else {
-      store = std::make_unique<gloo::rendezvous::FileStore>(options_.store_dir);
+      std::error_code ec;
+      std::filesystem::create_directories(options_.store_dir, ec);
+      if (ec) {
+        return absl::InvalidArgumentError("elastic gloo: cannot create store dir '" +
+                                          options_.store_dir + "': " + ec.message());
+      }
+      try {
+        store = std::make_unique<gloo::rendezvous::FileStore>(options_.store_dir);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError("elastic gloo: store dir '" + options_.store_dir +
+                                          "': " + e.what());
+      }
     }
     go.store = store.get();
     auto built = GlooCollective::Create(go);

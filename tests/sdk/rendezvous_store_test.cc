@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "cmd/pacerd/pacerd.h"
@@ -219,17 +220,17 @@ TEST_F(RendezvousStoreTest, RegroupCommandReachesTheClient) {
   EXPECT_EQ(client->stats().regroups_received, 1u);
 }
 
-TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughThePacerdStore) {
-  auto c0 = Connect("w0");
-  auto c1 = Connect("w1");
-  ASSERT_TRUE(c0 && c1);
+// Two ranks (threads) of one ElasticGlooCollective group all-reduce once; `store_dir` empty:
+// through pacerd's store, else through a FileStore there under the generation's prefix.
+void TwoRanksAllReduce(Client* c0, Client* c1, const std::string& store_dir) {
   absl::StatusOr<std::unique_ptr<ElasticGlooCollective>> e1;
   ElasticGlooOptions eo;
+  eo.store_dir = store_dir;
   eo.world_size = 2;
   eo.timeout_ms = 10'000;
   eo.regroup_timeout_ms = 30'000;
-  std::thread t([&] { e1 = ElasticGlooCollective::Create(c1.get(), eo); });
-  auto e0 = ElasticGlooCollective::Create(c0.get(), eo);
+  std::thread t([&] { e1 = ElasticGlooCollective::Create(c1, eo); });
+  auto e0 = ElasticGlooCollective::Create(c0, eo);
   t.join();
   ASSERT_TRUE(e0.ok()) << e0.status();
   ASSERT_TRUE(e1.ok()) << e1.status();
@@ -237,12 +238,31 @@ TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughThePacerdStore) {
   std::vector<float> a = {1, 2}, b = {10, 20};
   absl::Status s1;
   std::thread t2([&] { s1 = (*e1)->AllReduceSum(b); });
-  ASSERT_TRUE((*e0)->AllReduceSum(a).ok());
+  absl::Status s0 = (*e0)->AllReduceSum(a);
   t2.join();
+  ASSERT_TRUE(s0.ok()) << s0;
   ASSERT_TRUE(s1.ok()) << s1;
   EXPECT_EQ(a, (std::vector<float>{11, 22}));
   EXPECT_EQ(b, (std::vector<float>{11, 22}));
   EXPECT_FALSE((*e0)->regroup_pending());
+  EXPECT_EQ((*e0)->generation(), (*e1)->generation());
+}
+
+TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughThePacerdStore) {
+  auto c0 = Connect("w0");
+  auto c1 = Connect("w1");
+  ASSERT_TRUE(c0 && c1);
+  TwoRanksAllReduce(c0.get(), c1.get(), "");
+  EXPECT_GE(pacerd_->rendezvous()->stats().keys, 2u) << "the ranks' addresses went through pacerd";
+}
+
+TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughAFileStoreWithPacerdGenerations) {
+  auto c0 = Connect("w0");
+  auto c1 = Connect("w1");
+  ASSERT_TRUE(c0 && c1);
+  TwoRanksAllReduce(c0.get(), c1.get(), dir_.Sub("gloo"));
+  EXPECT_EQ(pacerd_->rendezvous()->stats().keys, 0u);
+  EXPECT_TRUE(std::filesystem::exists(dir_.Sub("gloo"))) << "keys were exchanged in the directory";
 }
 
 }  // namespace
