@@ -287,9 +287,9 @@ std::map<std::string, double> MeasureRates(const std::string& dir, const std::ve
 
 // `strict`: the chosen worker's rate must drop by factor +-20 % and the other's must not drop
 // by more than 20 %. The machine is shared (other tests, other builds), so the other worker
-// doubles as a control: a measurement counts only when the control's rate moved by less than
-// 15 % between the window before and the window during contention, i.e. the foreign load stayed
-// put. Up to 5 attempts (contention set, measured, cleared); the first stable one is asserted.
+// doubles as a control: a measurement counts only when the control was not slowed by more than
+// 15 % between the window before and the window during contention (it may speed up: w0 frees
+// CPU), i.e. the foreign load did not grow. Up to 5 attempts (contention set, measured, cleared); the first stable one is asserted.
 // If none is stable the test fails: the machine was too noisy to tell, which is not a pass.
 //
 // Not `strict` (the cpu-hog method): the other worker is no control there -- it is confined to
@@ -342,8 +342,11 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
       EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
       return;
     }
-    // The control may speed up (w0 frees CPU) but must not have been slowed by foreign load.
-    const bool stable = slowdown1 > 1.0 / 1.5 && slowdown1 < 1.15;
+    // The control may speed up (w0 frees CPU: on the loaded 2-core box w1 went from ~0.5 to
+    // ~0.95 of a core, 0.53..0.61 "slowdown", while w0 held 2.9..3.2 for factor 3) but must not
+    // have been slowed by foreign load. The quota fixes w0's CPU, so a foreign load that eased
+    // off meanwhile cannot make w0 look slowed by the factor.
+    const bool stable = slowdown1 > 1.0 / 2.5 && slowdown1 < 1.15;
     if (!stable && attempt < kAttempts) continue;
     ASSERT_TRUE(stable) << "foreign load kept changing in all " << kAttempts << " attempts";
     if (strict) {
