@@ -159,7 +159,16 @@ void StragglerClassifier::Classify(const std::vector<Observation>& observed,
     } else {
       t.current.set_confidence(next.confidence());  // same class: only the confidence moves
     }
-    std::swap(t.evidence, ev);  // keeps both strings' buffers for reuse
+    // Field by field (a generic swap of the struct moved three strings per entity per window):
+    // the numbers are copied, the contention text's buffer is swapped only when one is set.
+    t.evidence.r = ev.r;
+    t.evidence.flagged = ev.flagged;
+    t.evidence.node_stragglers = ev.node_stragglers;
+    t.evidence.node_observed = ev.node_observed;
+    t.evidence.contention_score = ev.contention_score;
+    t.evidence.cv = ev.cv;
+    if (!ev.contention_evidence.empty() || !t.evidence.contention_evidence.empty())
+      t.evidence.contention_evidence.swap(ev.contention_evidence);
   }
 
   // 3. Entities that went quiet.
