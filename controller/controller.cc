@@ -55,8 +55,10 @@ double StepWithout(const ClusterView& view, const std::vector<std::string>& excl
 // still beats waiting for them by safety.min_gain, the bar the gate admits actions by (the
 // throughput fell for another reason). Only in between — they are slow, but not enough to
 // pay — is the measured shortfall taken as the exclusion's.
-bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain, const ClusterView& view) {
-  if (view.job.mode != JobMode::kSync || rec.action.kind != ActionKind::kExcludeWorkers) return false;
+bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain,
+                                 const ClusterView& view) {
+  if (view.job.mode != JobMode::kSync || rec.action.kind != ActionKind::kExcludeWorkers)
+    return false;
   double c_with = 0, c_without = 0;
   const double t_with = StepWithout(view, rec.previous_excluded, &c_with);
   const double t_without = StepWithout(view, rec.action.excluded_workers, &c_without);

@@ -59,6 +59,7 @@ std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const Histor
   std::vector<Action> out;
   const int64_t max_excluded = cfg.burst_exclusion.max_workers;
   if (view.job.mode != JobMode::kSync || max_excluded <= 0) return out;
+  const double rejoin_line = std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin);
   struct Step {
     const WorkerView* w;
     double s;  // predicted step seconds at its batch now and its last window's speed
@@ -88,7 +89,7 @@ std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const Histor
       return a.s != b.s ? a.s > b.s : a.w->id < b.w->id;
     });
     const double enter = median / cfg.detection.straggler_threshold;
-    const double stay = median / std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin);
+    const double stay = median / rejoin_line;
     // Greedy, slowest first: each further worker dropped must improve the predicted throughput
     // (1 − dropped share) / (slowest counted step) over the one before.
     const double all = steps.front().s;
@@ -122,7 +123,7 @@ std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const Histor
     a.target = absl::StrJoin(back, ",");
     a.mandatory = true;  // waiting for everyone again is the default; nothing to predict
     a.reason = absl::StrFormat("burst over: wait for %s again (step back within %.2fx the median)",
-                               a.target, 1 / std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin));
+                               a.target, 1 / rejoin_line);
     out.push_back(std::move(a));
   }
   if (!added.empty() && gain > 0) {

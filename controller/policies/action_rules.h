@@ -24,15 +24,17 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
 // step, at the batch it has now and its last window's speed (the freshest measure), would
 // take more than 1 / straggler_threshold times the median worker's step holds every step back;
 // a batch plan reaches it only after detection, persistence and the plan's lead time, usually
-// when a burst is over, and then needs a second plan to undo. Dropping its gradient for as
-// long as it is slow costs its share of the global batch and nothing else (no relaunch, no
-// lost work), so it is done when the step time saved beats that share by min_gain, for at most
-// burst_exclusion.max_workers workers (slowest first; 0 turns the rule off). A worker is waited for again once its step is
-// back within 1 / (straggler_threshold + kBurstRejoinMargin) of the median — or once a batch
-// plan has given it a share its speed can carry (a persistent straggler), which the same test
-// sees. Returns up to two actions: re-including recovered workers (mandatory: it restores the
-// default, waiting for everyone) and excluding new ones (subject to the safety gate). The
-// targets name the workers, so the gate's per-target cooldown stops one worker flapping.
+// when a burst is over, and then needs a second plan to undo. Dropping its gradient while it
+// is slow costs its share of the global batch and nothing else (no relaunch, no lost work).
+// Workers are chosen slowest first, each only if it raises the predicted throughput
+// (1 − dropped share) / (slowest counted step), at most burst_exclusion.max_workers (0 turns
+// the rule off); the safety gate then asks the usual min_gain of the whole set. A worker is
+// waited for again once its step is back within 1 / (straggler_threshold +
+// kBurstRejoinMargin) of the median — or once a batch plan has given it a share its speed can
+// carry (a persistent straggler), which the same test sees. Returns up to two actions:
+// re-including recovered workers (mandatory: it restores the default, waiting for everyone)
+// and excluding new ones (subject to the gate). Targets name the workers, so the gate's
+// per-target cooldown stops one worker flapping.
 inline constexpr double kBurstRejoinMargin = 0.05;
 std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const History& history,
                                            const PolicyConfig& cfg);
