@@ -23,6 +23,11 @@ set_property(TARGET pacer_proto PROPERTY INTERFACE_INCLUDE_DIRECTORIES
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/proto>)
 
 set(PACER_EXPORTED_LIBS pacer_common pacer_proto pacer_worker_sdk pacer_c_api pacer_ps)
+foreach(t pacer_worker_sdk pacer_c_api pacer_ps pacerd pacerctl pacer-agent pacer-ps)
+  if(NOT TARGET ${t})
+    message(FATAL_ERROR "PacerInstall.cmake: target ${t} is gone; update the install rules")
+  endif()
+endforeach()
 foreach(lib ${PACER_EXPORTED_LIBS})
   string(REGEX REPLACE "^pacer_" "" export_name ${lib})
   set_target_properties(${lib} PROPERTIES EXPORT_NAME ${export_name})
