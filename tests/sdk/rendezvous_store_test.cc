@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 #include "cmd/pacerd/pacerd.h"
@@ -115,6 +116,95 @@ TEST(RendezvousServiceTest, GroupAndGenerationRules) {
   ASSERT_TRUE(s.Add(add, &ar).ok());
   ASSERT_TRUE(s.Add(add, &ar).ok());
   EXPECT_EQ(ar.value(), 4);
+}
+
+// Random operations against the service: every Get completes exactly once (at once, when its
+// keys are set, when its generation is superseded, when cancelled, or at Shutdown); a Get
+// still waiting is always for the current generation and misses a key.
+TEST(RendezvousServiceTest, RandomOperationsCompleteEveryGetExactlyOnce) {
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937_64 rng(seed);
+    RendezvousServiceImpl s;
+    struct Call {
+      int completions = 0;
+      absl::Status status;
+      RendezvousGetResponse resp;
+      std::vector<std::string> keys;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    auto pick = [&](uint64_t n) { return static_cast<uint64_t>(rng() % n); };
+    auto generation = [&] {
+      const uint64_t g = s.stats().generation;
+      return g > 1 && pick(4) == 0 ? g - 1 : g;  // now and then an old one
+    };
+    for (int op = 0; op < 2000; ++op) {
+      switch (pick(6)) {
+        case 0: {
+          RendezvousJoinResponse j;
+          (void)s.Join(JoinReq("w" + std::to_string(pick(4)), pick(3), -1, 4), &j);
+          break;
+        }
+        case 1: {
+          RendezvousReformRequest r;
+          r.set_generation(generation());
+          RendezvousReformResponse rr;
+          (void)s.Reform(r, &rr);
+          break;
+        }
+        case 2:
+        case 3: {
+          RendezvousSetRequest r;
+          r.set_generation(generation());
+          r.set_key("k" + std::to_string(pick(6)));
+          r.set_value("v");
+          RendezvousSetResponse sr;
+          (void)s.Set(r, &sr);
+          break;
+        }
+        case 4: {
+          auto c = std::make_unique<Call>();
+          RendezvousGetRequest r;
+          r.set_generation(generation());
+          r.set_wait(true);
+          for (uint64_t i = 0, n = 1 + pick(2); i < n; ++i) {
+            c->keys.push_back("k" + std::to_string(pick(6)));
+            r.add_keys(c->keys.back());
+          }
+          Call* raw = c.get();
+          calls.push_back(std::move(c));
+          s.Get(r, &raw->resp, raw, [raw](absl::Status st) {
+            ++raw->completions;
+            raw->status = st;
+          });
+          break;
+        }
+        case 5:
+          if (!calls.empty()) s.CancelWait(calls[pick(calls.size())].get());
+          break;
+      }
+      size_t waiting = 0;
+      for (const auto& c : calls) {
+        ASSERT_LE(c->completions, 1) << "seed " << seed;
+        if (c->completions == 1 && c->status.ok()) {
+          ASSERT_EQ(c->resp.values_size(), static_cast<int>(c->keys.size()));
+        }
+        if (c->completions == 0) {
+          ++waiting;
+          RendezvousCheckRequest ck;
+          ck.set_generation(s.stats().generation);
+          for (const auto& k : c->keys) ck.add_keys(k);
+          RendezvousCheckResponse cr;
+          ASSERT_TRUE(s.Check(ck, &cr).ok());
+          ASSERT_FALSE(cr.all_set()) << "seed " << seed << ": a Get waits for keys that are set";
+        }
+      }
+      ASSERT_EQ(s.stats().waiting, waiting) << "seed " << seed;
+    }
+    s.Shutdown();
+    for (const auto& c : calls) {
+      ASSERT_EQ(c->completions, 1) << "seed " << seed;
+    }
+  }
 }
 
 class RendezvousStoreTest : public ::testing::Test {
