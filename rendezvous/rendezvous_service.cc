@@ -4,6 +4,27 @@
 
 namespace pacer {
 
+RendezvousServiceImpl::Metrics RendezvousServiceImpl::MakeMetrics(MetricsRegistry* r) {
+  return Metrics{
+      r->Gauge("pacer_rendezvous_generation", "Current generation of the job's collective group"),
+      r->Counter("pacer_rendezvous_regroups_total",
+                 "Generation changes after the first (a worker restarted or a collective failed)"),
+      r->Gauge("pacer_rendezvous_keys", "Keys in the current generation's store"),
+      r->Gauge("pacer_rendezvous_waiting_gets", "Get calls waiting for keys"),
+  };
+}
+
+RendezvousServiceImpl::RendezvousServiceImpl(RendezvousOptions options, MetricsRegistry* metrics)
+    : options_(options),
+      own_metrics_(metrics ? nullptr : std::make_unique<MetricsRegistry>()),
+      metrics_(MakeMetrics(metrics ? metrics : own_metrics_.get())) {}
+
+void RendezvousServiceImpl::UpdateGauges() {
+  metrics_.generation.Set(static_cast<double>(generation_));
+  metrics_.keys.Set(static_cast<double>(kv_.size()));
+  metrics_.waiting.Set(static_cast<double>(waiters_.size()));
+}
+
 RendezvousServiceImpl::~RendezvousServiceImpl() {
   std::vector<Completion> out;
   {
@@ -25,6 +46,7 @@ void RendezvousServiceImpl::Shutdown() {
       out.emplace_back(std::move(w.done), absl::UnavailableError("rendezvous: pacerd is stopping"));
     }
     waiters_.clear();
+    UpdateGauges();
   }
   Run(out);
 }
@@ -50,7 +72,10 @@ absl::Status RendezvousServiceImpl::CheckGeneration(uint64_t generation) const {
 }
 
 void RendezvousServiceImpl::Bump(std::vector<Completion>* out) {
-  if (generation_ > 0) ++regroups_;
+  if (generation_ > 0) {
+    ++regroups_;
+    metrics_.regroups.Increment();
+  }
   ++generation_;
   kv_.clear();
   bytes_ = 0;
@@ -121,6 +146,7 @@ absl::Status RendezvousServiceImpl::Join(const RendezvousJoinRequest& req,
     resp->set_generation(generation_);
     resp->set_rank(rank);
     resp->set_world_size(world_size_);
+    UpdateGauges();
   }
   Run(out);
   return absl::OkStatus();
@@ -136,6 +162,7 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
     }
     if (req.generation() == generation_) Bump(&out);
     resp->set_generation(generation_);
+    UpdateGauges();
   }
   Run(out);
   return absl::OkStatus();
@@ -162,6 +189,7 @@ absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, Rendezv
     bytes_ = bytes_ - old + now;
     kv_[req.key()] = req.value();
     WakeReady(&out);
+    UpdateGauges();
   }
   Run(out);
   return absl::OkStatus();
@@ -190,6 +218,7 @@ absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, Rendezv
     bytes_ += v.size();
     resp->set_value(n);
     WakeReady(&out);
+    UpdateGauges();
   }
   Run(out);
   return absl::OkStatus();
@@ -248,6 +277,7 @@ void RendezvousServiceImpl::Get(const RendezvousGetRequest& req, RendezvousGetRe
         s = absl::InternalError("rendezvous get: tag already waiting");
       } else {
         waiters_.emplace(tag, Waiter{req.generation(), std::move(keys), resp, std::move(done)});
+        UpdateGauges();
         return;
       }
     }
@@ -263,6 +293,7 @@ void RendezvousServiceImpl::CancelWait(const void* tag) {
     if (it == waiters_.end()) return;
     done = std::move(it->second.done);
     waiters_.erase(it);
+    UpdateGauges();
   }
   done(absl::CancelledError("rendezvous get: cancelled (deadline passed or client gone)"));
 }

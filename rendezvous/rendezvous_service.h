@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 #include "proto/pacer/rendezvous.pb.h"
 #include "proto/pacer/sharding.pb.h"
 
@@ -49,7 +51,8 @@ class RendezvousServiceImpl {
  public:
   using Done = std::function<void(absl::Status)>;
 
-  explicit RendezvousServiceImpl(RendezvousOptions options = {}) : options_(options) {}
+  // Metrics (pacer_rendezvous_*) go to `metrics`, or to a private registry when null.
+  explicit RendezvousServiceImpl(RendezvousOptions options = {}, MetricsRegistry* metrics = nullptr);
   ~RendezvousServiceImpl();  // fails waiting Gets with CANCELLED
   // Fails waiting Gets, and every later waiting Get at once, with UNAVAILABLE (pacerd is
   // stopping; the client retries against the next pacerd). Lets the server shut down at once.
@@ -96,8 +99,19 @@ class RendezvousServiceImpl {
   void FillValues(const std::vector<std::string>& keys, RendezvousGetResponse* resp) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(std::vector<Completion>& completions);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Metrics {
+    prometheus::Gauge& generation;
+    prometheus::Counter& regroups;
+    prometheus::Gauge& keys;
+    prometheus::Gauge& waiting;
+  };
+  static Metrics MakeMetrics(MetricsRegistry* registry);
 
   const RendezvousOptions options_;
+  std::unique_ptr<MetricsRegistry> own_metrics_;
+  Metrics metrics_;
   mutable absl::Mutex mu_;
   uint32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no Join yet
   std::map<int32_t, Member> members_ ABSL_GUARDED_BY(mu_);  // by rank

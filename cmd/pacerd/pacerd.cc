@@ -130,7 +130,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
                                         ActionKindName(a.kind) + " yet (parameter servers)");
     }
   });
-  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>();
+  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(RendezvousOptions{}, &d->metrics_);
   d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
   d->sharding_->SetHeartbeatHook([reconciler, rendezvous = d->rendezvous_.get()](
                                      const HeartbeatRequest& req, HeartbeatResponse* resp) {

@@ -36,7 +36,8 @@ RendezvousJoinRequest JoinReq(const std::string& worker, uint64_t incarnation, i
 }
 
 TEST(RendezvousServiceTest, GroupAndGenerationRules) {
-  RendezvousServiceImpl s;
+  MetricsRegistry metrics;
+  RendezvousServiceImpl s({}, &metrics);
   RendezvousJoinResponse j;
   ASSERT_TRUE(s.Join(JoinReq("a", 1, -1, 3), &j).ok());
   EXPECT_EQ(j.generation(), 1u);
@@ -116,6 +117,11 @@ TEST(RendezvousServiceTest, GroupAndGenerationRules) {
   ASSERT_TRUE(s.Add(add, &ar).ok());
   ASSERT_TRUE(s.Add(add, &ar).ok());
   EXPECT_EQ(ar.value(), 4);
+
+  const std::string text = metrics.RenderText();
+  EXPECT_NE(text.find("pacer_rendezvous_generation 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("pacer_rendezvous_regroups_total 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("pacer_rendezvous_keys 1"), std::string::npos) << text;
 }
 
 // Random operations against the service: every Get completes exactly once (at once, when its
