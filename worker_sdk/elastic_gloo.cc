@@ -60,7 +60,8 @@ absl::Status ElasticGlooCollective::Regroup() {
     }
     if (reform) {
       auto g = rendezvous_.Reform(worker, generation_);
-      if (!g.ok()) return g.status();
+      // FAILED_PRECONDITION: pacerd restarted and has no group yet; the Join below opens one.
+      if (!g.ok() && g.status().code() != absl::StatusCode::kFailedPrecondition) return g.status();
       reform = false;
     }
     auto joined = rendezvous_.Join(worker, client_->registration().incarnation(), rank_,

@@ -215,10 +215,11 @@ TEST(RendezvousServiceTest, RandomOperationsCompleteEveryGetExactlyOnce) {
 
 class RendezvousStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartPacerd(0); }
+  void StartPacerd(int port) {
     PacerdOptions o;
     o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
+    o.listen = "127.0.0.1:" + std::to_string(port);
     o.metrics_listen = "";
     o.sharding.heartbeat_interval_ms = 50;
     auto d = Pacerd::Start(o);
@@ -350,6 +351,45 @@ TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughThePacerdStore) {
   ASSERT_TRUE(c0 && c1);
   TwoRanksAllReduce(c0.get(), c1.get(), "");
   EXPECT_GE(pacerd_->rendezvous()->stats().keys, 2u) << "the ranks' addresses went through pacerd";
+}
+
+// The store is soft state: after a pacerd restart (same port and data dir) both ranks regroup
+// from generation 1 again and all-reduce.
+TEST_F(RendezvousStoreTest, RanksRegroupAfterAPacerdRestart) {
+  auto c0 = Connect("w0");
+  auto c1 = Connect("w1");
+  ASSERT_TRUE(c0 && c1);
+  ElasticGlooOptions eo;
+  eo.world_size = 2;
+  eo.timeout_ms = 5'000;
+  eo.regroup_timeout_ms = 60'000;
+  absl::StatusOr<std::unique_ptr<ElasticGlooCollective>> e0, e1;
+  std::thread t([&] { e1 = ElasticGlooCollective::Create(c1.get(), eo); });
+  e0 = ElasticGlooCollective::Create(c0.get(), eo);
+  t.join();
+  ASSERT_TRUE(e0.ok() && e1.ok()) << e0.status() << " " << e1.status();
+
+  const int port = pacerd_->port();
+  pacerd_.reset();
+  StartPacerd(port);
+  ASSERT_TRUE(pacerd_);
+  EXPECT_EQ(pacerd_->rendezvous()->stats().generation, 0u) << "rendezvous state is not journaled";
+
+  absl::Status r1;
+  std::thread t1([&] { r1 = (*e1)->Regroup(); });
+  absl::Status r0 = (*e0)->Regroup();
+  t1.join();
+  ASSERT_TRUE(r0.ok()) << r0;
+  ASSERT_TRUE(r1.ok()) << r1;
+  EXPECT_EQ((*e0)->generation(), (*e1)->generation());
+  std::vector<float> a = {1}, b = {2};
+  absl::Status s1;
+  std::thread t2([&] { s1 = (*e1)->AllReduceSum(b); });
+  absl::Status s0 = (*e0)->AllReduceSum(a);
+  t2.join();
+  ASSERT_TRUE(s0.ok() && s1.ok()) << s0 << " " << s1;
+  EXPECT_EQ(a[0], 3.0f);
+  EXPECT_EQ(b[0], 3.0f);
 }
 
 TEST_F(RendezvousStoreTest, TwoRanksAllReduceThroughAFileStoreWithPacerdGenerations) {
