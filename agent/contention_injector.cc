@@ -323,13 +323,17 @@ absl::Status ContentionInjector::Clear(const std::string& worker_id) {
   auto it = entries_.find(worker_id);
   if (it == entries_.end()) return absl::OkStatus();
   Remove(it->second);
-  entries_.erase(it);
+  // Log before erasing: `worker_id` may be the entry's own key (ClearAll), freed by the erase.
   PACER_LOG(INFO) << "contention on worker " << worker_id << " cleared";
+  entries_.erase(it);
   return absl::OkStatus();
 }
 
 void ContentionInjector::ClearAll() {
-  while (!entries_.empty()) (void)Clear(entries_.begin()->first);
+  while (!entries_.empty()) {
+    const std::string id = entries_.begin()->first;  // a copy: Clear() erases the key
+    (void)Clear(id);
+  }
 }
 
 std::optional<double> ContentionInjector::FactorOf(const std::string& worker_id) const {
