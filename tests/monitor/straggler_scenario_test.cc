@@ -204,5 +204,60 @@ TEST(StragglerScenarioTest, EventsCarryPreviousAndCurrentWithIncreasingSeq) {
   EXPECT_EQ(d.state().EventsAfter(last - 1, 10).size(), 1u);
 }
 
+// The index path (IngestStepAt, used by pacer-sim at 4 096 workers) is IngestStep without the
+// message: fed the same reports — slowdowns of every kind, a refused report and duplicates —
+// two states end identical, evidence text included (formatted on demand in both).
+TEST(StragglerScenarioTest, IngestStepAtMatchesIngestStep) {
+  const int64_t start = 1'700'000'000'000 - 1'700'000'000'000 % kWindow;
+  SimulatedClock clock(start);
+  auto by_message = MonitorState::Create(MonitorOptions(), &clock).value();
+  auto by_index = MonitorState::Create(MonitorOptions(), &clock).value();
+  SyntheticTrace trace(Cluster(16, 5), &clock);
+  for (size_t i = 0; i < trace.num_workers(); ++i) {
+    ASSERT_TRUE(by_message->RegisterWorker(trace.worker_id(i), trace.node_of(i)).ok());
+    ASSERT_TRUE(by_index->RegisterWorker(trace.worker_id(i), trace.node_of(i)).ok());
+  }
+  trace.AddSlowdown({Kind::kHardware, "w3", 1.6, start + 2 * kWindow});
+  trace.AddSlowdown({Kind::kContention, "w9", 1.5, start + 3 * kWindow});
+  trace.AddSlowdown({Kind::kNodeContention, "n2", 1.8, start + 4 * kWindow, start + 7 * kWindow});
+  EXPECT_FALSE(by_index->WorkerIndex("nobody").has_value());
+  std::vector<ClassificationEvent> ev_message, ev_index;
+  for (int tick = 0; tick < 12 * kWindow / 1000; ++tick) {
+    SyntheticTrace::Batch b = trace.Next();
+    by_message->AdvanceWindows(&ev_message);
+    by_index->AdvanceWindows(&ev_index);
+    for (const NodeMetrics& m : b.nodes) {
+      by_message->IngestNodeMetrics(m);
+      by_index->IngestNodeMetrics(m);
+    }
+    for (StepReport r : b.steps) {
+      if (tick == 30 && r.worker_id() == "w1") r.set_local_batch(0);  // refused: bad batch
+      for (int copy = 0; copy < (tick % 7 == 0 ? 2 : 1); ++copy) {  // some duplicates
+        const ReportIssue a = by_message->IngestStep(r);
+        const ReportIssue b2 = by_index->IngestStepAt(*by_index->WorkerIndex(r.worker_id()),
+                                                      StepSample::Of(r));
+        EXPECT_EQ(a, b2) << r.worker_id() << " step " << r.step();
+      }
+    }
+  }
+  EXPECT_GT(by_message->issues().Get(ReportIssue::kDuplicateStep), 0u);
+  EXPECT_GT(by_message->issues().Get(ReportIssue::kBadBatch), 0u);
+  EXPECT_EQ(by_message->issues().ToMap(), by_index->issues().ToMap());
+  EXPECT_EQ(by_message->accepted(), by_index->accepted());
+  const std::vector<WorkerStatus> a = by_message->Workers(), b = by_index->Workers();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString()) << a[i].id();
+  ASSERT_EQ(ev_message.size(), ev_index.size());
+  for (size_t i = 0; i < ev_message.size(); ++i)
+    EXPECT_EQ(ev_message[i].SerializeAsString(), ev_index[i].SerializeAsString());
+  // w3 ends a persistent hardware straggler; its evidence is there, with the numbers.
+  const WorkerStatus& w3 = a[3];
+  EXPECT_EQ(w3.classification().worker_class(), WORKER_CLASS_STRAGGLER);
+  EXPECT_NE(w3.classification().evidence().find("windows"), std::string::npos)
+      << w3.classification().evidence();
+  EXPECT_TRUE(by_index->Workers(/*with_evidence=*/false)[3].classification().evidence().empty());
+}
+
 }  // namespace
 }  // namespace pacer
