@@ -90,6 +90,11 @@ struct JobView {
   double lost_work_s = 0;           // work thrown away by a relaunch (since last checkpoint)
   double typical_shard_time_s = 0;  // median time a shard takes (timeout-relaunch)
   double epoch_progress = 0;        // 0..1 of the current epoch consumed (tail backups)
+  // Whether a synchronous step can go on without some workers' gradients (EXCLUDE_WORKERS:
+  // burst exclusion, the backup-workers baseline). The simulator models it; pacerd's all-reduce
+  // layer cannot carry it out yet, so pacerd leaves it false and those rules propose nothing
+  // (rather than audit actions that change nothing).
+  bool can_exclude_workers = false;
 };
 
 struct ClusterView {

@@ -492,6 +492,7 @@ absl::Status JobSimulation::Reconcile() {
   j.current_step = step_;
   j.step_time_s = last_step_wall_;
   j.heartbeat_interval_s = 1;
+  j.can_exclude_workers = true;  // modelled: a step does not wait for excluded workers (ChunkSync)
   const uint64_t done = DoneTotal();
   j.remaining_samples = static_cast<int64_t>(static_cast<uint64_t>(sc_.job.total_samples) - done);
   // Throughput as pacerd measures it (controller/reconciler.cc): sync, Σ local batches over the

@@ -58,7 +58,7 @@ std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const Histor
                                            const PolicyConfig& cfg) {
   std::vector<Action> out;
   const int64_t max_excluded = cfg.burst_exclusion.max_workers;
-  if (view.job.mode != JobMode::kSync || max_excluded <= 0) return out;
+  if (view.job.mode != JobMode::kSync || max_excluded <= 0 || !view.job.can_exclude_workers) return out;
   const double rejoin_line = std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin);
   struct Step {
     const WorkerView* w;

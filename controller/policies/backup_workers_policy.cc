@@ -12,7 +12,7 @@ namespace pacer {
 
 std::vector<Action> DecideBackupWorkers(const ClusterView& view, const History& history,
                                         const PolicyConfig& cfg) {
-  if (view.job.mode != JobMode::kSync) return {};
+  if (view.job.mode != JobMode::kSync || !view.job.can_exclude_workers) return {};
   std::vector<const WorkerView*> live;
   for (const auto& w : view.workers)
     if (w.alive && !w.restarting) live.push_back(&w);
