@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
   }
   IgnoreSigpipeUnlessHandled();
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
-  std::unique_ptr<GlooCollective> c(new GlooCollective(o.rank, o.size, timeout));
+  std::unique_ptr<GlooCollective> c(new GlooCollective(o.rank, o.size, timeout, o.algorithm));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.hostname;
@@ -67,6 +67,17 @@ absl::StatusOr<std::unique_ptr<GlooCollective>> GlooCollective::Create(const Glo
 
 GlooCollective::~GlooCollective() = default;
 
+bool ParseGlooAlgorithm(const std::string& name, GlooOptions::Algorithm* out) {
+  if (name == "ring") {
+    *out = GlooOptions::Algorithm::kRing;
+  } else if (name == "bcube") {
+    *out = GlooOptions::Algorithm::kBcube;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 absl::Status GlooCollective::AllReduceSum(std::span<float> data) {
   if (size_ == 1 || data.empty()) return absl::OkStatus();
   try {
@@ -76,6 +87,9 @@ absl::Status GlooCollective::AllReduceSum(std::span<float> data) {
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(next_tag_++);
     opts.setTimeout(timeout_);
+    opts.setAlgorithm(algorithm_ == GlooOptions::Algorithm::kBcube
+                          ? gloo::AllreduceOptions::Algorithm::BCUBE
+                          : gloo::AllreduceOptions::Algorithm::RING);
     gloo::allreduce(opts);
   } catch (const std::exception& e) {
     return absl::UnavailableError(std::string("gloo allreduce: ") + e.what());

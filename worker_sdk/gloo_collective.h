@@ -37,7 +37,15 @@ struct GlooOptions {
   std::string prefix = "pacer";   // namespace inside the store (a run / generation id)
   std::string hostname = "127.0.0.1";  // address this rank listens on
   int64_t timeout_ms = 60'000;    // rendezvous and every collective
+  // All-reduce algorithm: kRing (2(n-1) sequential steps, bandwidth-optimal for large buffers)
+  // or kBcube (about 2 log2(n) steps: fewer wake-ups per collective, which is what costs on
+  // loaded or CPU-limited hosts with gradients of a few hundred KB).
+  enum class Algorithm { kRing, kBcube };
+  Algorithm algorithm = Algorithm::kRing;
 };
+
+// "ring" | "bcube" (flags); false for anything else.
+bool ParseGlooAlgorithm(const std::string& name, GlooOptions::Algorithm* out);
 
 class GlooCollective final : public Collective {
  public:
@@ -51,11 +59,12 @@ class GlooCollective final : public Collective {
   absl::Status Barrier() override;
 
  private:
-  GlooCollective(int rank, int size, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), timeout_(timeout) {}
+  GlooCollective(int rank, int size, std::chrono::milliseconds timeout, GlooOptions::Algorithm algorithm)
+      : rank_(rank), size_(size), timeout_(timeout), algorithm_(algorithm) {}
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  GlooOptions::Algorithm algorithm_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 1;
 };

@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   SetLogProgramName("pacer-train-mlp");
   ClientOptions copts;
   std::string dataset = "train", store_dir, collective_kind = "gloo", result_file, ledger_path;
+  std::string allreduce_algorithm = "bcube";
   uint64_t register_records = 0, shard_size = 0, eval_records = 2000, max_steps = 0;
   uint32_t epochs = 1, batch = 32, accumulation = 1, hidden = 32, rank = 0, world = 1;
   float lr = 0.2f;
@@ -95,6 +96,8 @@ int main(int argc, char** argv) {
       ("world-size", po::value(&world)->default_value(world), "all-reduce group size")
       ("store-dir", po::value(&store_dir), "Gloo FileStore directory shared by the ranks (fresh per run)")
       ("collective", po::value(&collective_kind)->default_value(collective_kind), "gloo | none")
+      ("allreduce-algorithm", po::value(&allreduce_algorithm)->default_value(allreduce_algorithm),
+       "Gloo all-reduce: bcube (fewer steps; default) | ring")
       ("hidden", po::value(&hidden)->default_value(hidden), "hidden units")
       ("lr", po::value(&lr)->default_value(lr), "learning rate")
       ("seed", po::value(&seed)->default_value(seed), "model init seed (same on every rank)")
@@ -156,6 +159,9 @@ int main(int argc, char** argv) {
     g.size = static_cast<int>(world);
     g.store_dir = store_dir;
     g.prefix = dataset;
+    if (!ParseGlooAlgorithm(allreduce_algorithm, &g.algorithm)) {
+      ExitWithError("pacer-train-mlp", "--allreduce-algorithm: bcube | ring, not '" + allreduce_algorithm + "'");
+    }
     auto c = GlooCollective::Create(g);
     if (!c.ok()) Fail("all-reduce group", c.status());
     collective = std::move(*c);

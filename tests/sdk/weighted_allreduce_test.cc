@@ -36,7 +36,8 @@ std::vector<float> MeanGradient(Mlp model, const SyntheticTask& task, uint64_t b
 // Runs WeightedAverage on `batches.size()` Gloo ranks (threads); rank i holds the mean
 // gradient of its own slice of records. Returns each rank's result.
 std::vector<std::vector<float>> AverageOnGloo(const std::vector<uint64_t>& batches, const Mlp& model,
-                                              const SyntheticTask& task, double* total) {
+                                              const SyntheticTask& task, double* total,
+                                              GlooOptions::Algorithm algorithm = GlooOptions::Algorithm::kRing) {
   testing::TempDir dir;
   const int n = static_cast<int>(batches.size());
   std::vector<std::vector<float>> out(n);
@@ -51,6 +52,7 @@ std::vector<std::vector<float>> AverageOnGloo(const std::vector<uint64_t>& batch
       o.size = n;
       o.store_dir = dir.Sub("store");
       o.timeout_ms = 60'000;
+      o.algorithm = algorithm;
       auto c = GlooCollective::Create(o);
       if (!c.ok()) {
         status[i] = c.status();
@@ -88,6 +90,12 @@ TEST(WeightedAllReduce, UnevenBatchesGiveTheFullBatchGradient) {
   auto results = AverageOnGloo(batches, model, task, &total);
   EXPECT_EQ(total, 64.0);
   for (const auto& r : results) ExpectClose(r, full);
+  // Same with BCube (what pacer-train-mlp uses by default) on 4 and 5 ranks.
+  for (const std::vector<uint64_t>& b : {std::vector<uint64_t>{7, 13, 44, 0}, std::vector<uint64_t>{7, 13, 20, 3, 21}}) {
+    auto bcube = AverageOnGloo(b, model, task, &total, GlooOptions::Algorithm::kBcube);
+    EXPECT_EQ(total, 64.0);
+    for (const auto& r : bcube) ExpectClose(r, full);
+  }
   // The property is not vacuous: the plain (unweighted) mean of the three gradients differs.
   std::vector<float> plain(full.size(), 0.0f);
   uint64_t begin = 0;
