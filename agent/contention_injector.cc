@@ -188,7 +188,11 @@ absl::Status ContentionInjector::ApplyCgroup(const std::string& worker_id, Entry
     e.group_dir.clear();
     return absl::UnavailableError("mkdir cgroup: " + why);
   }
-  if (absl::Status s = WriteCpuQuota(e.group_dir, e.baseline_cores / e.factor, options_.cfs_period_us); !s.ok()) {
+  double cores = e.baseline_cores / e.factor;
+  // Nested in a CPU-limit group: never above the limit (cgroup v1 refuses a child quota above
+  // its parent's; a noisy usage sample can exceed the limit a little).
+  if (options_.worker_cpu_limit_cores > 0) cores = std::min(cores, options_.worker_cpu_limit_cores / e.factor);
+  if (absl::Status s = WriteCpuQuota(e.group_dir, cores, options_.cfs_period_us); !s.ok()) {
     return s;
   }
   return WriteFile(e.group_dir + "/cgroup.procs", std::to_string(e.pid));
