@@ -314,7 +314,10 @@ TEST_F(RendezvousStoreTest, RegroupCommandReachesTheClient) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_TRUE(WaitFor([&] { return client->regroup_generation() == *g; }, milliseconds(10'000)))
       << "held " << client->regroup_generation() << ", want " << *g;
-  EXPECT_EQ(client->stats().regroups_received, 1u);
+  // A heartbeat reply may carry generation 1 before the test notes it, so the client counts one
+  // regroup per generation it had not yet held: at least the reform, never more than one each.
+  EXPECT_GE(client->stats().regroups_received, 1u);
+  EXPECT_LE(client->stats().regroups_received, *g);
 }
 
 // Two ranks (threads) of one ElasticGlooCollective group all-reduce once; `store_dir` empty:
