@@ -10,7 +10,9 @@
 // rows its batch needs from the 2+ PS servers, computes the gradient of the mean log loss,
 // and pushes it asynchronously (one push in flight; the next batch is computed meanwhile).
 // Every 50 steps it reports per-server latency to the monitor (ReportSteps.server_latency).
-// At the end it prints {"auc":..,"samples":..} measured on held-out records.
+// At the end it prints {"auc":..,"accuracy":..,"samples":..} measured on held-out records
+// (accuracy: the prediction thresholded at 0.5). --ledger keeps the exactly-once ledger of
+// examples/consumer/ledger.h (the demo's `--mode ps` checks it with pacer-ledger-check).
 //
 //   pacer-train-ctr --addr 127.0.0.1:7070 --token-file data/job.token --worker-id w0 \
 //     --ps 127.0.0.1:7100,127.0.0.1:7101 --register-records 40000 --epochs 2 --target-auc 0.75
@@ -20,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <unordered_map>
 
 #include <grpcpp/grpcpp.h>
@@ -27,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "examples/consumer/ledger.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/ps/ps_client.h"
@@ -94,6 +98,15 @@ double Auc(std::vector<std::pair<float, float>> scored) {  // (score, label)
   return pos > 0 && neg > 0 ? (rank_sum - pos * (pos + 1) / 2) / (pos * neg) : 0.5;
 }
 
+class LedgerAcks final : public ReportListener {
+ public:
+  explicit LedgerAcks(LedgerWriter* w) : w_(w) {}
+  void OnAcknowledged(uint64_t lease, uint64_t done) override { w_->Ack(lease, done); }
+
+ private:
+  LedgerWriter* w_;
+};
+
 [[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
   ExitWithError("pacer-train-ctr", what + ": " + s.ToString(), 1);
 }
@@ -114,7 +127,7 @@ float Predict(const Example& ex, const std::unordered_map<uint64_t, const float*
 int main(int argc, char** argv) {
   SetLogProgramName("pacer-train-ctr");
   ClientOptions copts;
-  std::string dataset = "ctr", ps_list, result_file;
+  std::string dataset = "ctr", ps_list, result_file, ledger_path;
   uint64_t register_records = 0, shard_size = 500, eval_records = 4000;
   uint32_t epochs = 2, batch = 64;
   float lr_emb = 0.1f, lr_dense = 0.05f;
@@ -132,7 +145,8 @@ int main(int argc, char** argv) {
       ("lr-dense", po::value(&lr_dense)->default_value(lr_dense), "SGD learning rate of the dense layer")
       ("eval-records", po::value(&eval_records)->default_value(eval_records), "held-out examples")
       ("target-auc", po::value(&target)->default_value(0), "exit 3 when the final AUC is below")
-      ("result-file", po::value(&result_file), "write a JSON line with the results here");
+      ("result-file", po::value(&result_file), "write a JSON line with the results here")
+      ("ledger", po::value(&ledger_path), "keep the exactly-once ledger here");
   ParseFlagsOrExit(argc, argv, "Usage: pacer-train-ctr [options]", desc);
   if (absl::Status s = copts.Resolve(); !s.ok()) Fail("options", s);
   if (ps_list.empty()) ExitWithError("pacer-train-ctr", "--ps is required");
@@ -141,6 +155,23 @@ int main(int argc, char** argv) {
   auto client_or = Client::Connect(copts);
   if (!client_or.ok()) Fail("connect", client_or.status());
   Client& client = **client_or;
+  std::optional<LedgerWriter> ledger;
+  std::optional<LedgerAcks> ledger_acks;
+  ShardReaderOptions ropts;
+  ropts.dataset = dataset;
+  if (!ledger_path.empty()) {
+    auto w = LedgerWriter::Open(ledger_path);
+    if (!w.ok()) Fail("ledger", w.status());
+    ledger.emplace(std::move(*w));
+    const int resolved = ResolvePendingIntents(ledger_path, client.registration(), *ledger);
+    if (resolved > 0) {
+      PACER_LOG(INFO) << "resolved " << resolved << " unacknowledged reports";
+    }
+    ledger_acks.emplace(&*ledger);
+    client.AddListener(&*ledger_acks);
+    ropts.on_lease = [&](const Lease& l) { ledger->Leased(l); };
+    ropts.on_report = [&](uint64_t lease, uint64_t prefix) { ledger->Intent(lease, prefix); };
+  }
   if (register_records > 0) {
     DatasetSpec spec;
     spec.set_name(dataset);
@@ -182,7 +213,7 @@ int main(int argc, char** argv) {
   auto monitor_channel = grpc::CreateChannel(client.options().address, grpc::InsecureChannelCredentials());
   auto monitor = Monitor::NewStub(monitor_channel);
 
-  auto reader_or = ShardReader::Create(&client, {.dataset = dataset});
+  auto reader_or = ShardReader::Create(&client, ropts);
   if (!reader_or.ok()) Fail("reader", reader_or.status());
   ShardReader& reader = **reader_or;
   StepTimer timer(&client);
@@ -302,12 +333,15 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < keys.size(); ++i) row_of[keys[i]] = &rows[i * kRow];
     for (const Example& ex : exs) scored.emplace_back(Predict(ex, row_of, dense.data()), ex.label);
   }
+  uint64_t correct = 0;
+  for (const auto& [p, label] : scored) correct += (p >= 0.5f) == (label > 0.5f);
+  const double accuracy = scored.empty() ? 0 : static_cast<double>(correct) / static_cast<double>(scored.size());
   const double auc = Auc(std::move(scored));
   char line[400];
   std::snprintf(line, sizeof line,
-                "{\"worker\":\"%s\",\"auc\":%.4f,\"steps\":%llu,\"samples\":%llu,\"train_loss\":%.4f,"
+                "{\"worker\":\"%s\",\"auc\":%.4f,\"accuracy\":%.4f,\"steps\":%llu,\"samples\":%llu,\"train_loss\":%.4f,"
                 "\"latency_reports\":%llu,\"seconds\":%.2f}",
-                client.worker_id().c_str(), auc, static_cast<unsigned long long>(step),
+                client.worker_id().c_str(), auc, accuracy, static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(samples), samples ? loss_sum / static_cast<double>(samples) : 0.0,
                 static_cast<unsigned long long>(latency_reports), secs);
   std::cout << line << std::endl;
