@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """pacer-demo: Pacer beats a real straggler, end to end, on one machine.
 
-Runs the same synchronous all-reduce job twice -- first under the `none` policy (observe only),
-then under the AntDT-DD preset (speed-proportional batches) -- with only real parts: pacerd with
-its RocksDB journal, two pacer-agent processes with two pacer-train-mlp workers each (Gloo
-all-reduce, world size 4), all on loopback. After a warm-up the demo turns on the agent's
-contention switch for one worker (`pacerctl contention`: a cgroup v1 CPU quota where it is
-writable, else a pinned busy process), so the straggler is real CPU starvation, not a sleep.
+Runs the same job twice -- first under the `none` policy (observe only), then under a mitigating
+preset -- with only real parts: pacerd with its RocksDB journal, two pacer-agent processes with
+two workers each, all on loopback. Two modes:
+  --mode allreduce (default): pacer-train-mlp workers (Gloo all-reduce, world size 4), the
+      AntDT-DD preset (speed-proportional batches, ADJUST_BS);
+  --mode ps: two pacer-ps parameter servers and pacer-train-ctr workers (asynchronous sparse CTR
+      training), the AntDT-ND preset (speed-weighted shards and tail backups, REALLOCATE, and
+      RESTART when the cost model says it pays).
+After a warm-up the demo turns on the agent's contention switch for one worker (`pacerctl
+contention`: a cgroup v1 CPU quota where it is writable, else a pinned busy process), so the
+straggler is real CPU starvation, not a sleep.
 
 While a run goes, one live line per phase shows progress, throughput and who is flagged. At
 the end: a summary table (job time of both runs, speed-up, the balanced bound, time to detect,
@@ -87,11 +92,21 @@ class Processes:
             if name.startswith("agent"):
                 self.stop(p)
         for name, p in self.procs:
+            if name != "pacerd":
+                self.stop(p)
+        for name, p in self.procs:
             self.stop(p)
         self.procs = []
 
 
-OUR_BINARIES = ("pacerd", "pacer-agent", "pacer-train-mlp", "pacerctl", "pacer-ledger-check")
+OUR_BINARIES = ("pacerd", "pacer-agent", "pacer-train-mlp", "pacer-train-ctr", "pacer-ps", "pacerctl",
+                "pacer-ledger-check")
+TRAINER = {"allreduce": "pacer-train-mlp", "ps": "pacer-train-ctr"}
+# What the mitigated run's controller does about the straggler, per mode.
+MITIGATIONS = {"allreduce": ("ADJUST_BS",), "ps": ("REALLOCATE", "RESTART", "MIGRATE")}
+PS_SERVERS = 2
+# --mode ps job (pacer-train-ctr): records per epoch (full / --quick), shard size, batch.
+PS_DEFAULTS = {"records": 120000, "records_quick": 60000, "shard_size": 1000, "batch": 256, "hidden": 256}
 
 
 def kill_leftovers(run_dir):
@@ -142,7 +157,8 @@ class Run:
         self.actions = []
         self.contention_t = None  # seconds since launch when the agent applied it
         self.detect_t = None      # when the monitor flagged the straggler (its class_since)
-        self.plan_t = None        # first executed ADJUST_BS after the contention
+        self.plan_t = None        # first executed mitigation (ADJUST_BS; ps: REALLOCATE, RESTART)
+        self.ps_addrs = []
         self.jct_s = None
         self.results = []
         self.ledger = {}
@@ -163,20 +179,16 @@ class Run:
         self.procs.spawn("pacerd", [
             a.bin + "/pacerd", "--data-dir", self.data, "--listen", "127.0.0.1:0",
             "--metrics-listen", "127.0.0.1:0", "--port-file", port_file,
-            "--policy", self.policy_file, "--job-mode", "sync",
+            "--policy", self.policy_file, "--job-mode", "async" if a.mode == "ps" else "sync",
             "--heartbeat-interval-ms", "500", "--reconcile-interval-ms", "1000",
         ], os.path.join(self.dir, "pacerd.log"))
         wait_for(lambda: os.path.exists(port_file), 30, "pacerd to listen")
         with open(port_file) as f:
             self.addr = "127.0.0.1:%d" % json.load(f)["port"]
-        trainer = [
-            a.bin + "/pacer-train-mlp", "--store-dir", os.path.join(self.dir, "gloo"),
-            "--rank", "{rank}", "--world-size", str(WORLD),
-            "--register-records", str(a.records), "--epochs", str(a.epochs),
-            "--shard-size", str(a.shard_size), "--batch", str(a.batch), "--hidden", str(a.hidden),
-            "--result-file", os.path.join(self.dir, "result-{worker_id}.json"),
-            "--ledger", os.path.join(self.dir, "ledger-{worker_id}"),
-        ]
+        if a.mode == "ps":
+            trainer = self.start_ps()
+        else:
+            trainer = self.mlp_trainer()
         self.t0 = time.monotonic()
         self.t0_unix_ms = time.time() * 1000
         for node, first in NODES:
@@ -187,6 +199,47 @@ class Run:
                 "--metrics-ms", "500", "--max-restarts", "0",
                 "--worker-cpu-limit", str(a.worker_cores), "--", *trainer,
             ], os.path.join(self.dir, f"agent-{node}.log"))
+
+    def start_ps(self):
+        """Starts the parameter servers (they check the job token pacerd wrote) and returns
+        the CTR trainer's command line."""
+        a = self.args
+        token = os.path.join(self.data, "job.token")
+        wait_for(lambda: os.path.exists(token), 30, "pacerd's job token")
+        for i in range(PS_SERVERS):
+            port_file = os.path.join(self.dir, f"ps{i}.port")
+            p = self.procs.spawn(f"ps{i}", [
+                a.bin + "/pacer-ps", "--server-id", f"ps{i}", "--listen", "127.0.0.1:0",
+                "--token-file", token, "--port-file", port_file,
+            ], os.path.join(self.dir, f"ps{i}.log"))
+
+            def ready(port_file=port_file, p=p):
+                if p.poll() is not None:
+                    raise RuntimeError(f"pacer-ps ps{i} exited with {p.returncode} (log in {self.dir})")
+                try:
+                    with open(port_file) as f:
+                        return json.load(f).get("port")
+                except (OSError, ValueError):
+                    return None
+            self.ps_addrs.append("127.0.0.1:%d" % wait_for(ready, 30, f"pacer-ps ps{i} to listen"))
+        return [
+            a.bin + "/pacer-train-ctr", "--ps", ",".join(self.ps_addrs),
+            "--register-records", str(a.records), "--epochs", str(a.epochs),
+            "--shard-size", str(a.shard_size), "--batch", str(a.batch), "--hidden", str(a.hidden),
+            "--result-file", os.path.join(self.dir, "result-{worker_id}.json"),
+            "--ledger", os.path.join(self.dir, "ledger-{worker_id}"),
+        ]
+
+    def mlp_trainer(self):
+        a = self.args
+        return [
+            a.bin + "/pacer-train-mlp", "--store-dir", os.path.join(self.dir, "gloo"),
+            "--rank", "{rank}", "--world-size", str(WORLD),
+            "--register-records", str(a.records), "--epochs", str(a.epochs),
+            "--shard-size", str(a.shard_size), "--batch", str(a.batch), "--hidden", str(a.hidden),
+            "--result-file", os.path.join(self.dir, "result-{worker_id}.json"),
+            "--ledger", os.path.join(self.dir, "ledger-{worker_id}"),
+        ]
 
     def now(self):
         return time.monotonic() - self.t0
@@ -241,12 +294,15 @@ class Run:
         tput = (s["done"] - a["done"]) / max(s["t"] - a["t"], 1e-6) if j > k else 0.0
         flagged = [f"{w}" + ("*" if v["persistence"] == "PERSISTENCE_PERSISTENT" else "")
                    for w, v in sorted(s["workers"].items()) if v["cls"] == STRAGGLER_CLASS]
-        batches = "/".join(str(v["batch"]) for _, v in sorted(s["workers"].items()))
+        if self.args.mode == "ps":
+            per_worker = "speeds " + "/".join(f"{v['speed']:.0f}" for _, v in sorted(s["workers"].items()))
+        else:
+            per_worker = "batches " + "/".join(str(v["batch"]) for _, v in sorted(s["workers"].items()))
         phase = ("contention on " + self.args.straggler) if self.contention_t is not None else "warm-up"
         if self.plan_t is not None:
-            phase = "plan applied"
-        line = (f"[{self.label:>9}] {bar} {100 * frac:5.1f}% {s['t']:5.1f}s {tput:7.0f} rec/s "
-                f"| {phase:<22} | flagged: {','.join(flagged) or '-':<6} | batches {batches}")
+            phase = "plan applied" if self.args.mode == "allreduce" else "reallocated"
+        line = (f"[{self.label:>13}] {bar} {100 * frac:5.1f}% {s['t']:5.1f}s {tput:7.0f} rec/s "
+                f"| {phase:<22} | flagged: {','.join(flagged) or '-':<6} | {per_worker}")
         if self.live == "tty":
             sys.stderr.write("\r" + line[:160].ljust(160) + ("\n" if final else ""))
             sys.stderr.flush()
@@ -257,7 +313,7 @@ class Run:
         if self.live == "tty":
             sys.stderr.write("\r" + " " * 160 + "\r")
         if self.live != "off":
-            sys.stderr.write(f"[{self.label:>9}] {self.now():5.1f}s {msg}\n")
+            sys.stderr.write(f"[{self.label:>13}] {self.now():5.1f}s {msg}\n")
 
     def watch(self):
         a = self.args
@@ -317,7 +373,7 @@ class Run:
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if os.path.basename(argv[0].decode(errors="replace")) == "pacer-train-mlp" and \
+            if os.path.basename(argv[0].decode(errors="replace")) == TRAINER[self.args.mode] and \
                     tag.encode() in argv:
                 return int(pid)
         return None
@@ -370,9 +426,10 @@ class Run:
         if self.plan_t is None and self.contention_t is not None:
             for x in self.actions:
                 t = self.unix_ms_to_t(x.get("time_ms", 0))
-                if x.get("kind") == "ADJUST_BS" and x.get("outcome") == "executed" and t >= self.contention_t:
+                if (x.get("kind") in MITIGATIONS[self.args.mode] and x.get("outcome") == "executed"
+                        and t >= self.contention_t):
                     self.plan_t = t
-                    self.note(f"controller: ADJUST_BS -- {x.get('reason', '')}")
+                    self.note(f"controller: {x.get('kind')} -- {x.get('reason', '')}")
                     break
 
     def collect(self):
@@ -417,7 +474,7 @@ class Run:
                      len(self.samples) - 1)
         end_t = self.samples[end_i]["t"] if self.samples else 0
         plan_ts = [self.unix_ms_to_t(x.get("time_ms", 0)) for x in self.actions
-                   if x.get("kind") == "ADJUST_BS" and x.get("outcome") == "executed"
+                   if x.get("kind") in MITIGATIONS[a.mode] and x.get("outcome") == "executed"
                    and self.contention_t is not None
                    and self.unix_ms_to_t(x.get("time_ms", 0)) >= self.contention_t]
         settle = 2.0
@@ -451,7 +508,13 @@ class Run:
         elif plan_ts:
             start = plan_ts[0] + settle
         tput, bound = measure(start)
-        sync_s = sync_seconds(start)
+        sync_s = sync_seconds(start) if a.mode == "allreduce" else None
+        # ps: the share of a step's wall time spent pulling / waiting for pushes (Σ v_i counts
+        # compute seconds only, so this is the part of the gap to the bound that is PS traffic).
+        ps_comm = [w["comm_s"] / w["wall_s"] for s in self.samples
+                   if start is not None and start <= s["t"] <= end_t
+                   for w in s["workers"].values() if w["wall_s"] > 0]
+        ps_comm_share = sum(ps_comm) / len(ps_comm) if a.mode == "ps" and ps_comm else None
         global_batch = a.batch * WORLD
         # Σ v_i with the measured all-reduce time added to every perfectly balanced step.
         bound_sync = (global_batch / (global_batch / bound + sync_s)) if bound and sync_s is not None else None
@@ -463,6 +526,7 @@ class Run:
             done_at = before[-1]["done"] if before else 0
             bound_jct = self.contention_t + (expected - done_at) / bound
         acc = [r.get("accuracy", 0.0) for r in self.results]
+        auc = [r["auc"] for r in self.results if "auc" in r]
         return {
             "policy": self.label, "policy_file": self.policy_file,
             "jct_s": round(self.jct_s, 2) if self.jct_s else None,
@@ -484,6 +548,12 @@ class Run:
             "plans_executed": len(plan_ts),
             "bound_jct_s": round(bound_jct, 2) if bound_jct else None,
             "accuracy": round(min(acc), 4) if acc else None,
+            "auc": round(min(auc), 4) if auc else None,
+            "auc_target": self.args.target_auc if self.args.mode == "ps" else None,
+            "auc_target_reached": (len(auc) == WORLD and min(auc) >= self.args.target_auc)
+            if self.args.mode == "ps" else None,
+            "ps_comm_share": round(ps_comm_share, 3) if ps_comm_share is not None else None,
+            "workers_finished": len(self.results),
             "records_expected": expected,
             "records_done": done,
             "records_trained": sum(int(r.get("samples", 0)) for r in self.results),
@@ -491,6 +561,8 @@ class Run:
             "records_missing": self.ledger.get("missing"),
             "exactly_once": self.ledger.get("ok"),
             "final_batches": {r["worker"]: r.get("final_batch") for r in self.results},
+            # records each trainer process trained (a restarted worker: its last process only)
+            "records_per_worker": {r["worker"]: int(r.get("samples", 0)) for r in self.results},
             "actions": [{
                 "t_s": round(self.unix_ms_to_t(x.get("time_ms", 0)), 2), "kind": x.get("kind"),
                 "target": x.get("target"), "outcome": x.get("outcome"), "reason": x.get("reason"),
@@ -508,7 +580,7 @@ class Run:
 def summarize(args, runs):
     base, mit = runs[0].summary(), runs[-1].summary()
     out = {
-        "mode": "allreduce", "straggler": args.straggler, "straggler_cores": args.straggler_cores,
+        "mode": args.mode, "straggler": args.straggler, "straggler_cores": args.straggler_cores,
         "contention_factor": args.contention_factor if not args.straggler_cores else None,
         "runs": [r.summary() for r in runs],
         "jct_s": {r.label: r.summary()["jct_s"] for r in runs},
@@ -522,6 +594,9 @@ def summarize(args, runs):
         "records_done": mit["records_done"],
         "records_duplicated": mit["records_duplicated"],
         "accuracy": mit["accuracy"],
+        "auc": mit["auc"],
+        "auc_target": mit["auc_target"],
+        "all_runs_finished": all(r.summary()["workers_finished"] == WORLD for r in runs),
         "all_runs_exactly_once": all(r.summary()["exactly_once"] and
                                      r.summary()["records_done"] == r.summary()["records_expected"]
                                      for r in runs),
@@ -535,6 +610,7 @@ def fmt(v, spec="{:.1f}", none="-"):
 
 def table_rows(summary):
     runs = summary["runs"]
+    ps = summary.get("mode") == "ps"
     rows = [("", *[r["policy"] for r in runs])]
     rows.append(("job time (s)", *[fmt(r["jct_s"]) for r in runs]))
     rows.append(("contention began at (s)", *[fmt(r["contention_s"]) for r in runs]))
@@ -542,21 +618,35 @@ def table_rows(summary):
                  *[f"{r['straggler_quota']['cores']:.2f} of {r['straggler_quota']['baseline_cores']:.2f}"
                    if r.get("straggler_quota") else f"x{r.get('contention_factor') or '-'}" for r in runs]))
     rows.append(("straggler flagged after (s)", *[fmt(r["detect_s"]) for r in runs]))
-    rows.append(("batch plan decided after (s)", *[fmt(r["plan_s"]) for r in runs]))
+    rows.append(("first REALLOCATE / RESTART after (s)" if ps else "batch plan decided after (s)",
+                 *[fmt(r["plan_s"]) for r in runs]))
     rows.append(("throughput under contention (rec/s)", *[fmt(r["throughput_after_plan"], "{:.0f}") for r in runs]))
-    rows.append(("balanced bound Σv_i (rec/s)", *[fmt(r["bound_throughput"], "{:.0f}") for r in runs]))
+    rows.append(("bound Σv_i (rec/s)" if ps else "balanced bound Σv_i (rec/s)",
+                 *[fmt(r["bound_throughput"], "{:.0f}") for r in runs]))
     rows.append(("throughput / bound", *[fmt(r["throughput_vs_bound"], "{:.2f}") for r in runs]))
-    rows.append(("all-reduce time per step (s)", *[fmt(r["sync_s"], "{:.3f}") for r in runs]))
-    rows.append(("throughput / (bound + all-reduce)", *[fmt(r["throughput_vs_bound_with_sync"], "{:.2f}") for r in runs]))
-    rows.append(("balanced-bound job time (s)", *[fmt(r["bound_jct_s"]) for r in runs]))
+    if ps:
+        rows.append(("PS pull/push share of a step", *[fmt(r["ps_comm_share"], "{:.2f}") for r in runs]))
+    else:
+        rows.append(("all-reduce time per step (s)", *[fmt(r["sync_s"], "{:.3f}") for r in runs]))
+        rows.append(("throughput / (bound + all-reduce)",
+                     *[fmt(r["throughput_vs_bound_with_sync"], "{:.2f}") for r in runs]))
+    rows.append(("bound job time (s)" if ps else "balanced-bound job time (s)",
+                 *[fmt(r["bound_jct_s"]) for r in runs]))
+    if ps:
+        rows.append((f"held-out AUC (min of workers; target {summary.get('auc_target')})",
+                     *[fmt(r["auc"], "{:.3f}") for r in runs]))
     rows.append(("accuracy", *[fmt(r["accuracy"], "{:.3f}") for r in runs]))
     rows.append(("records expected", *[str(r["records_expected"]) for r in runs]))
     rows.append(("records done (sharding service)", *[str(r["records_done"]) for r in runs]))
     rows.append(("records trained (trainers)", *[str(r["records_trained"]) for r in runs]))
     rows.append(("counted twice / missing (ledgers)",
                  *[f"{r['records_duplicated']} / {r['records_missing']}" for r in runs]))
-    rows.append(("final local batches", *[" ".join(f"{w}:{b}" for w, b in sorted(r["final_batches"].items()))
-                                         for r in runs]))
+    if ps:
+        rows.append(("records trained per worker", *[" ".join(f"{w}:{n}" for w, n in sorted(r["records_per_worker"].items()))
+                                                    for r in runs]))
+    else:
+        rows.append(("final local batches", *[" ".join(f"{w}:{b}" for w, b in sorted(r["final_batches"].items()))
+                                             for r in runs]))
     return rows
 
 
@@ -566,7 +656,8 @@ def print_table(summary, stream):
     for r in rows:
         stream.write("  " + "  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)) + "\n")
     stream.write(f"\n  speed-up: {fmt(summary['speedup'], '{:.2f}')}x   "
-                 f"(balanced-bound job time {fmt(summary['bound_jct_s'])} s)\n")
+                 f"({'bound' if summary.get('mode') == 'ps' else 'balanced-bound'} job time "
+                 f"{fmt(summary['bound_jct_s'])} s)\n")
     stream.write("  actions of the mitigated run (pacerctl actions):\n")
     acts = [x for x in summary["runs"][-1]["actions"] if x["outcome"] == "executed"]
     held = len(summary["runs"][-1]["actions"]) - len(acts)
@@ -647,6 +738,11 @@ def write_report(path, args, runs, summary):
     x_max = max(r.jct_s or 1 for r in runs)
     contention_text = (f"a cgroup CPU quota of about {args.straggler_cores:g} cores" if args.straggler_cores
                        else f"×{args.contention_factor:g}")
+    if args.mode == "ps":
+        job_text = (f"Asynchronous parameter-server training of a sparse CTR model (pacer-train-ctr, "
+                    f"{PS_SERVERS} pacer-ps servers)")
+    else:
+        job_text = "Synchronous all-reduce MLP training (pacer-train-mlp, Gloo)"
     charts = []
     for run in runs:
         ids = sorted({w for s in run.samples for w in s["workers"]})
@@ -687,7 +783,7 @@ th {{ background: #f3f3f3; }}
 svg.chart {{ display: block; margin: 12px 0; border: 1px solid #eee; }}
 </style></head><body>
 <h1>Pacer demo: a real straggler, with and without mitigation</h1>
-<p>Synchronous all-reduce MLP training (pacer-train-mlp, Gloo), {WORLD} workers on two agents,
+<p>{e(job_text)}, {WORLD} workers on two agents,
 {args.records * args.epochs} records ({args.records} × {args.epochs} epochs). After
 {100 * args.warmup_fraction:.0f}% of the data the agent's contention switch slowed worker
 <b>{e(args.straggler)}</b> with real CPU contention ({e(contention_text)}).
@@ -697,8 +793,8 @@ Runs: {", ".join(e(r.label) for r in runs)}.</p>
 &nbsp; straggler flagged after {fmt(summary['detect_s'])} s</p>
 <h2>Summary</h2>
 {table}
-<p>Balanced bound: Σ v_i, the sum of the monitor's per-worker speeds (samples per compute second)
-averaged over the polls while the contention is on (after the plan applies, in the mitigated run).
+<p>{"Bound" if args.mode == "ps" else "Balanced bound"}: Σ v_i, the sum of the monitor's per-worker speeds (samples per compute second)
+averaged over the polls while the contention is on (after the {"last reallocation" if args.mode == "ps" else "plan"} applies, in the mitigated run).
 It is the job's throughput if every worker computed all the time at its measured speed, with no
 waiting. The bound job time keeps the measured warm-up and runs the rest of the data at Σ v_i.</p>
 <h2>Charts</h2>
@@ -734,11 +830,15 @@ def parse_args(argv):
     root = os.path.dirname(here)
     p = argparse.ArgumentParser(prog="pacer-demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--bin", default=os.path.join(root, os.environ.get("BUILD_DIR", "build"), "bin"),
-                   help="folder with pacerd, pacerctl, pacer-agent, pacer-train-mlp, pacer-ledger-check")
+                   help="folder with pacerd, pacerctl, pacer-agent, pacer-ledger-check and the mode's "
+                        "trainer (pacer-train-mlp; ps: pacer-train-ctr and pacer-ps)")
     p.add_argument("--out", default=os.path.join(root, "demo-out"), help="output folder (emptied first)")
-    p.add_argument("--mode", default="allreduce", choices=["allreduce", "ps"])
-    p.add_argument("--policy", default=os.path.join(root, "policies", "demo-dedicated.yaml"),
-                   help="policy of the mitigated run")
+    p.add_argument("--mode", default="allreduce", choices=["allreduce", "ps"],
+                   help="allreduce: synchronous MLP under AntDT-DD; ps: asynchronous parameter-server "
+                        "CTR training under AntDT-ND")
+    p.add_argument("--policy", default=None,
+                   help="policy of the mitigated run (default policies/demo-dedicated.yaml; "
+                        "ps: policies/demo-non-dedicated.yaml)")
     p.add_argument("--baseline", default=os.path.join(root, "policies", "demo-none.yaml"),
                    help="policy of the unmitigated run")
     p.add_argument("--quick", action="store_true", help="a shorter job (CI)")
@@ -746,12 +846,16 @@ def parse_args(argv):
     p.add_argument("--live", default="auto", choices=["auto", "tty", "lines", "off"])
     p.add_argument("--records", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--shard-size", type=int, default=2048,
+    p.add_argument("--shard-size", type=int, default=None,
                    help="records per shard (a step fills its batch across leases; the straggler's last "
-                        "lease is the job's tail)")
-    p.add_argument("--batch", type=int, default=2048, help="initial local batch (global = 4 x this)")
-    p.add_argument("--hidden", type=int, default=1024,
-                   help="hidden units: compute per sample (steps long enough that compute dominates)")
+                        "lease is the job's tail); default 2048, ps: %d" % PS_DEFAULTS["shard_size"])
+    p.add_argument("--batch", type=int, default=None,
+                   help="initial local batch (global = 4 x this); default 2048, ps: %d" % PS_DEFAULTS["batch"])
+    p.add_argument("--target-auc", type=float, default=0.72,
+                   help="ps: held-out AUC every worker must reach (reported, not enforced by the trainer)")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="hidden units: compute per sample (steps long enough that compute dominates); "
+                        "default 1024, ps: %d (the CTR model's ReLU tower)" % PS_DEFAULTS["hidden"])
     p.add_argument("--straggler", default="w1")
     p.add_argument("--contention-factor", type=float, default=2.5,
                    help="slow-down factor when --straggler-cores is 0 (or not measurable)")
@@ -765,17 +869,30 @@ def parse_args(argv):
     p.add_argument("--poll-s", type=float, default=1.0, help="pacerctl polling period (each poll costs CPU the trainers share)")
     p.add_argument("--run-timeout-s", type=float, default=150)
     a = p.parse_args(argv)
-    if a.records is None:
-        a.records = 80000 if a.quick else 160000
+    if a.mode == "ps":
+        defaults = dict(PS_DEFAULTS, records=PS_DEFAULTS["records_quick" if a.quick else "records"],
+                        policy=os.path.join(root, "policies", "demo-non-dedicated.yaml"))
+    else:
+        defaults = dict(records=80000 if a.quick else 160000, shard_size=2048, batch=2048, hidden=1024,
+                        policy=os.path.join(root, "policies", "demo-dedicated.yaml"))
+    for k in ("records", "shard_size", "batch", "hidden", "policy"):
+        if getattr(a, k) is None:
+            setattr(a, k, defaults[k])
+    for k in ("records", "epochs", "shard_size", "batch"):
+        if getattr(a, k) <= 0:
+            p.error(f"--{k.replace('_', '-')} must be > 0, not {getattr(a, k)}")
+    for f in (a.policy, a.baseline):
+        if not os.path.isfile(f):
+            p.error(f"policy file {f} does not exist")
     return a
 
 
 def main(argv):
     args = parse_args(argv)
+    needed = ["pacerd", "pacerctl", "pacer-agent", TRAINER[args.mode], "pacer-ledger-check"]
     if args.mode == "ps":
-        print("pacer-demo: not available yet: the parameter-server example is not built", file=sys.stderr)
-        return 2
-    for b in ("pacerd", "pacerctl", "pacer-agent", "pacer-train-mlp", "pacer-ledger-check"):
+        needed.append("pacer-ps")
+    for b in needed:
         if not os.access(os.path.join(args.bin, b), os.X_OK):
             print(f"pacer-demo: {args.bin}/{b} missing: build it first (scripts/build.sh)", file=sys.stderr)
             return 1
@@ -799,8 +916,9 @@ def main(argv):
     runs = []
     rc = 0
     try:
-        for label, policy in (("none", args.baseline), ("dedicated", args.policy)):
-            if label == "dedicated" and os.path.basename(policy) not in ("demo-dedicated.yaml", "dedicated.yaml"):
+        mitigated = "non-dedicated" if args.mode == "ps" else "dedicated"
+        for label, policy in (("none", args.baseline), (mitigated, args.policy)):
+            if label == mitigated and os.path.basename(policy) not in (f"demo-{label}.yaml", f"{label}.yaml"):
                 label = os.path.splitext(os.path.basename(policy))[0]
             run_dir = os.path.join(args.out, f"run-{len(runs) + 1}-{label}")
             os.makedirs(run_dir)

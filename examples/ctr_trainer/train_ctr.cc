@@ -5,8 +5,11 @@
 // field f taking a skewed value in [0, kVocab); the click probability is
 // sigmoid(bias + sum_f t(f, value)) with hidden per-value weights t, and the label is drawn
 // from it with a hash of i. Model: per feature key a row [w, e_1..e_K] in the PS table "emb"
-// (Adagrad): logit = b + sum_f w_f + d . concat(e_f) with a dense layer d (table "dense", SGD,
-// the kFields*K weights and the bias b). Each worker reads leased shards (ShardReader), pulls the
+// (Adagrad): logit = b + sum_f w_f + d . x + u . relu(W x + c), x = concat(e_f), with the dense
+// parameters in the table "dense" (SGD): d and the bias b, and with --hidden H > 0 a tower of H
+// ReLU units (W, c, u; Wide & Deep style). The tower is what makes a step cost compute rather
+// than mostly parameter-server round trips (the demo's `--mode ps` uses it, so that CPU
+// contention shows in the monitor's compute-time speed); --hidden 0 (default) has no tower. Each worker reads leased shards (ShardReader), pulls the
 // rows its batch needs from the 2+ PS servers, computes the gradient of the mean log loss,
 // and pushes it asynchronously (one push in flight; the next batch is computed meanwhile).
 // Every 50 steps it reports per-server latency to the monitor (ReportSteps.server_latency).
@@ -46,7 +49,8 @@ constexpr int kFields = 8;
 constexpr uint64_t kVocab = 500;
 constexpr int kEmbed = 4;                            // K
 constexpr int kRow = 1 + kEmbed;                     // [w, e_1..e_K]
-constexpr int kDense = kFields * kEmbed + 1;         // d and the bias b
+constexpr int kIn = kFields * kEmbed;                // x = concat(e_f)
+constexpr int kDense = kIn + 1;                      // d and the bias b (then the tower)
 constexpr uint64_t kEvalIdBase = 1ull << 40;
 
 uint64_t Mix(uint64_t x) {
@@ -111,15 +115,57 @@ class LedgerAcks final : public ReportListener {
   ExitWithError("pacer-train-ctr", what + ": " + s.ToString(), 1);
 }
 
-// Forward pass of one example given pulled rows; returns the click probability.
-float Predict(const Example& ex, const std::unordered_map<uint64_t, const float*>& rows, const float* dense) {
+// Dense parameters: [d (kIn), b, W (hidden x kIn), c (hidden), u (hidden)].
+size_t DenseSize(int hidden) { return kDense + static_cast<size_t>(hidden) * (kIn + 2); }
+
+// Forward pass of one example given pulled rows; returns the click probability and leaves x
+// and the tower's activations h (size hidden) for the backward pass.
+float Predict(const Example& ex, const std::unordered_map<uint64_t, const float*>& rows, const float* dense,
+              int hidden, float* x, float* h) {
   double logit = dense[kDense - 1];
   for (int f = 0; f < kFields; ++f) {
     const float* r = rows.at(ex.keys[f]);
     logit += r[0];
-    for (int k = 0; k < kEmbed; ++k) logit += dense[f * kEmbed + k] * r[1 + k];
+    for (int k = 0; k < kEmbed; ++k) {
+      x[f * kEmbed + k] = r[1 + k];
+      logit += dense[f * kEmbed + k] * r[1 + k];
+    }
+  }
+  const float* W = dense + kDense;
+  const float* c = W + static_cast<size_t>(hidden) * kIn;
+  const float* u = c + hidden;
+  for (int j = 0; j < hidden; ++j) {
+    float a = c[j];
+    for (int i = 0; i < kIn; ++i) a += W[static_cast<size_t>(j) * kIn + i] * x[i];
+    h[j] = a > 0 ? a : 0;
+    logit += u[j] * h[j];
   }
   return static_cast<float>(1.0 / (1.0 + std::exp(-logit)));
+}
+
+// Adds the gradients of one example, g = d loss / d logit, to grad_dense and returns dL/dx in dx.
+void Backward(float g, const float* dense, int hidden, const float* x, const float* h, float* grad_dense,
+              float* dx) {
+  grad_dense[kDense - 1] += g;
+  for (int i = 0; i < kIn; ++i) {
+    grad_dense[i] += g * x[i];
+    dx[i] = g * dense[i];
+  }
+  const float* W = dense + kDense;
+  const float* u = W + static_cast<size_t>(hidden) * kIn + hidden;
+  float* gW = grad_dense + kDense;
+  float* gc = gW + static_cast<size_t>(hidden) * kIn;
+  float* gu = gc + hidden;
+  for (int j = 0; j < hidden; ++j) {
+    gu[j] += g * h[j];
+    if (h[j] <= 0) continue;
+    const float dh = g * u[j];
+    gc[j] += dh;
+    for (int i = 0; i < kIn; ++i) {
+      gW[static_cast<size_t>(j) * kIn + i] += dh * x[i];
+      dx[i] += dh * W[static_cast<size_t>(j) * kIn + i];
+    }
+  }
 }
 
 }  // namespace
@@ -130,6 +176,7 @@ int main(int argc, char** argv) {
   std::string dataset = "ctr", ps_list, result_file, ledger_path;
   uint64_t register_records = 0, shard_size = 500, eval_records = 4000;
   uint32_t epochs = 2, batch = 64;
+  int hidden = 0;
   float lr_emb = 0.1f, lr_dense = 0.05f;
   double target = 0;
   po::options_description desc("Options");
@@ -143,6 +190,7 @@ int main(int argc, char** argv) {
       ("batch", po::value(&batch)->default_value(batch), "examples per step")
       ("lr-emb", po::value(&lr_emb)->default_value(lr_emb), "Adagrad learning rate of the embedding rows")
       ("lr-dense", po::value(&lr_dense)->default_value(lr_dense), "SGD learning rate of the dense layer")
+      ("hidden", po::value(&hidden)->default_value(hidden), "ReLU units of the dense tower (0: none)")
       ("eval-records", po::value(&eval_records)->default_value(eval_records), "held-out examples")
       ("target-auc", po::value(&target)->default_value(0), "exit 3 when the final AUC is below")
       ("result-file", po::value(&result_file), "write a JSON line with the results here")
@@ -150,6 +198,9 @@ int main(int argc, char** argv) {
   ParseFlagsOrExit(argc, argv, "Usage: pacer-train-ctr [options]", desc);
   if (absl::Status s = copts.Resolve(); !s.ok()) Fail("options", s);
   if (ps_list.empty()) ExitWithError("pacer-train-ctr", "--ps is required");
+  if (hidden < 0 || hidden > 4096) ExitWithError("pacer-train-ctr", "--hidden must be in [0, 4096]");
+  if (batch == 0) ExitWithError("pacer-train-ctr", "--batch must be > 0");
+  const size_t dense_size = DenseSize(hidden);
   copts.initial_micro_batch = batch;
 
   auto client_or = Client::Connect(copts);
@@ -219,7 +270,7 @@ int main(int argc, char** argv) {
   StepTimer timer(&client);
 
   std::vector<uint64_t> ids, keys;
-  std::vector<float> rows, dense, grad_rows, grad_dense;
+  std::vector<float> rows, dense, grad_rows, grad_dense, x(kIn), dx(kIn), h(std::max(hidden, 1));
   std::vector<Example> exs;
   std::future<absl::Status> in_flight;
   uint64_t step = 0, samples = 0, latency_reports = 0;
@@ -260,7 +311,7 @@ int main(int argc, char** argv) {
     {
       auto c = timer.Time(StepTimer::Phase::kCommunication);
       if (absl::Status s = ps.Pull("emb", keys, &rows); !s.ok()) Fail("pull", s);
-      if (absl::Status s = ps.PullDense("dense", kDense, &dense); !s.ok()) Fail("pull dense", s);
+      if (absl::Status s = ps.PullDense("dense", dense_size, &dense); !s.ok()) Fail("pull dense", s);
     }
     std::unordered_map<uint64_t, const float*> row_of;
     std::unordered_map<uint64_t, size_t> index_of;
@@ -269,21 +320,17 @@ int main(int argc, char** argv) {
       index_of[keys[i]] = i;
     }
     grad_rows.assign(rows.size(), 0.0f);
-    grad_dense.assign(kDense, 0.0f);
+    grad_dense.assign(dense_size, 0.0f);
     const float inv_n = 1.0f / static_cast<float>(exs.size());
     for (const Example& ex : exs) {
-      const float p = Predict(ex, row_of, dense.data());
+      const float p = Predict(ex, row_of, dense.data(), hidden, x.data(), h.data());
       loss_sum += -(ex.label * std::log(std::max(p, 1e-7f)) + (1 - ex.label) * std::log(std::max(1 - p, 1e-7f)));
       const float g = (p - ex.label) * inv_n;  // d mean-loss / d logit
-      grad_dense[kDense - 1] += g;
+      Backward(g, dense.data(), hidden, x.data(), h.data(), grad_dense.data(), dx.data());
       for (int f = 0; f < kFields; ++f) {
         const size_t r = index_of[ex.keys[f]];
-        const float* row = &rows[r * kRow];
         grad_rows[r * kRow] += g;
-        for (int k = 0; k < kEmbed; ++k) {
-          grad_dense[f * kEmbed + k] += g * row[1 + k];
-          grad_rows[r * kRow + 1 + k] += g * dense[f * kEmbed + k];
-        }
+        for (int k = 0; k < kEmbed; ++k) grad_rows[r * kRow + 1 + k] += dx[f * kEmbed + k];
       }
     }
     {
@@ -317,7 +364,7 @@ int main(int argc, char** argv) {
   // Held-out AUC with the current PS model.
   std::vector<std::pair<float, float>> scored;
   dense.clear();
-  if (absl::Status s = ps.PullDense("dense", kDense, &dense); !s.ok()) Fail("pull dense", s);
+  if (absl::Status s = ps.PullDense("dense", dense_size, &dense); !s.ok()) Fail("pull dense", s);
   for (uint64_t lo = 0; lo < eval_records; lo += 512) {
     exs.clear();
     keys.clear();
@@ -331,7 +378,7 @@ int main(int argc, char** argv) {
     if (absl::Status s = ps.Pull("emb", keys, &rows); !s.ok()) Fail("pull", s);
     std::unordered_map<uint64_t, const float*> row_of;
     for (size_t i = 0; i < keys.size(); ++i) row_of[keys[i]] = &rows[i * kRow];
-    for (const Example& ex : exs) scored.emplace_back(Predict(ex, row_of, dense.data()), ex.label);
+    for (const Example& ex : exs) scored.emplace_back(Predict(ex, row_of, dense.data(), hidden, x.data(), h.data()), ex.label);
   }
   uint64_t correct = 0;
   for (const auto& [p, label] : scored) correct += (p >= 0.5f) == (label > 0.5f);
