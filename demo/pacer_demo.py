@@ -106,7 +106,7 @@ TRAINER = {"allreduce": "pacer-train-mlp", "ps": "pacer-train-ctr"}
 MITIGATIONS = {"allreduce": ("ADJUST_BS",), "ps": ("REALLOCATE", "RESTART", "MIGRATE")}
 PS_SERVERS = 2
 # --mode ps job (pacer-train-ctr): records per epoch (full / --quick), shard size, batch.
-PS_DEFAULTS = {"records": 120000, "records_quick": 60000, "shard_size": 1000, "batch": 256, "hidden": 256}
+PS_DEFAULTS = {"records": 300000, "records_quick": 100000, "shard_size": 4096, "batch": 256, "hidden": 1024}
 
 
 def kill_leftovers(run_dir):
@@ -406,7 +406,13 @@ class Run:
     def apply_contention(self):
         a = self.args
         factor = self.contention_factor()
-        r = self.ctl("contention", a.straggler, str(factor), timeout=30)
+        try:
+            r = self.ctl("contention", a.straggler, str(factor), timeout=30)
+        except RuntimeError as e:
+            if not self.agents_running() or self.trainer_pid(a.straggler) is None:
+                raise RuntimeError(f"{e} -- {a.straggler} had already finished: the job is too short "
+                                   f"for the warm-up (--records, --warmup-fraction)") from None
+            raise
         if r.get("state") != "done":
             raise RuntimeError(f"contention on {a.straggler} not applied: {r}")
         # The agent applies the command as soon as a heartbeat reply carries it (delivered_ms);
@@ -489,6 +495,15 @@ class Run:
             bound = sum(self.samples[i]["sum_speed"] for i in win[1:]) / (len(win) - 1)
             return tput, bound
 
+        def wall_bound(start):
+            # Σ of each worker's own rate, samples per wall second of its steps (compute + its
+            # PS pulls and push waits): what an asynchronous job reaches with no idle worker.
+            win = [s for i, s in enumerate(self.samples)
+                   if start is not None and s["t"] >= start and i <= end_i and s["workers"]][1:]
+            per = [sum(w["speed"] * w["compute_s"] / w["wall_s"] for w in s["workers"].values() if w["wall_s"] > 0)
+                   for s in win]
+            return sum(per) / len(per) if per else None
+
         def sync_seconds(start):
             # The all-reduce itself: in each window, the worker that reached the collective last
             # waited for nobody, so its communication time is the collective's cost (the sync
@@ -509,6 +524,7 @@ class Run:
             start = plan_ts[0] + settle
         tput, bound = measure(start)
         sync_s = sync_seconds(start) if a.mode == "allreduce" else None
+        wall_b = wall_bound(start) if a.mode == "ps" else None
         # ps: the share of a step's wall time spent pulling / waiting for pushes (Σ v_i counts
         # compute seconds only, so this is the part of the gap to the bound that is PS traffic).
         ps_comm = [w["comm_s"] / w["wall_s"] for s in self.samples
@@ -553,6 +569,8 @@ class Run:
             "auc_target_reached": (len(auc) == WORLD and min(auc) >= self.args.target_auc)
             if self.args.mode == "ps" else None,
             "ps_comm_share": round(ps_comm_share, 3) if ps_comm_share is not None else None,
+            "wall_bound_throughput": round(wall_b, 1) if wall_b else None,
+            "throughput_vs_wall_bound": round(tput / wall_b, 3) if tput and wall_b else None,
             "workers_finished": len(self.results),
             "records_expected": expected,
             "records_done": done,
@@ -626,6 +644,9 @@ def table_rows(summary):
     rows.append(("throughput / bound", *[fmt(r["throughput_vs_bound"], "{:.2f}") for r in runs]))
     if ps:
         rows.append(("PS pull/push share of a step", *[fmt(r["ps_comm_share"], "{:.2f}") for r in runs]))
+        rows.append(("Σ samples / wall s of the workers (rec/s)",
+                     *[fmt(r["wall_bound_throughput"], "{:.0f}") for r in runs]))
+        rows.append(("throughput / Σ samples per wall s", *[fmt(r["throughput_vs_wall_bound"], "{:.2f}") for r in runs]))
     else:
         rows.append(("all-reduce time per step (s)", *[fmt(r["sync_s"], "{:.3f}") for r in runs]))
         rows.append(("throughput / (bound + all-reduce)",
