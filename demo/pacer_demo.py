@@ -466,6 +466,15 @@ class Run:
             once += int(m.group(1)); missing += int(m.group(2)); twice += int(m.group(3))
         self.ledger = {"ok": out.returncode == 0, "once": once, "missing": missing,
                        "twice": twice, "output": out.stdout.strip()}
+        if a.mode == "ps":
+            # Tail backups: pacer-ledger-check counts each lease's acknowledged prefix from the
+            # shard's first record, and both copies of a backup pair get reports acknowledged
+            # (the backup starts at the original's done prefix; the loser's progress before it
+            # is fenced is kept), so it counts the records both copies acknowledged twice although
+            # the service counted them once (its done prefix is per shard). Count per shard
+            # instead: the union of its leases' acknowledged prefixes.
+            pair = shard_counts(ledgers, a.records, a.epochs)
+            self.ledger.update(pair, ledger_check_twice=twice, ok=pair["missing"] == 0 and pair["twice"] == 0)
 
     def summary(self):
         a = self.args
@@ -576,6 +585,10 @@ class Run:
             "records_done": done,
             "records_trained": sum(int(r.get("samples", 0)) for r in self.results),
             "records_duplicated": self.ledger.get("twice"),
+            # ps: pacer-ledger-check's own count (per lease, not per shard: see collect())
+            "ledger_check_twice": self.ledger.get("ledger_check_twice"),
+            "tail_backup_pairs": self.ledger.get("backup_pairs"),
+            "acked_by_both_backup_copies": self.ledger.get("acked_by_both_copies"),
             "records_missing": self.ledger.get("missing"),
             "exactly_once": self.ledger.get("ok"),
             "final_batches": {r["worker"]: r.get("final_batch") for r in self.results},
@@ -589,6 +602,51 @@ class Run:
                 "veto_reason": x.get("veto_reason"), "dispatch": x.get("dispatch"),
             } for x in self.actions],
         }
+
+
+def shard_counts(ledgers, records, epochs):
+    """Exactly-once over the trainers' ledgers (examples/consumer/ledger.h: `L lease epoch
+    ranges`, `A lease prefix`), counting each shard once: the leases of one shard (the same epoch
+    and record ranges: a lease and its tail backup) count the union of their acknowledged
+    prefixes, as the sharding service does. Returns missing / twice (records counted by two
+    different shards) and how many shards had two leases and records both acknowledged."""
+    shards = {}  # (epoch, ranges) -> highest acknowledged prefix of any of its leases
+    copies = {}
+    for path in ledgers:
+        leases = {}
+        try:
+            with open(path) as f:
+                for line in f:
+                    p = line.split()
+                    if len(p) >= 4 and p[0] == "L":
+                        rs = tuple(tuple(int(x) for x in r.split("-")) for r in p[3].split(",") if r)
+                        leases[p[1]] = [int(p[2]), rs, 0]
+                    elif len(p) == 3 and p[0] == "A" and p[1] in leases:
+                        leases[p[1]][2] = max(leases[p[1]][2], int(p[2]))
+        except OSError:
+            continue
+        for epoch, rs, acked in leases.values():
+            key = (epoch, rs)
+            copies.setdefault(key, []).append(acked)
+            shards[key] = max(shards.get(key, 0), acked)
+    counted = [bytearray(records) for _ in range(epochs)]
+    twice = 0
+    for (epoch, rs), acked in shards.items():
+        left = acked
+        for b, e in rs:
+            take = min(left, e - b)
+            for i in range(b, b + take):
+                if epoch < epochs and i < records:
+                    twice += counted[epoch][i] >= 1
+                    counted[epoch][i] = min(2, counted[epoch][i] + 1)
+            left -= take
+            if left <= 0:
+                break
+    missing = sum(c.count(0) for c in counted)
+    pairs = [a for a in copies.values() if len(a) > 1]
+    overlap = sum(sorted(a)[-2] for a in pairs)  # acknowledged by both copies (prefixes overlap)
+    return {"missing": missing, "twice": twice, "backup_pairs": len(pairs),
+            "acked_by_both_copies": overlap}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -662,6 +720,9 @@ def table_rows(summary):
     rows.append(("records trained (trainers)", *[str(r["records_trained"]) for r in runs]))
     rows.append(("counted twice / missing (ledgers)",
                  *[f"{r['records_duplicated']} / {r['records_missing']}" for r in runs]))
+    if ps:
+        rows.append(("tail-backup pairs: shards / records trained by both",
+                     *[f"{r['tail_backup_pairs']} / {r['records_trained'] - r['records_expected']}" for r in runs]))
     if ps:
         rows.append(("records trained per worker", *[" ".join(f"{w}:{n}" for w, n in sorted(r["records_per_worker"].items()))
                                                     for r in runs]))
