@@ -477,7 +477,11 @@ TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
   std::cout << "w0 reported " << mean0 << " cores (kernel " << kernel_cores << "), w1 max " << max1
             << std::endl;
   EXPECT_NEAR(mean0, kernel_cores, 0.25);
-  EXPECT_GT(mean0, 0.4);
+  // The spinning worker's share is set by whatever else the machine runs: with ctest -j2 on
+  // 2 cores next to a multi-process test it gets well under half a core (a 0.4 floor was in
+  // reach). The figure must match the kernel's (above) and clearly exceed the idle worker's.
+  EXPECT_GT(mean0, 0.1);
+  EXPECT_GT(mean0, 2 * max1);
   EXPECT_LT(max1, 0.05);
   {
     std::lock_guard<std::mutex> l(mu);
@@ -485,7 +489,7 @@ TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
     const NodeMetrics& m = metrics.back();
     EXPECT_EQ(m.node(), "node-a");
     EXPECT_GT(m.interval_s(), 0);
-    EXPECT_GE(m.cpu_busy_frac(), 0.8 * 0.4 / m.num_cpus());
+    EXPECT_GE(m.cpu_busy_frac(), 0.8 * std::min(mean0, kernel_cores) / m.num_cpus());
     EXPECT_EQ(m.gpu_util_size(), 0);  // --no-nvml
   }
   // The job environment.

@@ -161,9 +161,11 @@ TEST(NodeMetricsCollectorTest, BusyLoopShowsAsCpuBusyAgainstKernelCounters) {
   // Same counters, same window (to within the few ms between the reads).
   EXPECT_NEAR(m.cpu_busy_frac(), kernel_busy, 0.05);
   EXPECT_NEAR((*s)->worker_cores.at("busy"), kernel_child_cores, 0.1);
-  // The busy loop runs (on this shared 2-core machine it may get well under a full core): it
-  // shows on the node and on the right process.
-  EXPECT_GT((*s)->worker_cores.at("busy"), 0.2);
+  // The busy loop runs (on this shared 2-core machine it may get well under a full core, and
+  // under ctest -j2 next to a multi-process test about 0.2): it shows on the node and on the
+  // right process.
+  EXPECT_GT((*s)->worker_cores.at("busy"), 0.1);
+  EXPECT_GT((*s)->worker_cores.at("busy"), 2 * (*s)->worker_cores.at("self"));
   EXPECT_GE(m.cpu_busy_frac(), 0.8 * (*s)->worker_cores.at("busy") / ncpu);
   EXPECT_LT((*s)->worker_cores.at("self"), 0.2);  // the test itself mostly sleeps
   EXPECT_GT(m.memory_used_bytes(), 0u);
