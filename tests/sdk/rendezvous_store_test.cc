@@ -268,8 +268,8 @@ TEST_F(RendezvousStoreTest, SetGetAndWaitsThatEnd) {
   const auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
   EXPECT_GE(waited, milliseconds(250));
-  EXPECT_LT(waited, milliseconds(5000));
-  EXPECT_TRUE(WaitFor([&] { return pacerd_->rendezvous()->stats().waiting == 0; }, milliseconds(5000)))
+  EXPECT_LT(waited, milliseconds(15'000));  // not a hang (generous: a loaded CI machine)
+  EXPECT_TRUE(WaitFor([&] { return pacerd_->rendezvous()->stats().waiting == 0; }, milliseconds(20'000)))
       << "the cancelled wait was taken out of the service";
 
   // A wait is woken by the set it waits for.
