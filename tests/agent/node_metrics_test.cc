@@ -140,10 +140,12 @@ TEST(NodeMetricsCollectorTest, BusyLoopShowsAsCpuBusyAgainstKernelCounters) {
   auto stat0 = ReadSmallFile("/proc/stat");
   ASSERT_TRUE(c.Sample({{"busy", child}, {"self", getpid()}}).ok());
   auto t0 = ProcessCpuTicks("/proc", child);
+  const auto w0 = std::chrono::steady_clock::now();
   // Measurement window (not synchronisation): the counters need time to move.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   auto stat1 = ReadSmallFile("/proc/stat");
   auto t1 = ProcessCpuTicks("/proc", child);
+  const double window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   auto s = c.Sample({{"busy", child}, {"self", getpid()}});
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
@@ -152,7 +154,8 @@ TEST(NodeMetricsCollectorTest, BusyLoopShowsAsCpuBusyAgainstKernelCounters) {
   const NodeMetrics& m = (*s)->metrics;
   const CpuTicks a = *ParseProcStat(*stat0), b = *ParseProcStat(*stat1);
   const double kernel_busy = static_cast<double>(b.Busy() - a.Busy()) / (b.Total() - a.Total());
-  const double kernel_child_cores = static_cast<double>(*t1 - *t0) / TicksPerSecond() / 1.5;
+  // Over the window actually slept (a loaded machine oversleeps), as the collector does.
+  const double kernel_child_cores = static_cast<double>(*t1 - *t0) / TicksPerSecond() / window_s;
   const double ncpu = m.num_cpus();
   std::cout << "collector busy " << m.cpu_busy_frac() << ", kernel busy " << kernel_busy
             << ", busy child " << (*s)->worker_cores.at("busy") << " cores (kernel "
@@ -160,12 +163,16 @@ TEST(NodeMetricsCollectorTest, BusyLoopShowsAsCpuBusyAgainstKernelCounters) {
             << ncpu << " cpus" << std::endl;
   // Same counters, same window (to within the few ms between the reads).
   EXPECT_NEAR(m.cpu_busy_frac(), kernel_busy, 0.05);
-  EXPECT_NEAR((*s)->worker_cores.at("busy"), kernel_child_cores, 0.1);
-  // The busy loop runs (on this shared 2-core machine it may get well under a full core, and
-  // under ctest -j2 next to a multi-process test about 0.2): it shows on the node and on the
-  // right process.
-  EXPECT_GT((*s)->worker_cores.at("busy"), 0.1);
-  EXPECT_GT((*s)->worker_cores.at("busy"), 2 * (*s)->worker_cores.at("self"));
+  // Relative, not absolute: the busy loop's share is whatever the machine's load leaves it
+  // (0.07..0.1 of a core was measured on the shared 2-core machine under load), so a fixed
+  // tolerance of 0.1 could not tell a right figure from 0. Three ticks (USER_HZ) of slack.
+  const double busy = (*s)->worker_cores.at("busy");
+  EXPECT_NEAR(busy, kernel_child_cores,
+              std::max(3.0 / TicksPerSecond() / window_s, 0.1 * kernel_child_cores));
+  // The busy loop runs: it shows on the node and on the right process (a fixed floor of 0.2,
+  // then 0.1, of a core was not reached under load; the kernel's own count is the reference).
+  EXPECT_GT(kernel_child_cores, 0.0);
+  EXPECT_GT(busy, 2 * (*s)->worker_cores.at("self"));
   EXPECT_GE(m.cpu_busy_frac(), 0.8 * (*s)->worker_cores.at("busy") / ncpu);
   EXPECT_LT((*s)->worker_cores.at("self"), 0.2);  // the test itself mostly sleeps
   EXPECT_GT(m.memory_used_bytes(), 0u);
