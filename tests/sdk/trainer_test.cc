@@ -37,7 +37,11 @@ class TrainerTest : public ::testing::Test {
     o.listen = "127.0.0.1:0";
     o.metrics_listen = "";
     o.sharding.heartbeat_interval_ms = 100;
-    o.sharding.lease_timeout_ms = 3'000;
+    // No test here exercises lease expiry (a restarted worker's leases go back when it registers
+    // again), and "samples" counts records trained: a lease expired under a worker that was
+    // only slow (a 3 s silence is within reach of a loaded CI machine: heartbeats starved, a
+    // slow fsync) would be trained twice and fail the exactly-once sum.
+    o.sharding.lease_timeout_ms = 30'000;
     o.sharding.worker_timeout_ms = 60'000;
     auto d = Pacerd::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
