@@ -130,7 +130,7 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
   ExpectAllRunning(workers, logs);
 
   std::ofstream(stop_file) << "stop\n";
-  std::vector<std::string> done;
+  std::vector<std::string> done, gens;
   for (int r = 0; r < kWorld; ++r) {
     const int status = workers[r].Wait(milliseconds(60'000));
     ASSERT_NE(status, -1) << "worker " << r << " did not stop:\n" << ReadFileOrEmpty(logs[r]);
@@ -141,7 +141,11 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
     static const std::regex kDone(R"(done step (\d+) checked (\d+) gen (\d+))");
     ASSERT_TRUE(std::regex_search(log, m, kDone)) << log;
     done.push_back(m[1]);
-    EXPECT_EQ(std::stoull(m[3]), reformed.generation()) << "worker " << r;
+    // At least the reformed generation: a collective that timed out (5 s) on the loaded CI
+    // machine makes a rank regroup once more, which is the designed recovery, not an error.
+    // The ranks' final step succeeded together, so they all end in one generation.
+    EXPECT_GE(std::stoull(m[3]), reformed.generation()) << "worker " << r;
+    gens.push_back(m[3]);
     if (r != 1) EXPECT_GE(Parse(log).regroups, 1) << "survivor " << r << " never regrouped:\n" << log;
   }
   if (std::getenv("PACER_SHOW_LOGS")) {  // for a human reading what happened
@@ -149,6 +153,8 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
   }
   EXPECT_EQ(done[0], done[1]) << "every rank stops at the same step";
   EXPECT_EQ(done[0], done[2]);
+  EXPECT_EQ(gens[0], gens[1]) << "every rank stops in the same generation";
+  EXPECT_EQ(gens[0], gens[2]);
 }
 
 }  // namespace
