@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/batch_planner.h"
+#include "controller/policies/action_rules.h"
 #include "controller/safety_gate.h"
 
 namespace pacer {
@@ -121,6 +122,14 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   MeasureAndRollBack(view, inputs, result);
 
   std::vector<Action> proposals = decide_(view, history_, config_);
+  // Exclusions inherited from an earlier policy end with it: only these two manage them.
+  if (config_.policy != "non-dedicated" && config_.policy != "backup-workers") {
+    if (auto a = EndExclusions(view, history_, absl::StrCat("policy '", config_.policy, "'"))) {
+      a->reason = absl::StrCat("wait for ", a->target, " again: policy '", config_.policy,
+                               "' does not exclude workers");
+      proposals.push_back(std::move(*a));
+    }
+  }
   // Executed actions are in the history at once, where the gate counts them; dry-run ones are
   // not, so the gate is told about them to apply the same limits within this reconcile.
   std::vector<Action> dry_run_admitted;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "controller/policies/policy.h"
@@ -82,6 +83,13 @@ void Reconciler::SetAgentDispatcher(AgentDispatcher dispatcher) {
 void Reconciler::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
   absl::MutexLock l(&mu_);
   max_step_ = std::max<int64_t>(max_step_, static_cast<int64_t>(req.step()));
+  honors_exclusion_[req.worker_id()] = req.honors_exclusion();
+  if (req.honors_exclusion() && exclusion_version_ > req.exclusion_version()) {
+    WorkerCommand* cmd = resp->add_commands();
+    cmd->set_command_id(exclusion_version_);
+    cmd->mutable_exclusion()->set_version(exclusion_version_);
+    cmd->mutable_exclusion()->set_excluded(excluded_.count(req.worker_id()) > 0);
+  }
   auto it = plan_commands_.find(req.worker_id());
   if (it == plan_commands_.end() || req.plan_version() >= it->second.version()) return;
   WorkerCommand* cmd = resp->add_commands();
@@ -94,6 +102,11 @@ std::optional<BatchPlanCommand> Reconciler::PlanFor(const std::string& worker) c
   auto it = plan_commands_.find(worker);
   if (it == plan_commands_.end()) return std::nullopt;
   return it->second;
+}
+
+std::pair<uint64_t, std::vector<std::string>> Reconciler::Exclusion() const {
+  absl::MutexLock l(&mu_);
+  return {exclusion_version_, std::vector<std::string>(excluded_.begin(), excluded_.end())};
 }
 
 bool Reconciler::MaybeReconcile() {
@@ -130,6 +143,9 @@ absl::Status Reconciler::ReconcileNow() {
     v.job.mode = options_.mode;
     v.job.current_step = max_step_;
     v.job.heartbeat_interval_s = options_.heartbeat_interval_s;
+    // Exclusion needs every live worker's trainer to carry it out (decided below, per worker).
+    bool all_honor = true;
+    int live = 0;
     v.job.restart_cost_s = options_.restart_cost_s;
     v.job.migrate_cost_s = options_.migrate_cost_s;
     std::vector<double> walls;
@@ -158,6 +174,9 @@ absl::Status Reconciler::ReconcileNow() {
       wv.step_fixed_s = w.model_fixed_s();
       wv.step_per_sample_s = w.model_per_sample_s();
       if (wv.alive) {
+        ++live;
+        auto h = honors_exclusion_.find(w.id());
+        all_honor = all_honor && h != honors_exclusion_.end() && h->second;
         batch_sum += w.local_batch();
         if (w.wall_s() > 0) walls.push_back(w.wall_s());
       }
@@ -169,6 +188,7 @@ absl::Status Reconciler::ReconcileNow() {
       throughput = static_cast<double>(batch_sum) / v.job.step_time_s;
     }
     v.job.throughput = throughput;
+    v.job.can_exclude_workers = live > 0 && all_honor;
     const auto& plan = controller_->history().plan();
     v.job.global_batch = plan ? plan->global_batch : batch_sum;
     for (const auto& n : workers.nodes()) {
@@ -214,7 +234,12 @@ absl::Status Reconciler::ReconcileNow() {
           NoteDispatchLocked(a.id, "plan sent in heartbeat replies");
           break;
         case ActionKind::kExcludeWorkers:
-          NoteDispatchLocked(a.id, "not dispatched: the all-reduce layer has no exclusion yet");
+          excluded_ = std::set<std::string>(a.excluded_workers.begin(), a.excluded_workers.end());
+          exclusion_version_ = a.id;
+          NoteDispatchLocked(a.id, excluded_.empty()
+                                       ? "sent in heartbeat replies: every worker counted"
+                                       : absl::StrCat("sent in heartbeat replies: excluded ",
+                                                      absl::StrJoin(excluded_, ",")));
           break;
         default:
           remote.emplace_back(a.id, a);
@@ -309,6 +334,19 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
   RestoreHistory(loaded, controller_->mutable_history());
   dispatch_notes_ = std::move(loaded.dispatch);
   if (const auto& plan = controller_->history().plan()) DispatchPlan(*plan);
+  // The exclusion in force goes out again under the newest audit id: above any version a
+  // worker may hold, or equal to it with the same state.
+  bool excluded_before = !controller_->history().excluded_workers().empty();
+  for (const AuditRecord& r : controller_->history().audit()) {
+    excluded_before = excluded_before || r.action.kind == ActionKind::kExcludeWorkers;
+  }
+  if (excluded_before) {
+    for (const AuditRecord& r : controller_->history().audit()) {
+      exclusion_version_ = std::max(exclusion_version_, r.id);
+    }
+    const auto& ex = controller_->history().excluded_workers();
+    excluded_ = std::set<std::string>(ex.begin(), ex.end());
+  }
   PACER_LOG(INFO) << "controller state restored: " << controller_->history().audit().size()
                   << " audit records, plan v"
                   << (controller_->history().plan() ? controller_->history().plan()->version : 0)

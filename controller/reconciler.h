@@ -7,7 +7,9 @@
 //     service (remaining samples, epoch progress) and the heartbeats (current step);
 //  2. runs Controller::Reconcile (policy -> safety gate -> audit);
 //  3. dispatches: ADJUST_BS -> a BatchPlanCommand per worker, delivered in that worker's next
-//     heartbeat reply until the worker reports the plan's version; REALLOCATE -> the sharding
+//     heartbeat reply until the worker reports the plan's version; EXCLUDE_WORKERS -> an
+//     ExclusionCommand in the heartbeat replies of workers that honor it (the job's view says
+//     it can exclude only while every live worker does); REALLOCATE -> the sharding
 //     service's SetAllocation / SetTailBackup; RESTART / MIGRATE / server actions -> the agent
 //     dispatcher (when no agent is connected the audit record says so).
 // It runs every `interval` and early after a monitor classification event.
@@ -20,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -82,6 +85,8 @@ class Reconciler {
   void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
   // The command a worker would get now (tests).
   std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
+  // The exclusion in force: version (the audit id that set it; 0: never) and who (tests).
+  std::pair<uint64_t, std::vector<std::string>> Exclusion() const;
 
  private:
   ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -101,6 +106,12 @@ class Reconciler {
   std::unique_ptr<Controller> controller_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BatchPlanCommand> plan_commands_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> dispatch_notes_ ABSL_GUARDED_BY(mu_);
+  // EXCLUDE_WORKERS: who is excluded, under which version (the deciding audit id, durable and
+  // increasing, so a restarted pacerd never sends a version below one a worker holds), and
+  // whether each worker's last heartbeat said its trainer honors exclusion.
+  std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);
+  uint64_t exclusion_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, bool> honors_exclusion_ ABSL_GUARDED_BY(mu_);
   int64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_command_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -268,6 +268,8 @@ void Client::SendHeartbeat() {
   req.set_step(step_.load(std::memory_order_relaxed));
   req.set_plan_version(plan_.newest_version());
   req.set_regroup_generation(regroup_generation());
+  req.set_exclusion_version(exclusion_version());
+  req.set_honors_exclusion(options_.honors_exclusion);
   auto resp = sharding_->Heartbeat(req);
   std::vector<std::pair<uint64_t, uint64_t>> acked;
   std::vector<uint64_t> cancelled;
@@ -303,6 +305,16 @@ void Client::SendHeartbeat() {
         } else if (cmd.has_regroup()) {
           if (cmd.regroup().generation() > regroup_generation()) ++stats_.regroups_received;
           NoteRegroupGeneration(cmd.regroup().generation());
+        } else if (cmd.has_exclusion()) {
+          // Only the reporter thread writes exclusion_; versions only move forward.
+          const uint64_t v = cmd.exclusion().version();
+          if (options_.honors_exclusion && v > exclusion_version()) {
+            ++stats_.exclusions_received;
+            exclusion_.store(v << 1 | (cmd.exclusion().excluded() ? 1 : 0), std::memory_order_release);
+            PACER_LOG(INFO) << "worker '" << options_.worker_id << "': "
+                            << (cmd.exclusion().excluded() ? "excluded from" : "included in")
+                            << " the job's steps (decision " << v << ")";
+          }
         } else if (cmd.kind_case() == WorkerCommand::kStop) {
           stop_reason_ = cmd.stop();
           stop_requested_.store(true, std::memory_order_release);

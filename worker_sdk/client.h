@@ -72,6 +72,7 @@ struct ClientStats {
   uint64_t monitor_reregistrations = 0;
   uint64_t plans_received = 0;
   uint64_t regroups_received = 0;  // RegroupCommands newer than the generation held
+  uint64_t exclusions_received = 0;  // ExclusionCommands newer than the version held
 };
 
 class Client {
@@ -104,6 +105,14 @@ class Client {
   // The collective now holds `generation` (monotonic: an older one is ignored).
   void NoteRegroupGeneration(uint64_t generation);
   std::string stop_reason() const;
+  // EXCLUDE_WORKERS (options().honors_exclusion): the job's steps do not wait for this worker
+  // now. While excluded, a trainer joins each all-reduce with weight 0, hands its leases back
+  // (ShardReader::ReleaseAll) and trains on nothing, but still times a small probe batch of
+  // data it already holds and reports it (StepTimer), so the controller sees it recover and
+  // re-includes it. Flips only at heartbeat replies; read it once per step.
+  bool excluded() const { return (exclusion_.load(std::memory_order_acquire) & 1) != 0; }
+  // The version (audit id) of the newest ExclusionCommand held; 0: none.
+  uint64_t exclusion_version() const { return exclusion_.load(std::memory_order_acquire) >> 1; }
 
   // ---- any thread ----
   // Blocks until everything queued before the call is acknowledged, or `timeout_ms` passes
@@ -150,6 +159,7 @@ class Client {
   std::atomic<uint64_t> step_{0};
   std::atomic<bool> stop_requested_{false};
   std::atomic<uint64_t> regroup_generation_{0};
+  std::atomic<uint64_t> exclusion_{0};  // version << 1 | excluded (reporter thread writes)
   std::atomic<bool> monitor_enabled_{true};
 
   mutable std::mutex mu_;  // guards everything below until the thread

@@ -32,6 +32,10 @@ struct ClientOptions {
   int64_t call_budget_ms = 120'000;     // background calls (fetch, heartbeat) per attempt cycle
   int64_t heartbeat_interval_ms = 0;    // 0: the interval pacerd returns at registration
   bool report_steps = true;             // send StepTimer reports to the monitor
+  // The trainer carries out exclusion (Client::excluded(): weight 0 in the all-reduce, leases
+  // handed back with ShardReader::ReleaseAll, speed still measured on a probe batch). pacerd
+  // excludes a worker only while every live worker of the job says so.
+  bool honors_exclusion = false;
 
   // The batch plan in force until the controller sends one (see batch_plan.h).
   uint32_t initial_micro_batch = 32;

@@ -51,12 +51,15 @@ void ShardReader::PrefetchLoop() {
         wait_ms = 0;
       }
       q_cv_.wait(l, [&] {
-        return stopping_ || (!paused_ && !end_of_data_ && error_.ok() && ready_.size() < depth);
+        return stopping_ || (!paused_ && !holding_off_ && !end_of_data_ && error_.ok() &&
+                             ready_.size() < depth);
       });
       if (stopping_) return;
+      fetching_ = true;
     }
     auto resp = client_->sharding().Fetch(options_.dataset);
     std::lock_guard<std::mutex> l(q_mu_);
+    fetching_ = false;
     if (!resp.ok()) {
       if (resp.status().code() == absl::StatusCode::kUnavailable ||
           resp.status().code() == absl::StatusCode::kDeadlineExceeded) {
@@ -151,7 +154,7 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       // soon as the service says WAIT, so it may fill the batch from the next lease.
       if (blocking == Blocking::kUntilPrefetched || (blocking == Blocking::kUntilData && got == 0)) {
         q_cv_.wait(l, [&] {
-          return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ ||
+          return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ || holding_off_ ||
                  (blocking == Blocking::kUntilPrefetched && service_waiting_);
         });
         if (!ready_.empty()) continue;
@@ -202,6 +205,62 @@ absl::Status ShardReader::SaveCheckpoint(const std::string& tag, int64_t flush_t
   MarkConsumed();
   if (absl::Status s = client_->Flush(flush_timeout_ms); !s.ok()) return s;
   return client_->sharding().SaveCheckpoint(tag);
+}
+
+absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  {
+    // No new lease from now on; a fetch in flight lands in ready_ and is released below.
+    std::unique_lock<std::mutex> l(q_mu_);
+    holding_off_ = true;
+    if (!q_cv_.wait_until(l, deadline, [&] { return !fetching_ || stopping_; })) {
+      return absl::DeadlineExceededError("release: a lease fetch is still in flight");
+    }
+    for (Lease& lease : ready_) {
+      OpenLease o;
+      o.total = lease.end() - lease.begin();
+      o.handed = o.reported = std::min(lease.records_done(), o.total);
+      o.lease = std::move(lease);
+      if (options_.on_lease) options_.on_lease(o.lease);  // the ledger lists every lease held
+      open_.push_back(std::move(o));
+    }
+    ready_.clear();
+  }
+  // Counted first: a release must not race the queued reports of its own lease (the service
+  // would take the release's prefix, and the later report would find the lease ended).
+  MarkConsumed();
+  const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now()).count();
+  if (absl::Status s = client_->Flush(std::max<int64_t>(left_ms, 1)); !s.ok()) return s;
+  DropCancelled();
+  int released = 0;
+  while (!open_.empty()) {
+    const OpenLease& o = open_.front();
+    absl::Status s = client_->sharding().Release(o.lease, o.reported, /*failed=*/false,
+                                                 "worker excluded from the job's steps");
+    // NOT_FOUND / FAILED_PRECONDITION: the lease had already ended (expired, fenced); it is not
+    // this worker's any more either way.
+    if (!s.ok() && s.code() != absl::StatusCode::kNotFound &&
+        s.code() != absl::StatusCode::kFailedPrecondition) {
+      return s;
+    }
+    open_.pop_front();
+    ++released;
+  }
+  return released;
+}
+
+void ShardReader::Resume() {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    holding_off_ = false;
+  }
+  q_cv_.notify_all();
+}
+
+bool ShardReader::holding_off() const {
+  std::lock_guard<std::mutex> l(q_mu_);
+  return holding_off_;
 }
 
 absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {

@@ -82,6 +82,19 @@ class ShardReader : public ReportListener {
   absl::Status SaveCheckpoint(const std::string& tag, int64_t flush_timeout_ms = 30'000);
   absl::Status RestoreCheckpoint(const std::string& tag);
 
+  // Hands every lease this reader holds back to the service and stops leasing until Resume():
+  // what an excluded worker does (Client::excluded()), so that a long exclusion does not hold
+  // an epoch's end. Call it only when every record handed out so far is trained: it marks them
+  // consumed, waits until pacerd acknowledged every queued report (Client::Flush), then
+  // releases the current and the prefetched leases at their done prefix (the rest goes back to
+  // the front of the queue for other workers). Idempotent; returns how many leases it released.
+  // On an error (pacerd unreachable past `timeout_ms`) the leases not yet released stay held
+  // and leasing stays stopped: call it again at the next step.
+  absl::StatusOr<int> ReleaseAll(int64_t timeout_ms = 10'000);
+  // Leasing goes on (after ReleaseAll).
+  void Resume();
+  bool holding_off() const;
+
   uint64_t records_read() const { return records_read_; }
   uint64_t leases_read() const { return leases_read_; }
 
@@ -114,13 +127,15 @@ class ShardReader : public ReportListener {
   uint64_t leases_read_ = 0;
   uint64_t seen_cancel_generation_ = 0;
 
-  std::mutex q_mu_;
+  mutable std::mutex q_mu_;
   std::condition_variable q_cv_;
   std::deque<Lease> ready_;       // guarded by q_mu_
   bool end_of_data_ = false;      // guarded by q_mu_
   bool service_waiting_ = false;  // guarded by q_mu_: the last fetch said WAIT
   bool stopping_ = false;         // guarded by q_mu_
   bool paused_ = false;           // guarded by q_mu_: during a checkpoint restore
+  bool holding_off_ = false;      // guarded by q_mu_: between ReleaseAll and Resume
+  bool fetching_ = false;         // guarded by q_mu_: a Fetch is in flight
   absl::Status error_;            // guarded by q_mu_
 
   std::mutex cancel_mu_;

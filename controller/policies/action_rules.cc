@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
@@ -54,11 +55,29 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   return a;
 }
 
+std::optional<Action> EndExclusions(const ClusterView& view, const History& history,
+                                    const std::string& rule) {
+  if (history.excluded_workers().empty()) return std::nullopt;
+  Action a;
+  a.kind = ActionKind::kExcludeWorkers;
+  a.target = absl::StrJoin(history.excluded_workers(), ",");
+  a.mandatory = true;  // waiting for everyone is the default
+  a.reason = absl::StrCat(
+      "wait for ", a.target, " again: ",
+      view.job.mode == JobMode::kSync && !view.job.can_exclude_workers
+          ? "a live worker cannot carry out an exclusion"
+          : absl::StrCat(rule, " is off in the policy in force"));
+  return a;
+}
+
 std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const History& history,
                                            const PolicyConfig& cfg) {
   std::vector<Action> out;
   const int64_t max_excluded = cfg.burst_exclusion.max_workers;
-  if (view.job.mode != JobMode::kSync || max_excluded <= 0 || !view.job.can_exclude_workers) return out;
+  if (view.job.mode != JobMode::kSync || max_excluded <= 0 || !view.job.can_exclude_workers) {
+    if (auto a = EndExclusions(view, history, "burst exclusion")) out.push_back(std::move(*a));
+    return out;
+  }
   const double rejoin_line = std::min(1.0, cfg.detection.straggler_threshold + kBurstRejoinMargin);
   struct Step {
     const WorkerView* w;

@@ -39,6 +39,12 @@ inline constexpr double kBurstRejoinMargin = 0.05;
 std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const History& history,
                                            const PolicyConfig& cfg);
 
+// The EXCLUDE_WORKERS action that waits for everyone again (mandatory), when workers are
+// excluded but `rule` may not exclude any more: the policy turned it off, or a live worker
+// cannot carry an exclusion out (view.job.can_exclude_workers). nullopt when nobody is.
+std::optional<Action> EndExclusions(const ClusterView& view, const History& history,
+                                    const std::string& rule);
+
 // REALLOCATE (async): per-worker weights ∝ speed (mean 1) and shard_scale = min(1, relative
 // speed), when some weight drifted more than the hysteresis from the allocation in force;
 // tail backups turned on near an epoch's end while a straggler is present, off otherwise.

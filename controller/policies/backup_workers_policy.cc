@@ -6,13 +6,17 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "controller/policies/action_rules.h"
 #include "controller/policies/policy.h"
 
 namespace pacer {
 
 std::vector<Action> DecideBackupWorkers(const ClusterView& view, const History& history,
                                         const PolicyConfig& cfg) {
-  if (view.job.mode != JobMode::kSync || !view.job.can_exclude_workers) return {};
+  if (view.job.mode != JobMode::kSync || !view.job.can_exclude_workers) {
+    if (auto a = EndExclusions(view, history, "backup-workers")) return {*a};
+    return {};
+  }
   std::vector<const WorkerView*> live;
   for (const auto& w : view.workers)
     if (w.alive && !w.restarting) live.push_back(&w);

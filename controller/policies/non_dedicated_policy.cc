@@ -11,10 +11,13 @@ namespace pacer {
 std::vector<Action> DecideNonDedicated(const ClusterView& view, const History& history,
                                        const PolicyConfig& cfg) {
   std::vector<Action> out;
-  if (view.job.mode == JobMode::kSync && cfg.adjust_batch.enabled) {
-    if (auto a = ProposeBatchPlan(view, history, cfg.adjust_batch, &cfg.detection)) out.push_back(std::move(*a));
+  if (view.job.mode == JobMode::kSync) {
+    if (cfg.adjust_batch.enabled) {
+      if (auto a = ProposeBatchPlan(view, history, cfg.adjust_batch, &cfg.detection)) out.push_back(std::move(*a));
+    }
     // Shared clusters have short bursts of contention: the plan covers persistent stragglers,
-    // the step does not wait for a worker in a burst (at most burst_exclusion.max_workers).
+    // the step does not wait for a worker in a burst (at most burst_exclusion.max_workers; 0
+    // turns it off, and ends exclusions in force).
     for (auto& a : ProposeBurstExclusions(view, history, cfg)) out.push_back(std::move(a));
   }
   if (view.job.mode == JobMode::kAsync && cfg.reallocate.enabled) {

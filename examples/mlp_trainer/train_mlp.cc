@@ -12,9 +12,14 @@
 //   pacer-train-mlp --addr HOST:PORT --token-file F --worker-id w0 --rank 0 --world-size 4
 //       --store-dir /tmp/run1/gloo --batch 8 --register-records 20000 --epochs 2
 //
+// It honors EXCLUDE_WORKERS (Client::excluded()): while excluded it hands its leases back, joins
+// each all-reduce with weight 0 and times half a batch of discarded gradients every --probe-ms,
+// so the controller sees it recover.
+//
 // --collective none trains each worker alone (no all-reduce): the mode the crash tests use to
 // kill and restart a worker mid-shard. --ledger keeps the exactly-once ledger of
 // examples/consumer/ledger.h.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -82,6 +87,7 @@ int main(int argc, char** argv) {
   uint32_t epochs = 1, batch = 32, accumulation = 1, hidden = 32, rank = 0, world = 1;
   float lr = 0.2f;
   double target = 0, step_ms = 0;
+  int64_t probe_ms = 2'000;
   uint64_t seed = 1;
   po::options_description desc("Options");
   AddClientFlags(desc, &copts);
@@ -105,15 +111,20 @@ int main(int argc, char** argv) {
       ("target-accuracy", po::value(&target)->default_value(0), "exit 3 when the final accuracy is below")
       ("max-steps", po::value(&max_steps)->default_value(0), "stop after this many steps (0: end of data)")
       ("step-ms", po::value(&step_ms)->default_value(0), "extra simulated compute per step (demos)")
+      ("probe-ms", po::value(&probe_ms)->default_value(probe_ms),
+       "while excluded from the job's steps: time half a batch this often (keep it well under the monitor's window)")
       ("result-file", po::value(&result_file), "write a JSON line with the results here")
       ("ledger", po::value(&ledger_path), "keep the exactly-once ledger here");
   ParseFlagsOrExit(argc, argv, "Usage: pacer-train-mlp [options]", desc);
   if (batch == 0 || accumulation == 0) ExitWithError("pacer-train-mlp", "--batch and --accumulation must be > 0");
+  if (probe_ms <= 0) ExitWithError("pacer-train-mlp", "--probe-ms must be > 0");
   if (collective_kind != "gloo" && collective_kind != "none") {
     ExitWithError("pacer-train-mlp", "--collective: gloo | none");
   }
   copts.initial_micro_batch = batch;
   copts.initial_accumulation_steps = accumulation;
+  // This trainer carries out EXCLUDE_WORKERS (the excluded branch of the loop below).
+  copts.honors_exclusion = collective_kind == "gloo" && world > 1;
 
   auto client_or = Client::Connect(copts);
   if (!client_or.ok()) Fail("connect", client_or.status());
@@ -180,11 +191,77 @@ int main(int argc, char** argv) {
   uint64_t step = 0, samples_total = 0;
   double last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
+  uint64_t excluded_steps = 0;
+  bool handed_back = false;  // the leases went back at this exclusion
+  auto last_probe = std::chrono::steady_clock::time_point();  // excluded: the last probe
   for (;;) {
     if (max_steps > 0 && step >= max_steps) break;
     const LocalBatch& plan = client.batch_plan().ForStep(step);
     client.SetStep(step);
     timer.BeginStep(step);
+    if (lockstep && client.excluded()) {
+      // EXCLUDE_WORKERS: the others do not wait for this worker's gradient. It hands its
+      // leases back (every record it was given is trained and reported by now), trains on
+      // nothing and joins each all-reduce with weight 0. So that the controller sees when it
+      // can be waited for again, every --probe-ms it times half its planned batch over data it
+      // already holds (gradient discarded) and reports that step. Not less: under a CPU quota
+      // (the usual contention in shared clusters) a short burst of work runs at full speed on
+      // the quota's carried-over slack and would hide the slowdown; and not on every step: a
+      // slowed probe holds that one step back, and a worker computing between all-reduces
+      // would spend the quota its all-reduces need.
+      if (!handed_back) {
+        auto released = reader.ReleaseAll(10'000);
+        handed_back = released.ok();
+        if (!released.ok()) {
+          PACER_LOG(WARNING) << "excluded, leases not handed back yet (next step): " << released.status();
+        } else {
+          PACER_LOG(INFO) << "excluded from the job's steps: handed back " << *released << " lease(s)";
+        }
+        timer.BeginStep(step);  // the release is not this step's compute
+      }
+      ++excluded_steps;
+      uint64_t probe = 0;
+      if (const auto now = std::chrono::steady_clock::now(); now - last_probe >= std::chrono::milliseconds(probe_ms)) {
+        last_probe = now;
+        const uint64_t target_rows = std::max<uint64_t>(1, uint64_t{plan.micro_batch} * plan.accumulation_steps / 2);
+        if (labels.empty()) {  // nothing trained yet: probe on held-out samples
+          x.resize(dims);
+          labels.assign(1, task.Sample(kEvalIdBase, x.data()));
+        }
+        // At least kMinProbeS too: well past what a quota's carried-over slack runs at full speed.
+        constexpr double kMinProbeS = 0.02;
+        while (probe < target_rows ||
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count() < kMinProbeS) {
+          const uint64_t want = probe < target_rows ? target_rows - probe : std::max<uint64_t>(1, target_rows / 4);
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(want, labels.size()));
+          model.Gradient(x.data(), labels.data(), n, &grad);
+          probe += n;
+        }
+      }
+      step_grad.assign(model.num_params(), 0.0f);
+      double total = 0;
+      {
+        auto scope = timer.Time(StepTimer::Phase::kCommunication);
+        absl::Status s = WeightedAverage(*collective, step_grad, 0.0, &total, &scratch);
+        if (!s.ok()) Fail("all-reduce", s);
+      }
+      if (total > 0) model.Step(step_grad, lr / (1.0f + static_cast<float>(step) / 200.0f));
+      if (probe > 0) timer.EndStep(plan.micro_batch, probe);
+      ++step;
+      if (total == 0) {  // the others' end-of-data check: this worker holds no data
+        float running = 0.0f;
+        absl::Status s = collective->AllReduceSum(std::span<float>(&running, 1));
+        if (!s.ok()) Fail("all-reduce", s);
+        if (running == 0.0f) break;
+      }
+      if (client.stop_requested()) break;
+      continue;
+    }
+    if (reader.holding_off()) {
+      PACER_LOG(INFO) << "included in the job's steps again after " << excluded_steps << " excluded step(s)";
+      reader.Resume();
+      handed_back = false;
+    }
     step_grad.assign(model.num_params(), 0.0f);
     uint64_t samples = 0;
     bool ended = false;
@@ -261,10 +338,12 @@ int main(int argc, char** argv) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "{\"worker\":\"%s\",\"rank\":%u,\"accuracy\":%.4f,\"steps\":%llu,\"samples\":%llu,"
-                "\"final_batch\":%u,\"plans_received\":%llu,\"seconds\":%.2f,\"checksum\":\"%016llx\"}",
+                "\"final_batch\":%u,\"plans_received\":%llu,\"excluded_steps\":%llu,\"seconds\":%.2f,"
+                "\"checksum\":\"%016llx\"}",
                 client.worker_id().c_str(), rank, accuracy, static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(samples_total), client.batch_plan().current().micro_batch,
-                static_cast<unsigned long long>(stats.plans_received), secs,
+                static_cast<unsigned long long>(stats.plans_received),
+                static_cast<unsigned long long>(excluded_steps), secs,
                 static_cast<unsigned long long>(Checksum(model.params())));
   std::cout << line << std::endl;
   if (!result_file.empty()) {
