@@ -23,6 +23,9 @@
 namespace pacer::sim {
 namespace {
 
+// pacer-train-mlp's --probe-ms default: how often an excluded worker times a probe step.
+constexpr double kProbeIntervalS = 2.0;
+
 constexpr char kDataset[] = "train";
 constexpr int64_t kStartMs = 1'700'000'000'000;
 constexpr double kServerLatencyMs = 5.0;
@@ -344,22 +347,30 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     if (!w.excluded) slowest = std::max(slowest, compute[i]);
   }
   const double step_s = slowest + sc_.job.sync_cost_s;
-  int64_t k = std::max<int64_t>(1, static_cast<int64_t>((boundary - t_) / step_s));
+  // An excluded worker (pacer-train-mlp) times half its batch every kProbeIntervalS so the
+  // monitor keeps seeing its speed; that one step waits for the probe. Charged as an expected
+  // delay per second of the chunk (deterministic).
+  double probe_delay = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (w_[i].excluded && w_[i].batch > 0) probe_delay = std::max(probe_delay, 0.5 * compute[i] - slowest);
+  }
+  const double per_step_s = step_s * (1 + std::max(0.0, probe_delay) / kProbeIntervalS);
+  int64_t k = std::max<int64_t>(1, static_cast<int64_t>((boundary - t_) / per_step_s));
   if (pending_plan_) k = std::max<int64_t>(1, std::min(k, pending_plan_->effective_step - step_));
   for (int64_t i = 0; i < n; ++i) {
     SimWorker& w = w_[i];
     if (w.batch <= 0) continue;
     w.rep_compute += static_cast<double>(k) * compute[i];
-    w.rep_wall += static_cast<double>(k) * step_s;
+    w.rep_wall += static_cast<double>(k) * per_step_s;
     w.rep_steps += static_cast<double>(k);
     if (w.excluded) continue;  // its gradient is dropped: it consumes no data
     uint64_t got = 0;
     if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
     interval_samples_ += got;
   }
-  t_ += static_cast<double>(k) * step_s;
+  t_ += static_cast<double>(k) * per_step_s;
   step_ += k;
-  last_step_wall_ = step_s;
+  last_step_wall_ = per_step_s;
   return absl::OkStatus();
 }
 
