@@ -68,6 +68,17 @@ bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain,
   return gain_now <= 0 || gain_now >= min_gain;
 }
 
+bool SameAllocations(const std::vector<WorkerAllocation>& a,
+                     const std::vector<WorkerAllocation>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].worker_id != b[i].worker_id || a[i].weight != b[i].weight ||
+        a[i].shard_scale != b[i].shard_scale)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string SummarizeView(const ClusterView& view) {
@@ -238,8 +249,17 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
       restore.basis_share = SpeedShares(view);
       undo.plan = std::move(restore);
     } else if (rec.action.kind == ActionKind::kReallocate) {
-      undo.allocations = rec.previous_allocations;
-      undo.tail_backups = rec.previous_tail_backups;
+      // Only what this action changed and is still in force: a newer REALLOCATE that set other
+      // weights, or switched tail backups since, is not undone by restoring this one's
+      // predecessor. The weights go back when they are still this action's; tail backups only
+      // when this action switched them and they are still as it left them.
+      const bool weights = SameAllocations(history_.allocations(), rec.action.allocations);
+      const bool backups = rec.action.tail_backups && rec.previous_tail_backups &&
+                           history_.tail_backups() == *rec.action.tail_backups &&
+                           *rec.previous_tail_backups != *rec.action.tail_backups;
+      if (!weights && !backups) continue;
+      undo.allocations = weights ? rec.previous_allocations : history_.allocations();
+      if (backups) undo.tail_backups = rec.previous_tail_backups;
     } else {
       // Only an exclusion still in force: one the policy has since changed (a burst ended, a
       // worker rejoined) is not there to undo, and restoring its predecessor would be wrong.

@@ -402,6 +402,72 @@ TEST_F(ScenarioTest, AsyncJobGetsReallocationAndHotServerRestart) {
   EXPECT_TRUE(ctl->history().tail_backups());
 }
 
+// Rolling back a REALLOCATE undoes only what it changed and is still in force: tail backups a
+// later action switched on stay on, weights a later action replaced are not overwritten.
+TEST_F(ScenarioTest, ReallocationRollbackLeavesNewerActionsInForce) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 0);
+  v.job.mode = JobMode::kAsync;
+  v.job.throughput = 350;
+  v.job.epoch_progress = 0.5;
+  MakeStraggler(v, 1, 0.5, true);
+  auto r1 = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r1.ok());
+  const Action* re1 = Find(*r1, ActionKind::kReallocate);
+  ASSERT_NE(re1, nullptr);
+  EXPECT_FALSE(re1->tail_backups.has_value());  // #1 sets weights only
+  const uint64_t id1 = re1->id;
+
+  // 2 s later the epoch nears its end: #2 switches tail backups on, keeping #1's weights.
+  clock_.AdvanceMs(2'000);
+  v.job.epoch_progress = 0.95;
+  auto r2 = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r2.ok());
+  const Action* re2 = Find(*r2, ActionKind::kReallocate);
+  ASSERT_NE(re2, nullptr);
+  EXPECT_TRUE(re2->tail_backups.value_or(false));
+  ASSERT_TRUE(ctl->history().tail_backups());
+
+  // #1 is judged: the throughput did not move. Whatever is done about #1, the tail backups #2
+  // switched on stay on, in the history and in anything dispatched.
+  clock_.AdvanceMs(58'000);
+  auto r3 = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r3.ok());
+  EXPECT_TRUE(ctl->history().FindRecord(id1)->measured_gain.has_value());
+  for (const Action& a : r3->dispatch) {
+    if (a.kind != ActionKind::kReallocate) continue;
+    EXPECT_TRUE(a.tail_backups.value_or(true)) << a.reason;
+  }
+  EXPECT_TRUE(ctl->history().tail_backups());
+
+  // A rollback of #1 after a newer reweighting (#3) leaves #3's weights in force.
+  PolicyConfig quick = NonDedicated();
+  quick.safety.cooldown_s = 10;
+  auto ctl2 = Make(quick);
+  clock_.AdvanceMs(1'000);
+  v.job.epoch_progress = 0.5;
+  auto s1 = ctl2->Reconcile(At(v));
+  ASSERT_TRUE(s1.ok());
+  ASSERT_NE(Find(*s1, ActionKind::kReallocate), nullptr);
+  const uint64_t first = Find(*s1, ActionKind::kReallocate)->id;
+  clock_.AdvanceMs(30'000);
+  MakeStraggler(v, 1, 0.25, true);  // slower still: the weights drift past the hysteresis
+  auto s2 = ctl2->Reconcile(At(v));
+  ASSERT_TRUE(s2.ok());
+  const Action* newer = Find(*s2, ActionKind::kReallocate);
+  ASSERT_NE(newer, nullptr);
+  const std::vector<WorkerAllocation> weights3 = newer->allocations;
+  clock_.AdvanceMs(30'000);  // #first is judged now, #newer not yet
+  auto s3 = ctl2->Reconcile(At(v));
+  ASSERT_TRUE(s3.ok());
+  EXPECT_TRUE(ctl2->history().FindRecord(first)->measured_gain.has_value());
+  ASSERT_EQ(ctl2->history().allocations().size(), weights3.size());
+  for (size_t i = 0; i < weights3.size(); ++i) {
+    EXPECT_EQ(ctl2->history().allocations()[i].worker_id, weights3[i].worker_id);
+    EXPECT_DOUBLE_EQ(ctl2->history().allocations()[i].weight, weights3[i].weight);
+  }
+}
+
 TEST_F(ScenarioTest, DedicatedPresetUsesAccumulationAndNeverRestarts) {
   PolicyConfig c;
   c.policy = "dedicated";
