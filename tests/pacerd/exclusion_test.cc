@@ -257,7 +257,13 @@ TEST_F(ExclusionTest, ABurstIsExcludedAndTheWorkerIsWaitedForAgainWhenItRecovers
   hb.set_exclusion_version(W("w3").exclusion_version);
   auto r = clients_["w3"]->Heartbeat(hb);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->commands_size(), 0);
+  // Exclusion commands only: this request holds no batch plan (plan_version 0), so whether the
+  // reply carries one depends on whether the reconciler made one, and pacerd's housekeeping
+  // thread also reconciles, on its own real-time schedule, between the scripted ticks (about
+  // half of the runs carried batch_plan v2 here).
+  int exclusions = 0;
+  for (const auto& cmd : r->commands()) exclusions += cmd.has_exclusion();
+  EXPECT_EQ(exclusions, 0) << r->ShortDebugString();
 }
 
 TEST_F(ExclusionTest, NobodyIsExcludedWhileALiveWorkerCannotCarryItOut) {
