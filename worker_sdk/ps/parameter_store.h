@@ -7,10 +7,19 @@
 // initialises a key the same way. Push sums duplicate keys' gradients, then applies one
 // optimizer step per row: SGD w -= lr g; Adagrad a += g^2, w -= lr g / sqrt(a).
 //
+// Durability (pacer-ps --state-dir) is the caller's: Snapshot() copies every table (spec, push
+// count, materialised rows with their optimizer state) into a PsSnapshot, Restore() loads one
+// into an empty store; ps_snapshot.h writes and reads the file. Rows only pulled are not
+// "changed" (they are re-created identically from (seed, key)); changes() counts the mutations
+// (table created, push applied) so a caller can skip a snapshot when nothing changed.
+//
 // Thread-safe: one mutex per table (tables are only added, never removed); pulls and pushes of
-// different tables do not contend.
+// different tables do not contend. Snapshot() locks one table at a time, so it is consistent
+// per table, not across tables (asynchronous training tolerates that, as it tolerates losing
+// the pushes since the last snapshot).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +47,15 @@ class ParameterStore {
                                 const std::vector<float>& gradients);
   uint64_t rows() const;
 
+  // Copies every table, sorted by key within a table (a deterministic file for equal state).
+  PsSnapshot Snapshot() const;
+  // Loads `snapshot` into this store, which must hold no table (FAILED_PRECONDITION otherwise).
+  // Validates everything first (specs as CreateTable, array sizes, finite values, no duplicate
+  // key or table): INVALID_ARGUMENT names what is wrong and the store stays empty.
+  absl::Status Restore(const PsSnapshot& snapshot);
+  // Mutations so far (tables created + pushes applied); grows monotonically.
+  uint64_t changes() const { return changes_.load(); }
+
  private:
   struct Row {
     std::vector<float> w;
@@ -51,10 +69,12 @@ class ParameterStore {
     uint64_t pushes = 0;                     // guarded by mu
   };
   absl::StatusOr<Table*> Find(const std::string& name) const;
+  static absl::Status ValidateSpec(const PsTableSpec& spec);
   static Row& RowFor(Table& t, uint64_t key);  // requires t.mu
 
   mutable std::mutex mu_;  // guards tables_ (the map, not the tables)
   std::map<std::string, std::unique_ptr<Table>> tables_;
+  std::atomic<uint64_t> changes_{0};
 };
 
 // The server (0..num_servers-1) holding (table, key): a stable hash, the same in every process.

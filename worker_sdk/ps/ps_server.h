@@ -4,9 +4,20 @@
 //
 // Owns the gRPC server and the store; Start() binds (port 0: the OS picks) and serves on gRPC's
 // threads until Shutdown() or destruction. Thread-safe.
+//
+// Durable rows (options.state_dir set; without it nothing touches the disk):
+//  1. Start() loads STATE_DIR/ps.snapshot (ps_snapshot.h) before serving; a corrupt file fails
+//     Start with DATA_LOSS naming it (never loaded, never overwritten), a missing one starts empty.
+//  2. A snapshot thread saves the store every snapshot_ms when it changed since the last save.
+//  3. Shutdown() (pacer-ps on SIGTERM) stops serving, then saves once more: a graceful stop loses
+//     nothing. A crash (SIGKILL) loses the pushes since the last periodic save -- asynchronous PS
+//     training tolerates that like a late or dropped gradient; the rows stay consistent per table.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +35,8 @@ struct PsServerOptions {
   std::string listen = "127.0.0.1:0";
   std::string server_id = "ps0";
   std::string job_token;  // empty: no authentication (tests on loopback only)
+  std::string state_dir;  // empty: rows in memory only
+  int64_t snapshot_ms = 5'000;
 };
 
 class PsServer final : public ParameterServer::Service {
@@ -33,7 +46,13 @@ class PsServer final : public ParameterServer::Service {
   const std::string& address() const { return address_; }
   const std::string& server_id() const { return options_.server_id; }
   ParameterStore& store() { return store_; }
+  // Stops serving and the snapshot thread, then saves a last snapshot (with a state dir; a
+  // failure is logged, and SaveSnapshot() afterwards retries it and returns the error).
+  // Idempotent.
   void Shutdown();
+  // Saves the store now when it changed since the last save (no-op without a state dir).
+  absl::Status SaveSnapshot();
+  std::string snapshot_path() const;
 
   grpc::Status CreateTable(grpc::ServerContext* ctx, const CreateTableRequest* req,
                            CreateTableResponse* resp) override;
@@ -44,6 +63,8 @@ class PsServer final : public ParameterServer::Service {
  private:
   explicit PsServer(PsServerOptions options);
   absl::Status Authorize(grpc::ServerContext* ctx) const;
+  absl::Status LoadSnapshot();
+  void SnapshotLoop();
 
   const PsServerOptions options_;
   std::optional<Authenticator> auth_;
@@ -51,6 +72,13 @@ class PsServer final : public ParameterServer::Service {
   std::atomic<uint64_t> pulls_{0}, pushes_{0};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+
+  std::mutex save_mu_;             // one save at a time
+  uint64_t saved_changes_ = 0;     // guarded by save_mu_: store_.changes() at the last save
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool stopping_ = false;          // guarded by loop_mu_
+  std::thread snapshot_thread_;
 };
 
 }  // namespace pacer
