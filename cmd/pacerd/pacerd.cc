@@ -23,6 +23,38 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
+// The reconciler's agent dispatcher: carries out RESTART / MIGRATE / server actions through the
+// node agents. Not static: sdk_ps_restart_test calls it (declared there; pacerd.h is not this
+// change's to edit).
+absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a) {
+  switch (a.kind) {
+    case ActionKind::kRestart: {
+      ASSIGN_OR_RETURN(std::string id, agents.RestartWorker(a.target));
+      return "restart sent to the agent (command " + id + ")";
+    }
+    case ActionKind::kMigrate: {
+      ASSIGN_OR_RETURN(std::string id, agents.Migrate(a.node, a.reason));
+      return "the agent on " + a.node + " told to leave the node (command " + id + ")";
+    }
+    case ActionKind::kRestartServer: {
+      // A parameter server runs under a pacer-agent like a worker (its process id is the server
+      // id the workers report latency for); with --state-dir it keeps its rows across the restart.
+      if (!agents.Worker(a.target).ok()) {
+        return absl::NotFoundError("no agent supervises server " + a.target +
+                                   " (run pacer-ps under pacer-agent --worker-id-prefix ps)");
+      }
+      ASSIGN_OR_RETURN(std::string id, agents.RestartWorker(a.target));
+      return "server restart sent to the agent (command " + id + ")";
+    }
+    case ActionKind::kRelieveServer:
+      return absl::FailedPreconditionError(
+          "cannot relieve server " + a.target +
+          ": pacer-ps has no re-sharding (keys cannot move between servers); use server.restart: true");
+    default:
+      return absl::UnimplementedError(std::string("no agent action for ") + ActionKindName(a.kind));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, const Clock* clock) {
   std::unique_ptr<Pacerd> d(new Pacerd());
   d->options_ = options;
@@ -114,22 +146,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(store), policy_text));
   }
   Reconciler* reconciler = d->reconciler_.get();
-  reconciler->SetAgentDispatcher([agents = d->agents_.get()](const Action& a)
-                                     -> absl::StatusOr<std::string> {
-    switch (a.kind) {
-      case ActionKind::kRestart: {
-        ASSIGN_OR_RETURN(std::string id, agents->RestartWorker(a.target));
-        return "restart sent to the agent (command " + id + ")";
-      }
-      case ActionKind::kMigrate: {
-        ASSIGN_OR_RETURN(std::string id, agents->Migrate(a.node, a.reason));
-        return "the agent on " + a.node + " told to leave the node (command " + id + ")";
-      }
-      default:
-        return absl::UnimplementedError(std::string("no agent action for ") +
-                                        ActionKindName(a.kind) + " yet (parameter servers)");
-    }
-  });
+  reconciler->SetAgentDispatcher(
+      [agents = d->agents_.get()](const Action& a) { return DispatchAgentAction(*agents, a); });
   d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(RendezvousOptions{}, &d->metrics_);
   d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
   d->sharding_->SetHeartbeatHook([reconciler, rendezvous = d->rendezvous_.get()](

@@ -12,12 +12,20 @@
 #include <fstream>
 #include <regex>
 
+#include "agent/agent_registry.h"
+#include "cmd/pacerd/pacerd.h"
+#include "controller/action.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/ps/parameter_store.h"
 #include "worker_sdk/ps/ps_client.h"
 #include "worker_sdk/ps/ps_snapshot.h"
 
 namespace pacer {
+
+// pacerd's agent dispatcher (cmd/pacerd/pacerd.cc), the function its reconciler calls for
+// RESTART / MIGRATE / server actions. Declared here because pacerd.h is not this change's file.
+absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a);
+
 namespace {
 
 using testing::BinaryPath;
@@ -241,6 +249,83 @@ TEST_F(PsRestartTest, CorruptOrTornSnapshotIsRefusedNamingTheFile) {
   std::vector<float> got, want;
   m.PullBoth(*c, &got, &want);
   EXPECT_EQ(got, want);
+}
+
+// RESTART_SERVER end to end: an in-process pacerd, a real pacer-agent supervising one pacer-ps
+// as "ps0" (--worker-id-prefix ps), rows pushed by a client; pacerd's dispatcher restarts
+// exactly that process (a new pid) and the rows survive (the agent's SIGTERM makes the server
+// save its snapshot). RELIEVE_SERVER and an unsupervised server are refused with clear notes.
+TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive) {
+  TempDir dir;
+  PacerdOptions po;
+  po.data_dir = dir.Sub("data");
+  po.listen = "127.0.0.1:0";
+  po.metrics_listen = "";
+  po.agents.heartbeat_interval_ms = 200;
+  auto pacerd = Pacerd::Start(po);
+  ASSERT_TRUE(pacerd.ok()) << pacerd.status();
+  AgentRegistry& agents = *(*pacerd)->agents();
+  const std::string port_file = dir.Sub("ps/ps0.port");
+  std::filesystem::create_directories(dir.Sub("ps"));
+  Subprocess agent = Subprocess::Start(
+      {BinaryPath("pacer-agent"), "--addr", (*pacerd)->address(), "--token-file", dir.Sub("data/job.token"),
+       "--node", "node-ps", "--job", "psjob", "--workers", "1", "--worker-id-prefix", "ps",
+       "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml", "--",
+       BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", dir.Sub("ps/{worker_id}"),
+       "--port-file", dir.Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
+      {}, dir.Sub("agent.log"));
+  auto running_pid = [&]() -> int64_t {
+    auto w = agents.Worker("ps0");
+    return w.ok() && w->state() == WORKER_STATE_RUNNING ? w->pid() : 0;
+  };
+  ASSERT_TRUE(WaitFor([&] { return running_pid() > 0 && PortIn(port_file) != 0; }, 15s))
+      << ReadFileOrEmpty(dir.Sub("agent.log"));
+  const int64_t old_pid = running_pid();
+
+  Model m;
+  {
+    auto c = ClientFor(PortIn(port_file));
+    ASSERT_TRUE(m.Create(*c).ok());
+    for (int step = 0; step < 4; ++step) ASSERT_TRUE(m.Step(*c, step).ok());
+  }
+
+  // The old server wrote its port long ago; a port file from now on is the new server's.
+  std::filesystem::remove(port_file);
+  Action restart;
+  restart.kind = ActionKind::kRestartServer;
+  restart.target = "ps0";
+  auto note = DispatchAgentAction(agents, restart);
+  ASSERT_TRUE(note.ok()) << note.status();
+  EXPECT_NE(note->find("server restart sent"), std::string::npos) << *note;
+  ASSERT_TRUE(WaitFor([&] {
+    const int64_t pid = running_pid();
+    return pid > 0 && pid != old_pid && PortIn(port_file) != 0;
+  }, 20s)) << ReadFileOrEmpty(dir.Sub("agent.log"));
+  // The agent reaped the old server: its pid is gone (or, rarely, reused by another program).
+  EXPECT_EQ(ReadFileOrEmpty("/proc/" + std::to_string(old_pid) + "/cmdline").find("pacer-ps"), std::string::npos)
+      << "the old server still runs";
+
+  auto c = ClientFor(PortIn(port_file));
+  ASSERT_TRUE(m.Create(*c).ok());
+  std::vector<float> got, want;
+  m.PullBoth(*c, &got, &want);
+  EXPECT_EQ(got, want) << "rows lost in the restart";
+
+  // Refusals: no agent supervises ps7; relieving has no re-sharding to stand on.
+  restart.target = "ps7";
+  auto missing = DispatchAgentAction(agents, restart);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("no agent supervises server ps7"), std::string::npos);
+  Action relieve;
+  relieve.kind = ActionKind::kRelieveServer;
+  relieve.target = "ps0";
+  auto relieved = DispatchAgentAction(agents, relieve);
+  EXPECT_EQ(relieved.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(relieved.status().message().find("no re-sharding"), std::string::npos);
+
+  agent.Signal(SIGTERM);
+  EXPECT_GE(agent.Wait(20s), 0) << "pacer-agent did not stop";
+  (*pacerd)->Shutdown();
 }
 
 }  // namespace
