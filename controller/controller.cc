@@ -68,6 +68,19 @@ bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain,
   return gain_now <= 0 || gain_now >= min_gain;
 }
 
+// Whether an action is judged by the job's throughput. REALLOCATE is not: its predicted gain
+// (ProposeReallocation) is the epoch tail it trims — (1 − min_rel)/n, the time the slowest
+// worker's last shard keeps the others waiting — but an async job already runs at Σ speeds
+// while the epoch lasts (pull-based fetching), and reweighting does not change that sum, so
+// the throughput it would be compared with moves only with the workers' speeds: rollbacks
+// would fire on noise, and a rollback cannot be told from a burst elsewhere. The tail itself
+// is not in the view (it shows once per epoch). So a reallocation is never rolled back on
+// throughput; like an exclusion whose workers recovered, it is kept current by the policy
+// instead, which reweighs (or restores even weights) as soon as the weights in force drift
+// from the speeds by more than reallocate.hysteresis. Its throughput change is still recorded
+// as the measured gain, for the audit.
+bool JudgedByThroughput(ActionKind kind) { return kind != ActionKind::kReallocate; }
+
 bool SameAllocations(const std::vector<WorkerAllocation>& a,
                      const std::vector<WorkerAllocation>& b) {
   if (a.size() != b.size()) return false;
@@ -219,7 +232,8 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     history_.SetMeasuredGain(id, gain, view.now_ms);
     const AuditRecord rec = *history_.FindRecord(id);  // copy: Execute() may drop old records
     if (!rb.enabled || !Reversible(rec.action.kind) || rec.action.rollback_of != 0 ||
-        rec.action.mandatory || rec.action.predicted_gain <= 0 ||
+        !JudgedByThroughput(rec.action.kind) || rec.action.mandatory ||
+        rec.action.predicted_gain <= 0 ||
         gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
       continue;
     if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;

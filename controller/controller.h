@@ -5,9 +5,11 @@
 //  1. validate the view;
 //  2. measure: for each executed action older than rollback.evaluate_after_s without a
 //     measurement, measured gain = job throughput now / throughput when it acted − 1; when a
-//     reversible action (ADJUST_BS, REALLOCATE, EXCLUDE_WORKERS) fell short of
-//     min_fraction_of_predicted × its predicted gain, issue its rollback (restores the plan /
-//     allocation / exclusion in force before it);
+//     reversible action (ADJUST_BS, EXCLUDE_WORKERS) fell short of
+//     min_fraction_of_predicted × its predicted gain and is still in force, issue its rollback
+//     (restores the plan / exclusion in force before it). REALLOCATE's gain is the epoch tail,
+//     which an async job's throughput does not show: it is measured but never rolled back on
+//     that (JudgedByThroughput in controller.cc); the policy's hysteresis keeps it current;
 //  3. run the policy (a pure function, policies/policy.h) on (view, history, config);
 //  4. review each proposal with the SafetyGate (safety_gate.h);
 //  5. audit every proposal — executed, dry-run or vetoed (identical repeats fold into one

@@ -200,18 +200,29 @@ std::optional<Action> ProposeReallocation(const ClusterView& view, const History
   const bool want_tail = cfg.tail_backups && any_straggler &&
                          view.job.epoch_progress >= cfg.tail_backup_progress;
   const bool reweigh = drift > cfg.hysteresis;
+  // Speeds even again (every new weight within the hysteresis of 1) while an allocation is in
+  // force: back to the default (no allocation). It predicts no gain of its own, so the gate
+  // would hold it back forever; it is mandatory like a toggle. It cannot flap: from the
+  // default, the next reweighting needs a drift past the hysteresis and a predicted gain.
+  bool even = !history.allocations().empty();
+  for (const auto& al : a.allocations) even = even && std::fabs(al.weight - 1) <= cfg.hysteresis;
+  const bool restore = reweigh && even;
   if (!reweigh && want_tail == history.tail_backups()) return std::nullopt;
   if (want_tail != history.tail_backups()) a.tail_backups = want_tail;
   if (!reweigh) a.allocations = history.allocations();  // keep weights, toggle backups only
+  if (restore) a.allocations.clear();
   // Pull-based fetching already balances an async job; reweighting mostly trims the tail, so
   // the predicted gain is the share of throughput the slowest worker's tail wastes.
   double min_rel = 1;
   for (const WorkerView* w : live) min_rel = std::min(min_rel, w->speed / mean);
-  a.predicted_gain = reweigh ? std::max(0.0, (1 - min_rel) / static_cast<double>(live.size())) : 0;
-  a.mandatory = !reweigh;  // toggling tail backups has no throughput prediction of its own
-  a.reason = reweigh ? absl::StrFormat("weights drifted %.0f%% (%s)", 100 * drift, who)
-                     : absl::StrFormat("tail backups %s at epoch progress %.2f",
-                                       want_tail ? "on" : "off", view.job.epoch_progress);
+  a.predicted_gain =
+      reweigh && !restore ? std::max(0.0, (1 - min_rel) / static_cast<double>(live.size())) : 0;
+  // Toggling tail backups or restoring the default has no throughput prediction of its own.
+  a.mandatory = !reweigh || restore;
+  a.reason = restore   ? absl::StrFormat("speeds even again: default weights (%s)", who)
+             : reweigh ? absl::StrFormat("weights drifted %.0f%% (%s)", 100 * drift, who)
+                       : absl::StrFormat("tail backups %s at epoch progress %.2f",
+                                         want_tail ? "on" : "off", view.job.epoch_progress);
   if (reweigh && a.tail_backups) a.reason += want_tail ? "; tail backups on" : "; tail backups off";
   return a;
 }

@@ -468,6 +468,63 @@ TEST_F(ScenarioTest, ReallocationRollbackLeavesNewerActionsInForce) {
   }
 }
 
+// An async job runs at Σ speeds whatever the weights; a reallocation trims the epoch's tail,
+// which the job's throughput does not show. So a throughput that did not rise (or fell with a
+// burst elsewhere) is no reason to undo it; the policy keeps the weights current itself and
+// restores even weights once the straggler recovered.
+TEST_F(ScenarioTest, ReallocationIsNotRolledBackOnAsyncThroughput) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 0);
+  v.job.mode = JobMode::kAsync;
+  v.job.epoch_progress = 0.5;
+  MakeStraggler(v, 1, 0.5, true);
+  v.job.throughput = 350;
+  auto r1 = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r1.ok());
+  const Action* re = Find(*r1, ActionKind::kReallocate);
+  ASSERT_NE(re, nullptr);
+  ASSERT_GT(re->predicted_gain, 0.0);
+  const uint64_t id = re->id;
+  const std::vector<WorkerAllocation> weights = re->allocations;
+
+  // Judged at 60 s: the throughput fell 10 % (a burst on another worker). Nothing is undone.
+  for (int i = 0; i < 6; ++i) {
+    clock_.AdvanceMs(10'000);
+    v.job.throughput = 315;
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    for (const Action& a : r->dispatch) EXPECT_EQ(a.rollback_of, 0u) << a.reason;
+  }
+  const AuditRecord* rec = ctl->history().FindRecord(id);
+  ASSERT_TRUE(rec->measured_gain.has_value());  // the throughput change is still audited
+  EXPECT_NEAR(*rec->measured_gain, -0.1, 1e-9);
+  EXPECT_FALSE(rec->rolled_back);
+  ASSERT_EQ(ctl->history().allocations().size(), weights.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    EXPECT_DOUBLE_EQ(ctl->history().allocations()[i].weight, weights[i].weight);
+
+  // The straggler recovers: the policy goes back to even weights on its own.
+  v = SyncView(4, 0);
+  v.job.mode = JobMode::kAsync;
+  v.job.epoch_progress = 0.5;
+  v.job.throughput = 400;
+  clock_.AdvanceMs(200'000);  // past the cooldown
+  auto back = ctl->Reconcile(At(v));
+  ASSERT_TRUE(back.ok());
+  const Action* even = Find(*back, ActionKind::kReallocate);
+  ASSERT_NE(even, nullptr);
+  EXPECT_EQ(even->rollback_of, 0u);
+  EXPECT_TRUE(even->allocations.empty());  // the default: every worker at weight 1
+  EXPECT_TRUE(ctl->history().allocations().empty());
+  // ... and stays there (no flapping on the same speeds).
+  for (int i = 0; i < 5; ++i) {
+    clock_.AdvanceMs(200'000);
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kReallocate), 0);
+  }
+}
+
 TEST_F(ScenarioTest, DedicatedPresetUsesAccumulationAndNeverRestarts) {
   PolicyConfig c;
   c.policy = "dedicated";
