@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -134,6 +135,8 @@ absl::Status Reconciler::ReconcileNow() {
 
   std::vector<Action> to_dispatch;
   std::vector<std::pair<uint64_t, Action>> remote;  // sharding / agent actions, by audit id
+  // REALLOCATE: workers that had an allocation the action drops, by audit id.
+  std::map<uint64_t, std::vector<std::string>> reset;
   {
     absl::MutexLock l(&mu_);
     const int64_t now = clock_->NowMs();
@@ -223,6 +226,10 @@ absl::Status Reconciler::ReconcileNow() {
     }
     v.job.remaining_samples = remaining;
 
+    // The allocation in force before this reconcile: a REALLOCATE that leaves a worker out of
+    // its list (a rollback to "no allocation", a worker no longer live) must reset that worker
+    // in the sharding service, which otherwise keeps its old shard scale.
+    std::vector<WorkerAllocation> in_force = controller_->history().allocations();
     auto result = controller_->Reconcile(v);
     if (!result.ok()) return result.status();
     // Decisions are durable before they are carried out (a restarted pacerd knows them).
@@ -241,6 +248,18 @@ absl::Status Reconciler::ReconcileNow() {
                                        : absl::StrCat("sent in heartbeat replies: excluded ",
                                                       absl::StrJoin(excluded_, ",")));
           break;
+        case ActionKind::kReallocate: {
+          // Executed in order, each replaces the whole allocation (Controller::Execute).
+          for (const auto& before : in_force) {
+            const bool kept = std::any_of(
+                a.allocations.begin(), a.allocations.end(),
+                [&](const WorkerAllocation& al) { return al.worker_id == before.worker_id; });
+            if (!kept) reset[a.id].push_back(before.worker_id);
+          }
+          in_force = a.allocations;
+          remote.emplace_back(a.id, a);
+          break;
+        }
         default:
           remote.emplace_back(a.id, a);
           break;
@@ -260,6 +279,16 @@ absl::Status Reconciler::ReconcileNow() {
         req.mutable_allocation()->set_weight(std::clamp(al.shard_scale, 0.01, 1000.0));
         SetAllocationResponse resp;
         if (!CallSharding(sharding_, &ShardingServiceImpl::SetAllocation, req, &resp).ok()) ++failed;
+      }
+      // Back to the default (SetAllocationUpdate: weight 1, no absolute shard size, no lease
+      // limit); a worker the sharding service no longer knows has nothing to reset.
+      for (const auto& worker : reset[id]) {
+        SetAllocationRequest req;
+        req.mutable_allocation()->set_worker_id(worker);
+        req.mutable_allocation()->set_weight(1.0);
+        SetAllocationResponse resp;
+        absl::Status s = CallSharding(sharding_, &ShardingServiceImpl::SetAllocation, req, &resp);
+        if (!s.ok() && !absl::IsNotFound(s)) ++failed;
       }
       if (a.tail_backups) {
         for (const auto& d : datasets.datasets()) {
