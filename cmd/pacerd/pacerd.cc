@@ -23,9 +23,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-// The reconciler's agent dispatcher: carries out RESTART / MIGRATE / server actions through the
-// node agents. Not static: sdk_ps_restart_test calls it (declared there; pacerd.h is not this
-// change's to edit).
 absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a) {
   switch (a.kind) {
     case ActionKind::kRestart: {
@@ -173,7 +170,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   if (!d->server_ || d->port_ == 0) {
     return absl::UnavailableError("cannot listen on '" + options.listen + "'");
   }
-  d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
+  if (options.housekeeping) d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
   return d;
 }
 

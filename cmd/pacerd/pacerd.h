@@ -34,6 +34,11 @@
 
 namespace pacer {
 
+// The reconciler's agent dispatcher: carries out RESTART / MIGRATE / RESTART_SERVER through the
+// node agents (a parameter server runs under a pacer-agent like a worker); RELIEVE_SERVER is
+// refused (the PS has no re-sharding). Returns the audit's dispatch note.
+absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a);
+
 struct PacerdOptions {
   std::string data_dir = "pacer-data";
   std::string listen = "127.0.0.1:7070";
@@ -47,6 +52,10 @@ struct PacerdOptions {
   std::string policy_file;    // empty: the "none" policy (observe, never act)
   ReconcilerOptions reconciler;
   AgentRegistryOptions agents;
+  // The housekeeping thread (lease expiry, monitor windows, reconcile) on a real-time timer.
+  // Tests that drive a SimulatedClock turn it off and call those steps themselves, so nothing
+  // races their script.
+  bool housekeeping = true;
 };
 
 class Pacerd {

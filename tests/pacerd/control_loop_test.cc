@@ -58,6 +58,7 @@ PacerdOptions OptionsFor(const testing::TempDir& dir, const std::string& policy_
   o.metrics_listen = "";
   o.policy_file = policy_path;
   o.reconciler.interval_ms = 1000;
+  o.housekeeping = false;  // the scenario ticks the monitor and reconciles on its clock
   return o;
 }
 

@@ -60,6 +60,7 @@ class ReallocationDispatchTest : public ::testing::Test {
     o.policy_file = policy_path;
     o.reconciler.interval_ms = 1000;
     o.reconciler.mode = JobMode::kAsync;
+    o.housekeeping = false;  // the script ticks the monitor and reconciles on its clock
     auto d = Pacerd::Start(o, &clock_);
     ASSERT_TRUE(d.ok()) << d.status();
     pacerd_ = std::move(*d);

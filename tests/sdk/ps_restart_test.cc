@@ -22,10 +22,6 @@
 
 namespace pacer {
 
-// pacerd's agent dispatcher (cmd/pacerd/pacerd.cc), the function its reconciler calls for
-// RESTART / MIGRATE / server actions. Declared here because pacerd.h is not this change's file.
-absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a);
-
 namespace {
 
 using testing::BinaryPath;
