@@ -33,7 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/log.h"
-#include "examples/consumer/ledger.h"
+#include "examples/consumer/reader_ledger.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/ps/ps_client.h"
@@ -101,15 +101,6 @@ double Auc(std::vector<std::pair<float, float>> scored) {  // (score, label)
   }
   return pos > 0 && neg > 0 ? (rank_sum - pos * (pos + 1) / 2) / (pos * neg) : 0.5;
 }
-
-class LedgerAcks final : public ReportListener {
- public:
-  explicit LedgerAcks(LedgerWriter* w) : w_(w) {}
-  void OnAcknowledged(uint64_t lease, uint64_t done) override { w_->Ack(lease, done); }
-
- private:
-  LedgerWriter* w_;
-};
 
 [[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
   ExitWithError("pacer-train-ctr", what + ": " + s.ToString(), 1);
@@ -206,22 +197,16 @@ int main(int argc, char** argv) {
   auto client_or = Client::Connect(copts);
   if (!client_or.ok()) Fail("connect", client_or.status());
   Client& client = **client_or;
-  std::optional<LedgerWriter> ledger;
-  std::optional<LedgerAcks> ledger_acks;
+  std::unique_ptr<ReaderLedger> ledger;
   ShardReaderOptions ropts;
   ropts.dataset = dataset;
   if (!ledger_path.empty()) {
-    auto w = LedgerWriter::Open(ledger_path);
-    if (!w.ok()) Fail("ledger", w.status());
-    ledger.emplace(std::move(*w));
-    const int resolved = ResolvePendingIntents(ledger_path, client.registration(), *ledger);
-    if (resolved > 0) {
-      PACER_LOG(INFO) << "resolved " << resolved << " unacknowledged reports";
+    auto l = ReaderLedger::Attach(ledger_path, &client, &ropts);
+    if (!l.ok()) Fail("ledger", l.status());
+    ledger = std::move(*l);
+    if (ledger->resolved() > 0) {
+      PACER_LOG(INFO) << "resolved " << ledger->resolved() << " unacknowledged reports";
     }
-    ledger_acks.emplace(&*ledger);
-    client.AddListener(&*ledger_acks);
-    ropts.on_lease = [&](const Lease& l) { ledger->Leased(l); };
-    ropts.on_report = [&](uint64_t lease, uint64_t prefix) { ledger->Intent(lease, prefix); };
   }
   if (register_records > 0) {
     DatasetSpec spec;

@@ -30,7 +30,7 @@
 
 #include "common/flags.h"
 #include "common/log.h"
-#include "examples/consumer/ledger.h"
+#include "examples/consumer/reader_ledger.h"
 #include "examples/mlp_trainer/mlp.h"
 #include "examples/mlp_trainer/synthetic_task.h"
 #include "worker_sdk/client.h"
@@ -51,15 +51,6 @@ class SoloCollective final : public Collective {
   int size() const override { return 1; }
   absl::Status AllReduceSum(std::span<float>) override { return absl::OkStatus(); }
   absl::Status Barrier() override { return absl::OkStatus(); }
-};
-
-class LedgerAcks final : public ReportListener {
- public:
-  explicit LedgerAcks(LedgerWriter* w) : w_(w) {}
-  void OnAcknowledged(uint64_t lease, uint64_t done) override { w_->Ack(lease, done); }
-
- private:
-  LedgerWriter* w_;
 };
 
 uint64_t Checksum(const std::vector<float>& p) {
@@ -130,22 +121,16 @@ int main(int argc, char** argv) {
   if (!client_or.ok()) Fail("connect", client_or.status());
   Client& client = **client_or;
 
-  std::optional<LedgerWriter> ledger;
-  std::optional<LedgerAcks> ledger_acks;
+  std::unique_ptr<ReaderLedger> ledger;
   ShardReaderOptions ropts;
   ropts.dataset = dataset;
   if (!ledger_path.empty()) {
-    auto w = LedgerWriter::Open(ledger_path);
-    if (!w.ok()) Fail("ledger", w.status());
-    ledger.emplace(std::move(*w));
-    const int resolved = ResolvePendingIntents(ledger_path, client.registration(), *ledger);
-    if (resolved > 0) {
-      PACER_LOG(INFO) << "resolved " << resolved << " unacknowledged reports";
+    auto l = ReaderLedger::Attach(ledger_path, &client, &ropts);
+    if (!l.ok()) Fail("ledger", l.status());
+    ledger = std::move(*l);
+    if (ledger->resolved() > 0) {
+      PACER_LOG(INFO) << "resolved " << ledger->resolved() << " unacknowledged reports";
     }
-    ledger_acks.emplace(&*ledger);
-    client.AddListener(&*ledger_acks);
-    ropts.on_lease = [&](const Lease& l) { ledger->Leased(l); };
-    ropts.on_report = [&](uint64_t lease, uint64_t prefix) { ledger->Intent(lease, prefix); };
   }
   if (register_records > 0) {
     DatasetSpec spec;
