@@ -60,6 +60,7 @@ void ShardReader::PrefetchLoop() {
     auto resp = client_->sharding().Fetch(options_.dataset);
     std::lock_guard<std::mutex> l(q_mu_);
     fetching_ = false;
+    q_cv_.notify_all();  // ReleaseAll may wait for this fetch
     if (!resp.ok()) {
       if (resp.status().code() == absl::StatusCode::kUnavailable ||
           resp.status().code() == absl::StatusCode::kDeadlineExceeded) {

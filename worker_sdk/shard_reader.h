@@ -62,6 +62,7 @@ class ShardReader : public ReportListener {
   //                     trainers use this and contribute weight 0 on kWait, so that nobody
   //                     blocks a collective waiting for data a peer holds;
   //   kUntilData:       wait until records come or the data ends (independent workers).
+  // Between ReleaseAll() and Resume() it returns kWait at once (nothing is leased).
   enum class Blocking { kNever, kUntilPrefetched, kUntilData };
 
   // `client` must outlive the reader. Destroy the reader after Client::Close() (which cancels
