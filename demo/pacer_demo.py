@@ -467,14 +467,12 @@ class Run:
         self.ledger = {"ok": out.returncode == 0, "once": once, "missing": missing,
                        "twice": twice, "output": out.stdout.strip()}
         if a.mode == "ps":
-            # Tail backups: pacer-ledger-check counts each lease's acknowledged prefix from the
-            # shard's first record, and both copies of a backup pair get reports acknowledged
-            # (the backup starts at the original's done prefix; the loser's progress before it
-            # is fenced is kept), so it counts the records both copies acknowledged twice although
-            # the service counted them once (its done prefix is per shard). Count per shard
-            # instead: the union of its leases' acknowledged prefixes.
+            # pacer-ledger-check reads the ledgers together and counts a tail-backup pair once
+            # (examples/consumer/ledger.h, ReadLedgers); the shard view below only reports how
+            # many pairs there were and how many records both copies trained.
             pair = shard_counts(ledgers, a.records, a.epochs)
-            self.ledger.update(pair, ledger_check_twice=twice, ok=pair["missing"] == 0 and pair["twice"] == 0)
+            self.ledger.update(backup_pairs=pair["backup_pairs"],
+                               acked_by_both_copies=pair["acked_by_both_copies"], ledger_check_twice=twice)
 
     def summary(self):
         a = self.args
@@ -611,48 +609,25 @@ class Run:
 
 
 def shard_counts(ledgers, records, epochs):
-    """Exactly-once over the trainers' ledgers (examples/consumer/ledger.h: `L lease epoch
-    ranges`, `A lease prefix`), counting each shard once: the leases of one shard (the same epoch
-    and record ranges: a lease and its tail backup) count the union of their acknowledged
-    prefixes, as the sharding service does. Returns missing / twice (records counted by two
-    different shards) and how many shards had two leases and records both acknowledged."""
-    shards = {}  # (epoch, ranges) -> highest acknowledged prefix of any of its leases
-    copies = {}
+    """Tail backups in the trainers' ledgers (examples/consumer/ledger.h: an `L` line with
+    `backup=1` is a lease handed out as the tail backup of another): how many there were and how
+    many records the backups acknowledged. Informational only: exactly-once is
+    pacer-ledger-check's verdict, which pairs each backup with its primary."""
+    start, done = {}, {}  # backup lease -> its starting done prefix, its highest acknowledged
     for path in ledgers:
-        leases = {}
         try:
             with open(path) as f:
                 for line in f:
                     p = line.split()
-                    if len(p) >= 4 and p[0] == "L":
-                        rs = tuple(tuple(int(x) for x in r.split("-")) for r in p[3].split(",") if r)
-                        leases[p[1]] = [int(p[2]), rs, 0]
-                    elif len(p) == 3 and p[0] == "A" and p[1] in leases:
-                        leases[p[1]][2] = max(leases[p[1]][2], int(p[2]))
-        except OSError:
+                    if len(p) >= 4 and p[0] == "L" and "backup=1" in p[4:]:
+                        fields = dict(x.split("=", 1) for x in p[4:] if "=" in x)
+                        start[(path, p[1])] = int(fields.get("start", 0))
+                    elif len(p) == 3 and p[0] == "A" and (path, p[1]) in start:
+                        done[(path, p[1])] = max(done.get((path, p[1]), 0), int(p[2]))
+        except (OSError, ValueError):
             continue
-        for epoch, rs, acked in leases.values():
-            key = (epoch, rs)
-            copies.setdefault(key, []).append(acked)
-            shards[key] = max(shards.get(key, 0), acked)
-    counted = [bytearray(records) for _ in range(epochs)]
-    twice = 0
-    for (epoch, rs), acked in shards.items():
-        left = acked
-        for b, e in rs:
-            take = min(left, e - b)
-            for i in range(b, b + take):
-                if epoch < epochs and i < records:
-                    twice += counted[epoch][i] >= 1
-                    counted[epoch][i] = min(2, counted[epoch][i] + 1)
-            left -= take
-            if left <= 0:
-                break
-    missing = sum(c.count(0) for c in counted)
-    pairs = [a for a in copies.values() if len(a) > 1]
-    overlap = sum(sorted(a)[-2] for a in pairs)  # acknowledged by both copies (prefixes overlap)
-    return {"missing": missing, "twice": twice, "backup_pairs": len(pairs),
-            "acked_by_both_copies": overlap}
+    acked = sum(max(0, done.get(k, 0) - s) for k, s in start.items())
+    return {"backup_pairs": len(start), "acked_by_both_copies": acked}
 
 
 # ----------------------------------------------------------------------------------------------
