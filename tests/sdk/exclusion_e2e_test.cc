@@ -174,7 +174,7 @@ TEST_F(ExclusionE2eTest, ABurstOfRealContentionIsExcludedAndTheWorkerRejoins) {
        "--metrics-ms", "500", "--max-restarts", "0", "--contention-method", "cgroup", "--no-nvml",
        // Each worker on its own CPU budget: three trainers sharing two cores with pacerd and
        // other tests would otherwise differ by more than the threshold now and then.
-       "--worker-cpu-limit", "0.5",
+       "--worker-cpu-limit", "0.4",
        "--", BinaryPath("pacer-train-mlp"), "--store-dir", dir_.Sub("gloo"), "--rank", "{rank}",
        "--world-size", std::to_string(kWorkers), "--register-records", std::to_string(kRecords),
        "--epochs", "1", "--shard-size", "2000", "--batch", "512", "--hidden", "256", "--probe-ms", "300", "--ledger",
@@ -214,7 +214,10 @@ TEST_F(ExclusionE2eTest, ABurstOfRealContentionIsExcludedAndTheWorkerRejoins) {
   ASSERT_TRUE(WaitFor([&] { return Log().find("included in the job's steps again") != std::string::npos; }, 30s,
                       50ms))
       << Log();
-  EXPECT_LT(Dataset().records_done_total(), kRecords) << "the rejoin came before the end of the data";
+  const uint64_t done_at_rejoin = Dataset().records_done_total();
+  EXPECT_LT(done_at_rejoin, kRecords) << "the rejoin came before the end of the data";
+  std::cout << "excluded at " << done_at_exclusion << ", rejoined at " << done_at_rejoin << " of " << kRecords
+            << " records" << std::endl;
 
   // The job runs to the end of its data.
   for (int i = 0; i < kWorkers; ++i) {
