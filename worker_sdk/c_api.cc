@@ -61,6 +61,7 @@ pacer_code pacer_client_connect(const pacer_client_options* options, pacer_clien
       if (options->connect_budget_ms > 0) o.connect_budget_ms = options->connect_budget_ms;
       if (options->rpc_timeout_ms > 0) o.rpc_timeout_ms = options->rpc_timeout_ms;
       if (options->initial_micro_batch > 0) o.initial_micro_batch = options->initial_micro_batch;
+      o.honors_exclusion = options->honors_exclusion != 0;
     }
     auto c = pacer::Client::Connect(std::move(o));
     if (!c.ok()) return Report(c.status(), err);
@@ -113,6 +114,14 @@ int pacer_client_stop_requested(const pacer_client* client) {
   return client != nullptr && client->client->stop_requested() ? 1 : 0;
 }
 
+int pacer_client_excluded(const pacer_client* client) {
+  return client != nullptr && client->client->excluded() ? 1 : 0;
+}
+
+uint64_t pacer_client_exclusion_version(const pacer_client* client) {
+  return client != nullptr ? client->client->exclusion_version() : 0;
+}
+
 pacer_code pacer_reader_create(pacer_client* client, const char* dataset, pacer_reader** out, pacer_error* err) {
   if (out == nullptr) return Null("out", err);
   *out = nullptr;
@@ -158,6 +167,22 @@ pacer_code pacer_reader_save_checkpoint(pacer_reader* reader, const char* tag, p
 pacer_code pacer_reader_restore_checkpoint(pacer_reader* reader, const char* tag, pacer_error* err) {
   if (reader == nullptr || tag == nullptr) return Null("reader or tag", err);
   return Report(reader->reader->RestoreCheckpoint(tag), err);
+}
+
+pacer_code pacer_reader_release_all(pacer_reader* reader, int64_t timeout_ms, int* released, pacer_error* err) {
+  if (reader == nullptr) return Null("reader", err);
+  auto r = reader->reader->ReleaseAll(timeout_ms > 0 ? timeout_ms : 10'000);
+  if (!r.ok()) return Report(r.status(), err);
+  if (released != nullptr) *released = *r;
+  return Report(absl::OkStatus(), err);
+}
+
+void pacer_reader_resume(pacer_reader* reader) {
+  if (reader != nullptr) reader->reader->Resume();
+}
+
+int pacer_reader_holding_off(const pacer_reader* reader) {
+  return reader != nullptr && reader->reader->holding_off() ? 1 : 0;
 }
 
 pacer_code pacer_step_timer_create(pacer_client* client, pacer_step_timer** out, pacer_error* err) {

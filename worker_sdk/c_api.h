@@ -60,6 +60,9 @@ typedef struct pacer_client_options {
   int64_t connect_budget_ms;    /* 0: 60 000 */
   int64_t rpc_timeout_ms;       /* 0: 10 000 */
   uint32_t initial_micro_batch; /* 0: 32 */
+  /* Non-zero: the trainer carries out EXCLUDE_WORKERS (see pacer_client_excluded); pacerd
+   * excludes nobody while any live worker of the job leaves this 0. */
+  int honors_exclusion;
 } pacer_client_options;
 
 typedef enum pacer_outcome { PACER_RECORDS = 0, PACER_WAIT = 1, PACER_END_OF_DATA = 2 } pacer_outcome;
@@ -81,6 +84,15 @@ pacer_code pacer_client_batch_plan(pacer_client* client, uint64_t step, uint32_t
                                    uint32_t* accumulation_steps, pacer_error* err);
 /* 1 when pacerd asked this worker to stop, else 0 (also for NULL). */
 int pacer_client_stop_requested(const pacer_client* client);
+/* EXCLUDE_WORKERS (honors_exclusion set): 1 while the job's steps do not wait for this worker,
+ * else 0 (also for NULL). Flips at heartbeat replies; read it once per step. While it is 1 the
+ * trainer (1) calls pacer_reader_release_all once, after the records handed out are trained,
+ * (2) joins every all-reduce with weight 0, (3) still times a probe of about half its batch
+ * every couple of seconds and ends it with pacer_step_timer_end, so pacerd sees it recover.
+ * When it turns 0: pacer_reader_resume and train as before. */
+int pacer_client_excluded(const pacer_client* client);
+/* The version of the newest exclusion command held (0: none, also for NULL). */
+uint64_t pacer_client_exclusion_version(const pacer_client* client);
 
 /* ---- shard reader ---- */
 pacer_code pacer_reader_create(pacer_client* client, const char* dataset, pacer_reader** out, pacer_error* err);
@@ -92,6 +104,16 @@ pacer_code pacer_reader_next(pacer_reader* reader, size_t capacity, pacer_blocki
 void pacer_reader_mark_consumed(pacer_reader* reader);
 pacer_code pacer_reader_save_checkpoint(pacer_reader* reader, const char* tag, pacer_error* err);
 pacer_code pacer_reader_restore_checkpoint(pacer_reader* reader, const char* tag, pacer_error* err);
+/* What an excluded worker does: marks every record handed out consumed, waits (up to
+ * timeout_ms; <= 0: 10 000) until pacerd acknowledged the progress, hands every lease back at
+ * its done prefix and leases nothing until pacer_reader_resume (pacer_reader_next then gives
+ * PACER_WAIT at once). *released (may be NULL): how many leases went back. Idempotent; on an
+ * error the leases not yet released stay held and leasing stays stopped: call it again. */
+pacer_code pacer_reader_release_all(pacer_reader* reader, int64_t timeout_ms, int* released, pacer_error* err);
+/* Leasing goes on (after pacer_reader_release_all). NULL is a no-op. */
+void pacer_reader_resume(pacer_reader* reader);
+/* 1 between pacer_reader_release_all and pacer_reader_resume, else 0 (also for NULL). */
+int pacer_reader_holding_off(const pacer_reader* reader);
 
 /* ---- step timer ---- */
 pacer_code pacer_step_timer_create(pacer_client* client, pacer_step_timer** out, pacer_error* err);

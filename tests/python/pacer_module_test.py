@@ -6,6 +6,13 @@ crash. Also: connecting from the PACER_* environment, reading every record of a 
 once through ShardReader (a second worker then finds nothing left), checkpoint/restore of the
 data position, StepTimer reports reaching pacerd, the batch plan, and that blocking calls
 release the GIL.
+
+Exclusion (EXCLUDE_WORKERS): the pacerd subprocess cannot be driven into deciding one here (that
+is tests/sdk/c_api_test.cc, on a simulated clock, and tests/pacerd/exclusion_test.cc), so this
+checks the opt-in and the reader's side: ``honors_exclusion=True`` connects, ``excluded`` is
+False and ``exclusion_version`` 0 while pacerd decided nothing; ``release_all()`` hands the
+leases back (another worker then finishes the dataset, every record read exactly once),
+``next`` says WAIT until ``resume()``, and ``release_all`` releases the GIL.
 """
 
 import os
@@ -16,7 +23,7 @@ import time
 import unittest
 
 import pacer
-from pacerd_fixture import Pacerd, temp_dir
+from pacerd_fixture import Pacerd, temp_dir, wait_for
 
 # A bound, never-listening socket: connections to it are refused and no one else can take
 # the port while the test runs.
@@ -189,6 +196,98 @@ class ReadingTest(unittest.TestCase):
             r.mark_consumed()
             # Back at the checkpoint: what was done then stays done, the rest comes again.
             self.assertEqual(sorted(again), sorted(rest))
+
+
+class ExclusionTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = temp_dir()
+        self.pacerd = Pacerd(self.tmp.name)
+
+    def tearDown(self):
+        self.pacerd.stop()
+        self.tmp.cleanup()
+
+    def client(self, worker_id, **kw):
+        return pacer.Client(address=self.pacerd.address, token=self.pacerd.token, worker_id=worker_id, **kw)
+
+    def test_opt_in_and_not_excluded_until_pacerd_decides(self):
+        with self.client("w-default") as c:
+            self.assertFalse(c.honors_exclusion)
+        with self.client("w-opt-in", honors_exclusion=True) as c:
+            self.assertTrue(c.honors_exclusion)
+            # Heartbeats carry the opt-in; nothing was decided, so nothing changes.
+            hb = c.stats()["heartbeats_ok"]
+            wait_for(lambda: c.stats()["heartbeats_ok"] >= hb + 2, 30, "two heartbeats")
+            self.assertFalse(c.excluded)
+            self.assertEqual(c.exclusion_version, 0)
+            c.check_health()
+
+    def test_release_all_hands_leases_to_another_worker_each_record_once(self):
+        seen = []
+        with self.client("w0", honors_exclusion=True) as c0, \
+                self.client("w1", honors_exclusion=True) as c1:
+            c0.register_dataset("train", num_records=400, shard_size=50, num_epochs=1)
+            r0 = pacer.ShardReader(c0, dataset="train")
+            # 75 records: the second lease is half read, so at least it goes back.
+            while len(seen) < 75:
+                outcome, ids = r0.next(25)
+                self.assertEqual(outcome, pacer.Outcome.RECORDS)
+                seen.extend(ids)
+            self.assertEqual(len(seen), 75)
+            self.assertFalse(r0.holding_off)
+            with self.assertRaises(pacer.InvalidArgumentError):
+                r0.release_all(timeout_ms=0)
+            released = r0.release_all(timeout_ms=10_000)
+            self.assertGreaterEqual(released, 1)
+            self.assertTrue(r0.holding_off)
+            self.assertEqual(r0.release_all(), 0, "idempotent")
+            # Holding off: nothing is leased, WAIT at once even when asked to block.
+            self.assertEqual(r0.next(25), (pacer.Outcome.WAIT, []))
+            # The other worker finishes the dataset.
+            r1 = pacer.ShardReader(c1, dataset="train")
+            while True:
+                outcome, ids = r1.next(25)
+                seen.extend(ids)
+                r1.mark_consumed()
+                if not ids:
+                    self.assertEqual(outcome, pacer.Outcome.END_OF_DATA)
+                    break
+            self.assertEqual(sorted(seen), list(range(400)), "every record exactly once")
+            # Included again: leasing goes on and finds the data done.
+            r0.resume()
+            self.assertFalse(r0.holding_off)
+            self.assertEqual(r0.next(25), (pacer.Outcome.END_OF_DATA, []))
+            del r0, r1
+
+    def test_release_all_releases_the_gil(self):
+        # pacerd stopped: release_all waits for an acknowledgement that never comes, in C++.
+        c = self.client("w-gil", honors_exclusion=True, rpc_timeout_ms=500, call_budget_ms=5_000)
+        c.register_dataset("train", num_records=100, shard_size=50, num_epochs=1)
+        r = pacer.ShardReader(c, dataset="train")
+        outcome, ids = r.next(10)
+        self.assertEqual(len(ids), 10)
+        self.pacerd.stop()
+        result = {}
+
+        def release():
+            try:
+                result["released"] = r.release_all(timeout_ms=2_000)
+            except pacer.Error as e:
+                result["error"] = e
+
+        t = threading.Thread(target=release)
+        samples = [time.monotonic()]
+        t.start()
+        while t.is_alive():
+            samples.append(time.monotonic())
+            time.sleep(0.001)
+        t.join()
+        self.assertIn("error", result, "pacerd is gone: the release cannot be acknowledged")
+        self.assertTrue(r.holding_off, "leasing stays stopped after a failed release")
+        gaps = [b - a for a, b in zip(samples, samples[1:])]
+        self.assertLess(max(gaps), 1.0, f"main thread stalled {max(gaps):.2f} s")
+        c.close(flush_timeout_ms=100)  # first: the reader's destructor then does not retry
+        del r
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ std::unique_ptr<PyClient> ConnectClient(std::optional<std::string> address, std:
                                         std::optional<std::string> node, int64_t connect_budget_ms,
                                         int64_t rpc_timeout_ms, int64_t call_budget_ms,
                                         int64_t heartbeat_interval_ms, bool report_steps,
-                                        uint32_t initial_micro_batch, uint32_t initial_accumulation_steps) {
+                                        uint32_t initial_micro_batch, uint32_t initial_accumulation_steps,
+                                        bool honors_exclusion) {
   ClientOptions o;
   // Explicit arguments win over the environment (Resolve fills only empty fields).
   if (address) o.address = *address;
@@ -136,6 +137,7 @@ std::unique_ptr<PyClient> ConnectClient(std::optional<std::string> address, std:
   o.report_steps = report_steps;
   o.initial_micro_batch = initial_micro_batch;
   o.initial_accumulation_steps = initial_accumulation_steps;
+  o.honors_exclusion = honors_exclusion;
   if (initial_micro_batch == 0 || initial_accumulation_steps == 0) {
     Raise(absl::InvalidArgumentError("initial_micro_batch and initial_accumulation_steps must be > 0"));
   }
@@ -261,6 +263,17 @@ class PyShardReader {
     }
     Check(s);
   }
+  // EXCLUDE_WORKERS: hands every lease back (after marking what was handed out consumed and
+  // waiting for pacerd's acknowledgement) and stops leasing until Resume(). Blocks: no GIL.
+  int ReleaseAll(int64_t timeout_ms) {
+    if (timeout_ms <= 0) Raise(absl::InvalidArgumentError("release_all(timeout_ms): timeout_ms must be > 0"));
+    absl::StatusOr<int> r;
+    {
+      py::gil_scoped_release release;
+      r = reader_->ReleaseAll(timeout_ms);
+    }
+    return Value(std::move(r));
+  }
   ShardReader& get() { return *reader_; }
 
  private:
@@ -385,13 +398,23 @@ PYBIND11_MODULE(_pacer, m) {
            py::arg("node") = py::none(), py::arg("connect_budget_ms") = 60'000, py::arg("rpc_timeout_ms") = 10'000,
            py::arg("call_budget_ms") = 120'000, py::arg("heartbeat_interval_ms") = 0,
            py::arg("report_steps") = true, py::arg("initial_micro_batch") = 32,
-           py::arg("initial_accumulation_steps") = 1)
+           py::arg("initial_accumulation_steps") = 1, py::arg("honors_exclusion") = false)
       .def_property_readonly("worker_id", [](PyClient& c) { return c.get().worker_id(); })
       .def_property_readonly("address", [](PyClient& c) { return c.get().options().address; })
       .def_property_readonly("heartbeat_interval_ms", [](PyClient& c) { return c.get().heartbeat_interval_ms(); })
       .def_property_readonly("incarnation", [](PyClient& c) { return c.get().sharding().incarnation(); })
       .def_property_readonly("stop_requested", [](PyClient& c) { return c.get().stop_requested(); })
       .def_property_readonly("stop_reason", [](PyClient& c) { return c.get().stop_reason(); })
+      .def_property_readonly("honors_exclusion", [](PyClient& c) { return c.get().options().honors_exclusion; })
+      .def_property_readonly(
+          "excluded", [](PyClient& c) { return c.get().excluded(); },
+          "EXCLUDE_WORKERS (honors_exclusion=True): True while the job's steps do not wait for this "
+          "worker. Flips at heartbeat replies; read it once per step. While True the trainer calls "
+          "reader.release_all() once (after the records handed out are trained), joins every "
+          "all-reduce with weight 0, and still times a probe of about half its batch every couple of "
+          "seconds (StepTimer) so pacerd sees it recover; when False again, reader.resume().")
+      .def_property_readonly("exclusion_version", [](PyClient& c) { return c.get().exclusion_version(); },
+                             "The version of the newest exclusion command held (0: none).")
       .def_property_readonly("closed", [](PyClient& c) { return c.raw() == nullptr; })
       .def("register_dataset", &RegisterDataset, py::arg("name"), py::kw_only(), py::arg("num_records"),
            py::arg("shard_size") = 0, py::arg("num_epochs") = 1, py::arg("shuffle") = "shards", py::arg("seed") = 0,
@@ -441,6 +464,14 @@ PYBIND11_MODULE(_pacer, m) {
            "Every record handed out so far is trained: queue its progress (never blocks).")
       .def("save_checkpoint", &PyShardReader::Save, py::arg("tag"), py::arg("flush_timeout_ms") = 30'000)
       .def("restore_checkpoint", &PyShardReader::Restore, py::arg("tag"))
+      .def("release_all", &PyShardReader::ReleaseAll, py::arg("timeout_ms") = 10'000,
+           "What an excluded worker does: marks every record handed out consumed, waits until pacerd "
+           "acknowledged it, hands every lease back at its done prefix and leases nothing until "
+           "resume() (next() then returns WAIT at once). Returns how many leases went back; "
+           "idempotent. On an error the leases not yet released stay held: call it again.")
+      .def("resume", [](PyShardReader& r) { r.get().Resume(); }, "Leasing goes on (after release_all).")
+      .def_property_readonly("holding_off", [](PyShardReader& r) { return r.get().holding_off(); },
+                             "True between release_all() and resume().")
       .def_property_readonly("records_read", [](PyShardReader& r) { return r.get().records_read(); })
       .def_property_readonly("leases_read", [](PyShardReader& r) { return r.get().leases_read(); })
       .def("records",

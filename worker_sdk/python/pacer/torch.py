@@ -29,12 +29,13 @@ class LeasedBatch:
     """One batch: the record ids, what ``load(ids)`` made of them, and whether this rank's data
     has ended (then ``ids`` is empty)."""
 
-    __slots__ = ("ids", "data", "end_of_data")
+    __slots__ = ("ids", "data", "end_of_data", "excluded")
 
-    def __init__(self, ids, data, end_of_data):
+    def __init__(self, ids, data, end_of_data, excluded=False):
         self.ids = ids
         self.data = data
         self.end_of_data = end_of_data
+        self.excluded = excluded  # EXCLUDE_WORKERS: this rank trains on nothing (weight 0)
 
     def __len__(self):
         return len(self.ids)
@@ -56,9 +57,21 @@ class LeasedShardDataset(IterableDataset):
 
     After training on a batch call ``mark_consumed()``: it queues the progress of every record
     handed out so far (never blocks; the client's reporter sends it).
+
+    EXCLUDE_WORKERS (``lockstep=True`` with ``client=`` a ``pacer.Client(...,
+    honors_exclusion=True)``): while ``client.excluded`` the job's steps do not wait for this
+    rank. Asking for the next batch declares the previous one trained, so at that point the
+    dataset hands the reader's leases back once (``reader.release_all()``; on an error it tries
+    again at the next batch) and yields empty batches with ``excluded=True``: the rank joins
+    the all-reduce with ``hook_state.local_batch = 0`` (weight 0 in ``weighted_average_hook``,
+    so the others' update stays exact). The training loop still times a probe of about half
+    its batch on data it already holds every couple of seconds (gradient discarded, reported
+    with ``timed_step``) so pacerd sees it recover. When ``client.excluded`` turns False the
+    dataset calls ``reader.resume()`` and reads as before. Honor exclusion only if every rank's
+    loop does all this: pacerd excludes nobody while any live worker has not opted in.
     """
 
-    def __init__(self, reader, load, batch_size=32, lockstep=False):
+    def __init__(self, reader, load, batch_size=32, lockstep=False, client=None):
         super().__init__()
         if batch_size <= 0:
             raise ValueError("batch_size must be > 0")
@@ -66,6 +79,9 @@ class LeasedShardDataset(IterableDataset):
         self.load = load
         self.batch_size = batch_size
         self.lockstep = lockstep
+        if client is not None and not lockstep:
+            raise ValueError("client= (exclusion) needs lockstep=True")
+        self.client = client
 
     def __iter__(self):
         if torch.utils.data.get_worker_info() is not None:
@@ -74,7 +90,20 @@ class LeasedShardDataset(IterableDataset):
                 "num_workers=0): its ShardReader prefetches leases itself")
         blocking = pacer.Blocking.UNTIL_PREFETCHED if self.lockstep else pacer.Blocking.UNTIL_DATA
         ended = False
+        handed_back = False
         while True:
+            if self.client is not None and self.client.excluded:
+                if not handed_back:
+                    try:
+                        self.reader.release_all()
+                        handed_back = True
+                    except pacer.Error:
+                        pass  # leases not handed back yet (leasing stays stopped): next batch
+                yield LeasedBatch([], self.load([]), False, excluded=True)
+                continue
+            if self.reader.holding_off:
+                self.reader.resume()
+            handed_back = False
             if not ended:
                 outcome, ids = self.reader.next(self.batch_size, blocking)
                 ended = outcome == pacer.Outcome.END_OF_DATA
