@@ -11,6 +11,9 @@ The classes come from the C++ core (pacer._pacer, pybind11):
 - ``StepTimer(client)``: ``begin_step``, ``with timer.data_wait():``, ``with
   timer.communication():``, ``end_step(local_batch, samples)``.
 - ``client.batch_plan(step)``: the ``LocalBatch`` in force at a step.
+- EXCLUDE_WORKERS: ``Client(..., honors_exclusion=True)`` opts in; ``client.excluded`` says
+  when the job's steps do not wait for this worker; ``reader.release_all()`` hands the leases
+  back, ``reader.resume()`` leases again (worker_sdk/README.md, "Exclusion").
 
 Every failure raises a subclass of ``pacer.Error`` (a RuntimeError) named for its status code
 (``UnavailableError``, ``UnauthenticatedError``, ``InvalidArgumentError``, ...), with the
