@@ -1,52 +1,71 @@
-// Journal: the durable log of sharding updates plus periodic snapshots, in RocksDB.
+// Journal: the durable log of sharding updates plus periodic snapshots — the interface.
 //
-// Layout (one RocksDB instance in the data dir):
-//   "m:format"        -> "pacer-journal-v1"
-//   "j" + BE64(seq)   -> JournalRecord: the updates seq, seq+1, ... of one group commit
-//                        (update seqs are 1, 2, 3, ... without gaps across records)
-//   "s" + BE64(seq)   -> serialized ShardingSnapshot holding every update <= seq
+// The service depends only on this class; RocksJournal (rocks_journal.h) is today's
+// implementation, and a replicated one (pacerd's state on etcd) can take its place later. An
+// implementation owns durability, ordering and recovery; it knows nothing of what an update
+// means.
 //
-// Group commit (the protocol, once):
+// Group commit (the protocol every implementation keeps, once):
 //  1. The service, holding its state lock, applies an update and calls Append(): this only
-//     queues the serialized update (no I/O under the lock).
-//  2. The writer thread takes *everything* queued, writes it as one record in one WriteBatch
-//     with sync=true (one memtable insert and one fsync for the whole group), then advances
-//     durable_seq.
+//     queues the serialized update (no I/O under the lock). Update seqs are 1, 2, 3, ... without
+//     gaps.
+//  2. A writer takes *everything* queued and makes it durable as one group (RocksDB: one
+//     WriteBatch with sync=true — one memtable insert and one fsync for the whole group), then
+//     advances durable_seq.
 //  3. Callers wait with WhenDurable(seq, done); `done` runs once durable_seq >= seq. Because the
 //     log is written in seq order, an acknowledged update implies every earlier one is durable,
 //     so no reply ever reveals state that a crash could take back.
-//  4. WriteSnapshot(snapshot at seq S) is queued like an update; it is written in the same batch
-//     as the updates before it, together with a range delete of journal entries <= S and of the
-//     previous snapshot, atomically. Recovery cost is therefore bounded by the snapshot interval.
-// Recovery reads the newest snapshot and replays every later entry; a gap, an unparsable entry
-// or a RocksDB corruption is DATA_LOSS naming the key, never a crash or a silent reset.
+//  4. WriteSnapshot(snapshot at seq S) is queued like an update; it becomes durable together
+//     with the updates before it, and the entries it covers are dropped atomically with it, so
+//     recovery cost is bounded by the snapshot interval.
+//  5. A failed write makes the journal unhealthy (health() non-OK): every waiter fails, nothing
+//     more is written (the log would have a hole), and what was applied in memory but not
+//     written was never acknowledged. Recover() reopens the durable state and replays it into
+//     fresh callbacks, so the owner can rebuild its memory from what is really durable.
+// Opening replays: the newest snapshot to `on_snapshot`, then every later update in order to
+// `on_update`. An implementation never starts with less than it acknowledged: damage, a gap, or
+// a log shorter than its durable high-water mark is DATA_LOSS naming what is missing (unless the
+// operator accepted the loss, JournalOptions::accept_data_loss), never a crash or a silent reset.
 //
-// Thread-safe. Waiter callbacks run on the writer thread (or inline if already durable).
+// Thread-safe. Waiter callbacks run on the writer thread (or inline if already durable or failed).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/pacer/sharding.pb.h"
 
 namespace rocksdb {
-class DB;
+class FileSystem;
 }
 
 namespace pacer {
 
 struct JournalOptions {
-  std::string dir;
+  std::string dir;   // the RocksDB folder
   bool sync = true;  // fsync every group; false only for benchmarks of the in-memory path
+  // The durable high-water mark (the highest seq known durable), kept OUTSIDE `dir` so that
+  // losing the folder is noticed; default: `dir` + ".hwm" (a sibling file).
+  std::string hwm_file;
+  // How often the high-water mark follows durable_seq while running (a background thread, off
+  // the group-commit path). At a clean close it is written exactly. After kill -9 or a power
+  // loss it may lag the acknowledged seq by up to about this much time.
+  int64_t hwm_interval_ms = 100;
+  // The data dir's identity says this journal was created: a missing or empty folder, or a
+  // missing high-water mark, is DATA_LOSS instead of a fresh start.
+  bool must_exist = false;
+  // The operator knowingly accepts a loss (pacerd --accept-data-loss): damage that RocksDB can
+  // recover past (point-in-time), a missing folder (started empty; the old one is kept aside) or
+  // a log shorter than the high-water mark is accepted, the mark is reset to what was
+  // recovered, and recovery() says what was lost. Damage that cannot be opened still refuses.
+  bool accept_data_loss = false;
+  // RocksDB's file system (tests inject a fault-injecting one); nullptr: the default (POSIX).
+  // The high-water mark is written through it too.
+  std::shared_ptr<rocksdb::FileSystem> fs;
 };
 
 struct JournalStats {
@@ -55,6 +74,20 @@ struct JournalStats {
   uint64_t bytes = 0;
   uint64_t snapshots = 0;
   uint64_t durable_seq = 0;
+  uint64_t hwm_seq = 0;       // the high-water mark last written durably
+  uint64_t failed_writes = 0;  // groups that failed (each made the journal unhealthy)
+  uint64_t recoveries = 0;     // successful Recover() calls after a failure
+};
+
+// What the last Open()/Recover() found.
+struct JournalRecovery {
+  uint64_t recovered_seq = 0;  // last update replayed
+  uint64_t hwm_seq = 0;        // the high-water mark found (0: none)
+  bool created = false;        // a new, empty journal
+  bool adopted = false;        // no high-water mark yet (a data dir from before it): created
+  std::string format;          // the format the journal was found in ("" when created)
+  // accept_data_loss only: what was accepted (empty when nothing was lost).
+  std::string accepted_loss;
 };
 
 class Journal {
@@ -63,52 +96,33 @@ class Journal {
   using SnapshotFn = std::function<absl::Status(const ShardingSnapshot&)>;
   using UpdateFn = std::function<absl::Status(const Update&)>;
 
-  // Opens or creates the journal and replays it: `on_snapshot` with the newest snapshot (if
-  // any), then `on_update` for each later update in order.
+  // Opens or creates the RocksDB journal (RocksJournal) and replays it: `on_snapshot` with the
+  // newest snapshot (if any), then `on_update` for each later update in order.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(const JournalOptions& options,
                                                        const SnapshotFn& on_snapshot,
                                                        const UpdateFn& on_update);
-  ~Journal();  // writes what is queued, then stops
+  virtual ~Journal() = default;  // an implementation writes what is queued, then stops
 
   // Queues `update` (whose seq must be the previous append's + 1).
-  void Append(const Update& update);
+  virtual void Append(const Update& update) = 0;
   // Queues a snapshot; it is written after every update appended before it.
-  void WriteSnapshot(ShardingSnapshot snapshot);
+  virtual void WriteSnapshot(ShardingSnapshot snapshot) = 0;
   // Runs `done` once every update up to `seq` is durable (OK), or when writing failed.
-  void WhenDurable(uint64_t seq, Done done);
-  // Blocks until everything appended so far is durable.
-  absl::Status Flush();
+  virtual void WhenDurable(uint64_t seq, Done done) = 0;
+  // Blocks until everything appended so far is durable (or writing failed).
+  virtual absl::Status Flush() = 0;
 
-  // Non-OK once a write failed: the log and memory disagree; the process must restart.
-  absl::Status health() const;
-  uint64_t last_seq() const;
-  JournalStats stats() const;
-
- private:
-  Journal(std::unique_ptr<rocksdb::DB> db, uint64_t last_seq, uint64_t last_snapshot_seq,
-          JournalOptions options);
-  void WriterLoop();
-
-  struct Entry {
-    uint64_t seq;
-    std::string bytes;
-    bool snapshot;
-  };
-
-  const JournalOptions options_;
-  std::unique_ptr<rocksdb::DB> db_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;        // wakes the writer
-  std::condition_variable durable_cv_;  // wakes Flush()
-  std::vector<Entry> queue_;
-  std::multimap<uint64_t, Done> waiters_;
-  uint64_t last_seq_;           // last appended
-  uint64_t durable_seq_;        // last written
-  uint64_t last_snapshot_seq_;  // newest snapshot on disk
-  absl::Status health_;
-  bool stopping_ = false;
-  JournalStats stats_;
-  std::thread writer_;
+  // Non-OK once a write failed (UNAVAILABLE, naming the cause, e.g. a full disk): the log and
+  // memory disagree until Recover().
+  virtual absl::Status health() const = 0;
+  // After a failure: drops everything queued, reopens the durable state and replays it (as
+  // Open does) into the callbacks; the journal then continues from the recovered seq. OK and no
+  // replay when healthy. Never recovers less than was acknowledged (DATA_LOSS instead). The
+  // caller must not Append concurrently (the service holds its lock).
+  virtual absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) = 0;
+  virtual uint64_t last_seq() const = 0;
+  virtual JournalStats stats() const = 0;
+  virtual JournalRecovery recovery() const = 0;
 };
 
 }  // namespace pacer

@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   Stopwatch watch(RealClock::Get());
   ShardingState state;
   uint64_t replayed = 0;
-  JournalOptions jo;
+  JournalOptions jo = options.journal;
   jo.dir = options.data_dir;
   jo.sync = options.sync;
   auto journal = Journal::Open(

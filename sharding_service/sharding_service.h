@@ -41,6 +41,9 @@ struct ShardingServiceOptions {
   int64_t heartbeat_interval_ms = 1'000;
   uint64_t snapshot_every = 10'000;     // updates between snapshots
   bool sync = true;                     // fsync the journal (always, outside benchmarks)
+  // The journal's other settings (high-water mark, must_exist, accept_data_loss, an injected
+  // file system); its dir and sync are data_dir and sync above.
+  JournalOptions journal;
 };
 
 struct ShardingServiceStats {
@@ -81,6 +84,15 @@ class ShardingServiceImpl {
   int ExpireOverdue();
   // Blocks until every update so far is durable.
   absl::Status Flush();
+  // After a failed journal write (a full disk, EIO; health() non-OK): reopens the journal and
+  // rebuilds the state from what is durable, discarding updates applied in memory but never
+  // written (never acknowledged). OK at once when healthy; the journal's error while it cannot
+  // recover yet (pacerd's housekeeping calls it periodically). In journal_recovery.cc.
+  absl::Status RecoverJournal();
+  // OK, or why updates are refused (the journal failed and has not recovered yet).
+  absl::Status journal_health() const { return journal_->health(); }
+  // What the journal found when it opened (pacerd audits an accepted loss).
+  JournalRecovery journal_recovery() const { return journal_->recovery(); }
 
   ShardingServiceStats stats() const;
   // A copy of the state (tests compare it with a replay).

@@ -1,0 +1,621 @@
+#include "sharding_service/rocks_journal.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+
+namespace pacer {
+namespace {
+
+constexpr char kFormatKey[] = "m:format";
+constexpr char kHwmMagic[] = "pacer-journal-hwm-v1";
+// Wire tag of JournalRecord.updates (field 1, length-delimited).
+constexpr uint32_t kRecordUpdatesTag = (1 << 3) | 2;
+constexpr char kAcceptHint[] =
+    "; pacerd refuses to start with less than it acknowledged (an operator who accepts the loss "
+    "starts it once with --accept-data-loss)";
+
+std::string Key(char prefix, uint64_t seq) {
+  std::string k(9, '\0');
+  k[0] = prefix;
+  for (int i = 0; i < 8; ++i) k[1 + i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
+  return k;
+}
+
+uint64_t SeqOf(const rocksdb::Slice& key) {
+  uint64_t seq = 0;
+  for (int i = 0; i < 8; ++i) seq = (seq << 8) | static_cast<unsigned char>(key[1 + i]);
+  return seq;
+}
+
+std::string Parent(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string StripSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// The files of the folder, for error messages ("000012.log, CURRENT, MANIFEST-000005").
+std::string ListFiles(rocksdb::FileSystem* fs, const std::string& dir) {
+  std::vector<std::string> names;
+  if (!fs->GetChildren(dir, rocksdb::IOOptions(), &names, nullptr).ok()) return "unreadable";
+  std::vector<std::string> shown;
+  for (const auto& n : names) {
+    if (n == "." || n == ".." || n.rfind("LOG", 0) == 0 || n.rfind("OPTIONS", 0) == 0) continue;
+    shown.push_back(n);
+  }
+  std::sort(shown.begin(), shown.end());
+  return shown.empty() ? "none" : absl::StrJoin(shown, ", ");
+}
+
+bool HasFiles(rocksdb::FileSystem* fs, const std::string& dir) {
+  std::vector<std::string> names;
+  if (!fs->GetChildren(dir, rocksdb::IOOptions(), &names, nullptr).ok()) return false;
+  for (const auto& n : names) {
+    if (n != "." && n != "..") return true;
+  }
+  return false;
+}
+
+absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsCorruption()) return absl::DataLossError(what + ": " + s.ToString());
+  return absl::UnavailableError(what + ": " + s.ToString());
+}
+
+// A failed group: a full disk says so (pacerd resumes once space returns).
+absl::Status WriteFailure(const rocksdb::Status& st, const std::string& dir) {
+  if (st.IsNoSpace() || st.ToString().find("No space") != std::string::npos) {
+    return absl::UnavailableError(
+        "journal: disk full writing '" + dir + "' (" + st.ToString() +
+        "): updates are refused until space is freed, then pacerd resumes by itself; nothing "
+        "acknowledged is lost");
+  }
+  return absl::UnavailableError("journal write failed in '" + dir + "' (" + st.ToString() +
+                                "): updates are refused until the journal is reopened");
+}
+
+// Reads the high-water mark: nullopt when there is none, DATA_LOSS when it does not parse.
+absl::StatusOr<std::optional<uint64_t>> ReadHwm(rocksdb::FileSystem* fs, const std::string& path) {
+  rocksdb::IOStatus st = fs->FileExists(path, rocksdb::IOOptions(), nullptr);
+  if (st.IsNotFound()) return std::optional<uint64_t>();
+  std::unique_ptr<rocksdb::FSSequentialFile> file;
+  st = fs->NewSequentialFile(path, rocksdb::FileOptions(), &file, nullptr);
+  if (!st.ok()) return absl::UnavailableError("journal: cannot read '" + path + "': " + st.ToString());
+  std::string text;
+  char buf[256];
+  for (;;) {
+    rocksdb::Slice got;
+    st = file->Read(sizeof buf, rocksdb::IOOptions(), &got, buf, nullptr);
+    if (!st.ok()) return absl::UnavailableError("journal: cannot read '" + path + "': " + st.ToString());
+    if (got.empty() || text.size() > 4096) break;
+    text.append(got.data(), got.size());
+  }
+  // "pacer-journal-hwm-v1 seq=N\n"
+  const std::string prefix = std::string(kHwmMagic) + " seq=";
+  uint64_t seq = 0;
+  bool ok = text.size() > prefix.size() + 1 && text.compare(0, prefix.size(), prefix) == 0 &&
+            text.back() == '\n';
+  size_t digits = 0;
+  for (size_t i = prefix.size(); ok && i + 1 < text.size(); ++i, ++digits) {
+    if (text[i] < '0' || text[i] > '9' || digits >= 19) ok = false;
+    else seq = seq * 10 + static_cast<uint64_t>(text[i] - '0');
+  }
+  if (!ok || digits == 0) {
+    return absl::DataLossError("journal: the high-water mark '" + path + "' is damaged");
+  }
+  return std::optional<uint64_t>(seq);
+}
+
+}  // namespace
+
+// What OpenAndReplay() found and opened.
+struct RocksJournal::Opened {
+  std::unique_ptr<rocksdb::DB> db;
+  uint64_t last_seq = 0;
+  uint64_t snapshot_seq = 0;
+  bool upgrade_format = false;
+  JournalRecovery recovery;
+};
+
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& options,
+                                                       const SnapshotFn& on_snapshot,
+                                                       const UpdateFn& on_update) {
+  auto j = RocksJournal::Open(options, on_snapshot, on_update);
+  if (!j.ok()) return j.status();
+  return std::unique_ptr<Journal>(std::move(*j));
+}
+
+std::string RocksJournal::HwmPath(const JournalOptions& options) {
+  return options.hwm_file.empty() ? StripSlashes(options.dir) + ".hwm" : options.hwm_file;
+}
+
+RocksJournal::RocksJournal(JournalOptions options, std::unique_ptr<rocksdb::Env> env)
+    : options_(std::move(options)),
+      hwm_path_(HwmPath(options_)),
+      fs_(options_.fs ? options_.fs : rocksdb::FileSystem::Default()),
+      env_(std::move(env)) {}
+
+absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOptions& options,
+                                                                 const SnapshotFn& on_snapshot,
+                                                                 const UpdateFn& on_update) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("journal: dir is required");
+  std::unique_ptr<rocksdb::Env> env;
+  if (options.fs) env = rocksdb::NewCompositeEnv(options.fs);
+  std::unique_ptr<RocksJournal> j(new RocksJournal(options, std::move(env)));
+  auto opened = j->OpenAndReplay(on_snapshot, on_update, 0);
+  if (!opened.ok()) return opened.status();
+  j->Install(std::move(*opened));
+  j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
+  if (options.sync) j->hwm_thread_ = std::thread([p = j.get()] { p->HwmLoop(); });
+  return j;
+}
+
+absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotFn& on_snapshot,
+                                                                 const UpdateFn& on_update,
+                                                                 uint64_t min_seq) {
+  const std::string& dir = options_.dir;
+  const bool accept = options_.accept_data_loss;
+  Opened out;
+  std::vector<std::string> accepted;  // what the operator accepted, in words
+
+  // 0. What the high-water mark says, and whether a database is there.
+  std::optional<uint64_t> hwm;
+  if (auto h = ReadHwm(fs_.get(), hwm_path_); h.ok()) {
+    hwm = *h;
+  } else if (accept && h.status().code() == absl::StatusCode::kDataLoss) {
+    accepted.push_back(std::string(h.status().message()));
+  } else {
+    return h.status();
+  }
+  out.recovery.hwm_seq = hwm.value_or(0);
+  const bool exists =
+      fs_->FileExists(dir + "/CURRENT", rocksdb::IOOptions(), nullptr).ok();
+  if (!exists) {
+    const bool had_files = HasFiles(fs_.get(), dir);
+    std::string why;
+    if (options_.must_exist) why = "the data dir's IDENTITY says it was created";
+    if (hwm && *hwm > 0) {
+      why = absl::StrCat(why.empty() ? "" : why + ", and ", "'", hwm_path_, "' says updates up to ",
+                         *hwm, " were acknowledged");
+    }
+    if (had_files && why.empty()) why = "the folder holds files (" + ListFiles(fs_.get(), dir) + ")";
+    if (!why.empty()) {
+      const std::string what =
+          had_files ? "'" + dir + "/CURRENT' is missing (the folder holds " +
+                          ListFiles(fs_.get(), dir) + ")"
+                    : "the journal folder '" + dir + "' is " +
+                          (fs_->FileExists(dir, rocksdb::IOOptions(), nullptr).ok() ? "empty"
+                                                                                     : "missing");
+      if (!accept) return absl::DataLossError("journal: " + what + ", but " + why + kAcceptHint);
+      accepted.push_back(what + " (" + why + "): started empty");
+      if (had_files) {  // keep the evidence; start in a fresh folder
+        const std::string aside = absl::StrCat(dir, ".lost-", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                  std::chrono::system_clock::now().time_since_epoch())
+                                                                  .count());
+        auto st = fs_->RenameFile(dir, aside, rocksdb::IOOptions(), nullptr);
+        if (!st.ok()) return absl::UnavailableError("journal: cannot move '" + dir + "' aside: " + st.ToString());
+        PACER_LOG(WARNING) << "journal: the damaged folder was moved to '" << aside << "'";
+      }
+    }
+  }
+
+  // 1. RocksDB, refusing WAL damage rather than rolling back to a point in time.
+  rocksdb::Options db_options;
+  db_options.create_if_missing = !exists;
+  db_options.paranoid_checks = true;
+  db_options.wal_recovery_mode = accept ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                                        : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  db_options.track_and_verify_wals_in_manifest = !accept;
+  db_options.info_log_level = rocksdb::WARN_LEVEL;
+  db_options.keep_log_file_num = 2;
+  db_options.max_background_jobs = 2;
+  db_options.write_buffer_size = 16 << 20;
+  if (env_) db_options.env = env_.get();
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status st = rocksdb::DB::Open(db_options, dir, &raw);
+  if (!st.ok()) {
+    if (exists && (st.IsCorruption() || st.IsPathNotFound() || st.IsInvalidArgument() ||
+                   st.ToString().find("No such file") != std::string::npos)) {
+      return absl::DataLossError("journal: the RocksDB database in '" + dir +
+                                 "' is damaged or incomplete (" + st.ToString() + "; files: " +
+                                 ListFiles(fs_.get(), dir) + ")" +
+                                 (accept ? std::string("; it cannot be opened even accepting a "
+                                                       "loss: move the folder away to start empty")
+                                         : std::string(kAcceptHint)));
+    }
+    return FromRocks(st, "journal: cannot open RocksDB in '" + dir + "'");
+  }
+  out.db.reset(raw);
+  out.recovery.created = !exists;
+
+  // 2. The format.
+  std::string format;
+  st = out.db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  if (st.IsNotFound() && exists && !accept) {
+    return absl::DataLossError("journal: the RocksDB database in '" + dir +
+                               "' has lost its contents (no format key; files: " +
+                               ListFiles(fs_.get(), dir) + ")" + kAcceptHint);
+  }
+  if (st.IsNotFound()) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    st = out.db->Put(wo, kFormatKey, kJournalFormatV3);
+    if (!st.ok()) return FromRocks(st, "journal: cannot write format key");
+  } else if (!st.ok()) {
+    return FromRocks(st, "journal: cannot read format key");
+  } else if (format == kJournalFormatV2) {
+    out.upgrade_format = true;  // becomes v3 with the first group this binary writes
+  } else if (format != kJournalFormatV3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "journal in '", dir, "' has format '", format, "'; this pacerd reads '",
+        kJournalFormatV2, "' and '", kJournalFormatV3, "' (was it written by a newer pacerd?)"));
+  }
+  out.recovery.format = exists ? format : "";
+
+  // 3. Replay: the newest snapshot, then the tail of records of consecutive updates.
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  uint64_t snapshot_seq = 0;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
+    it->SeekForPrev(Key('s', ~uint64_t{0}));
+    if (it->Valid() && it->key().size() == 9 && it->key()[0] == 's') {
+      snapshot_seq = SeqOf(it->key());
+      ShardingSnapshot snap;
+      if (!snap.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
+          snap.seq() != snapshot_seq) {
+        return absl::DataLossError(absl::StrCat("journal: snapshot at seq ", snapshot_seq,
+                                                " in '", dir, "' is corrupt", kAcceptHint));
+      }
+      if (auto s = on_snapshot(snap); !s.ok()) {
+        return absl::DataLossError(absl::StrCat("journal: snapshot at seq ", snapshot_seq,
+                                                " in '", dir, "' does not load: ", s.message()));
+      }
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "journal: reading snapshots in '" + dir + "'");
+  }
+  uint64_t expected = snapshot_seq + 1;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
+    JournalRecord record;
+    for (it->Seek(Key('j', expected)); it->Valid(); it->Next()) {
+      const rocksdb::Slice key = it->key();
+      if (key.size() != 9 || key[0] != 'j') break;
+      const uint64_t first = SeqOf(key);
+      if (first != expected) {
+        return absl::DataLossError(absl::StrCat("journal: gap in '", dir, "': expected update ",
+                                                expected, ", found ", first));
+      }
+      if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
+          record.updates_size() == 0) {
+        return absl::DataLossError(
+            absl::StrCat("journal: record of update ", first, " in '", dir, "' is corrupt"));
+      }
+      for (const Update& update : record.updates()) {
+        if (update.seq() != expected) {
+          return absl::DataLossError(absl::StrCat("journal: update ", expected, " in '", dir,
+                                                  "' is corrupt (found seq ", update.seq(), ")"));
+        }
+        if (auto s = on_update(update); !s.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("journal: update ", expected, " does not apply: ", s.message()));
+        }
+        ++expected;
+      }
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "journal: reading updates in '" + dir + "'");
+  }
+  out.last_seq = expected - 1;
+  out.snapshot_seq = snapshot_seq;
+  out.recovery.recovered_seq = out.last_seq;
+
+  // 4. Never less than acknowledged.
+  const uint64_t floor = std::max<uint64_t>(hwm.value_or(0), min_seq);
+  if (out.last_seq < floor) {
+    const std::string what = absl::StrCat(
+        "journal: '", dir, "' recovered updates up to ", out.last_seq, " but ",
+        min_seq > hwm.value_or(0) ? std::string("this process") : "'" + hwm_path_ + "'",
+        " records that updates up to ", floor, " were acknowledged: ", floor - out.last_seq,
+        " acknowledged updates are missing (files: ", ListFiles(fs_.get(), dir), ")");
+    if (!accept) return absl::DataLossError(what + kAcceptHint);
+    accepted.push_back(what);
+  }
+  if (!hwm && options_.must_exist && exists) {
+    const std::string what = "the high-water mark '" + hwm_path_ + "' is missing";
+    if (!accept) {
+      return absl::DataLossError("journal: " + what +
+                                 ", but the data dir's IDENTITY says the journal was created" +
+                                 kAcceptHint);
+    }
+    accepted.push_back(what);
+  }
+  out.recovery.adopted = !hwm && exists && accepted.empty();
+  out.recovery.accepted_loss = absl::StrJoin(accepted, "; ");
+  {
+    std::lock_guard<std::mutex> l(hwm_mu_);
+    hwm_written_ = 0;  // the mark follows what was recovered (down, when a loss was accepted)
+    if (auto s = WriteHwm(out.last_seq); !s.ok()) return s;
+  }
+  return out;
+}
+
+void RocksJournal::Install(Opened opened) {
+  db_ = std::move(opened.db);
+  last_seq_ = durable_seq_ = opened.last_seq;
+  last_snapshot_seq_ = opened.snapshot_seq;
+  upgrade_format_ = opened.upgrade_format;
+  recovery_ = std::move(opened.recovery);
+  stats_.durable_seq = durable_seq_;
+  health_ = absl::OkStatus();
+}
+
+absl::Status RocksJournal::WriteHwm(uint64_t seq) {
+  if (seq == hwm_written_ && seq != 0) return absl::OkStatus();
+  const std::string tmp = hwm_path_ + ".tmp";
+  const std::string text = absl::StrCat(kHwmMagic, " seq=", seq, "\n");
+  const rocksdb::IOOptions io;
+  auto fail = [&](const rocksdb::IOStatus& st) {
+    return absl::UnavailableError("journal: cannot write the high-water mark '" + hwm_path_ +
+                                  "': " + st.ToString());
+  };
+  std::unique_ptr<rocksdb::FSWritableFile> file;
+  rocksdb::IOStatus st = fs_->NewWritableFile(tmp, rocksdb::FileOptions(), &file, nullptr);
+  if (!st.ok()) return fail(st);
+  st = file->Append(text, io, nullptr);
+  if (st.ok()) st = file->Sync(io, nullptr);
+  rocksdb::IOStatus closed = file->Close(io, nullptr);
+  if (st.ok()) st = closed;
+  if (!st.ok()) return fail(st);
+  st = fs_->RenameFile(tmp, hwm_path_, io, nullptr);
+  if (!st.ok()) return fail(st);
+  std::unique_ptr<rocksdb::FSDirectory> d;
+  st = fs_->NewDirectory(Parent(hwm_path_), io, &d, nullptr);
+  if (st.ok()) st = d->Fsync(io, nullptr);
+  if (!st.ok()) return fail(st);
+  hwm_written_ = seq;
+  hwm_seq_.store(seq);
+  return absl::OkStatus();
+}
+
+RocksJournal::~RocksJournal() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  hwm_cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  if (hwm_thread_.joinable()) hwm_thread_.join();
+  if (!db_) return;
+  bool healthy;
+  uint64_t durable;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    healthy = health_.ok();
+    durable = durable_seq_;
+  }
+  if (healthy) {
+    // A clean close: the mark is exact. Without per-group fsync, sync the WAL first.
+    rocksdb::Status st = options_.sync ? rocksdb::Status::OK() : db_->SyncWAL();
+    if (st.ok()) {
+      std::lock_guard<std::mutex> l(hwm_mu_);
+      if (auto s = WriteHwm(durable); !s.ok()) PACER_LOG(WARNING) << s;
+    }
+  }
+  db_->Close().PermitUncheckedError();
+  db_.reset();
+}
+
+void RocksJournal::Append(const Update& update) {
+  std::string bytes = update.SerializeAsString();
+  std::lock_guard<std::mutex> l(mu_);
+  PACER_CHECK(update.seq() == last_seq_ + 1)
+      << "journal append out of order: " << update.seq() << " after " << last_seq_;
+  last_seq_ = update.seq();
+  queue_.push_back(Entry{update.seq(), std::move(bytes), false});
+  stats_.appends++;
+  cv_.notify_one();
+}
+
+void RocksJournal::WriteSnapshot(ShardingSnapshot snapshot) {
+  std::string bytes = snapshot.SerializeAsString();
+  std::lock_guard<std::mutex> l(mu_);
+  PACER_CHECK(snapshot.seq() <= last_seq_) << "snapshot ahead of the journal";
+  queue_.push_back(Entry{snapshot.seq(), std::move(bytes), true});
+  cv_.notify_one();
+}
+
+void RocksJournal::WhenDurable(uint64_t seq, Done done) {
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (health_.ok() && durable_seq_ < seq) {
+      waiters_.emplace(seq, std::move(done));
+      return;
+    }
+    status = health_;
+  }
+  done(status);
+}
+
+absl::Status RocksJournal::Flush() {
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t target = last_seq_;
+  durable_cv_.wait(l, [&] { return durable_seq_ >= target || !health_.ok(); });
+  return health_;
+}
+
+absl::Status RocksJournal::health() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return health_;
+}
+
+uint64_t RocksJournal::last_seq() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_seq_;
+}
+
+JournalStats RocksJournal::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  JournalStats s = stats_;
+  s.hwm_seq = hwm_seq_.load();
+  return s;
+}
+
+JournalRecovery RocksJournal::recovery() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return recovery_;
+}
+
+absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (health_.ok()) return absl::OkStatus();
+  // The writer is idle: it never writes past a failure, it only discards what is queued.
+  // Updates queued after the failure were applied in memory but never acknowledged: dropped.
+  queue_.clear();
+  const uint64_t durable = durable_seq_;
+  if (db_) {
+    // The failed writer must not be used again: close the database and open it afresh.
+    db_->Close().PermitUncheckedError();
+    db_.reset();
+  }
+  auto opened = OpenAndReplay(on_snapshot, on_update, durable);
+  if (!opened.ok()) {
+    health_ = opened.status();
+    return opened.status();
+  }
+  Install(std::move(*opened));
+  stats_.recoveries++;
+  PACER_LOG(WARNING) << "journal: reopened '" << options_.dir << "' after a failed write; resumed at update "
+                     << last_seq_;
+  return absl::OkStatus();
+}
+
+void RocksJournal::HwmLoop() {
+  const auto period = std::chrono::milliseconds(std::max<int64_t>(1, options_.hwm_interval_ms));
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stopping_) {
+    hwm_cv_.wait_for(l, period, [&] { return stopping_; });  // a timer; wakes early on stop
+    if (stopping_) break;
+    const uint64_t durable = durable_seq_;
+    const bool healthy = health_.ok();
+    l.unlock();
+    if (healthy) {
+      std::lock_guard<std::mutex> h(hwm_mu_);
+      if (durable > hwm_written_) {
+        // A failure (a full disk) keeps the older, lower mark: always safe, only less exact.
+        if (auto s = WriteHwm(durable); !s.ok()) PACER_LOG(WARNING) << s;
+      }
+    }
+    l.lock();
+  }
+}
+
+void RocksJournal::WriterLoop() {
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  std::vector<Entry> batch_entries;
+  for (;;) {
+    bool upgrade = false;
+    uint64_t previous_snapshot = 0;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty() && stopping_) break;
+      batch_entries.swap(queue_);
+      if (!health_.ok()) {  // never write past a failed batch: the log would have a hole
+        batch_entries.clear();
+        continue;
+      }
+      upgrade = upgrade_format_;
+      previous_snapshot = last_snapshot_seq_;
+    }
+    rocksdb::WriteBatch batch;
+    uint64_t max_seq = 0, snapshot_seq = 0, bytes = 0;
+    if (upgrade) batch.Put(kFormatKey, kJournalFormatV3);  // atomically with the first v3 group
+    // One record per run of updates; a snapshot closes the run, so a record never straddles a
+    // snapshot and the range delete below removes exactly the updates the snapshot holds.
+    std::string record;
+    uint64_t record_first = 0;
+    auto close_record = [&] {
+      if (record_first != 0) batch.Put(Key('j', record_first), record);
+      record.clear();
+      record_first = 0;
+    };
+    for (const Entry& e : batch_entries) {
+      bytes += e.bytes.size();
+      if (!e.snapshot) {
+        if (record_first == 0) record_first = e.seq;
+        // Field 1 (updates), length-delimited: a JournalRecord built by concatenation.
+        google::protobuf::io::StringOutputStream out(&record);
+        google::protobuf::io::CodedOutputStream coded(&out);
+        coded.WriteTag(kRecordUpdatesTag);
+        coded.WriteVarint32(static_cast<uint32_t>(e.bytes.size()));
+        coded.WriteRaw(e.bytes.data(), static_cast<int>(e.bytes.size()));
+        max_seq = std::max(max_seq, e.seq);
+        continue;
+      }
+      close_record();
+      batch.Put(Key('s', e.seq), e.bytes);
+      batch.DeleteRange(Key('j', 0), Key('j', e.seq + 1));
+      if (previous_snapshot != 0 && previous_snapshot != e.seq) {
+        batch.Delete(Key('s', previous_snapshot));
+      }
+      previous_snapshot = snapshot_seq = e.seq;
+    }
+    close_record();
+    const rocksdb::Status st = db_->Write(wo, &batch);
+    std::vector<Done> ready;
+    absl::Status status;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!st.ok()) {
+        health_ = WriteFailure(st, options_.dir);
+        stats_.failed_writes++;
+        PACER_LOG(ERROR) << health_.message();
+        for (auto& [seq, done] : waiters_) ready.push_back(std::move(done));
+        waiters_.clear();
+      } else {
+        stats_.batches++;
+        stats_.bytes += bytes;
+        if (upgrade) {
+          upgrade_format_ = false;
+          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV3;
+        }
+        if (snapshot_seq != 0) {
+          last_snapshot_seq_ = snapshot_seq;
+          stats_.snapshots++;
+        }
+        if (max_seq > durable_seq_) durable_seq_ = max_seq;
+        stats_.durable_seq = durable_seq_;
+        while (!waiters_.empty() && waiters_.begin()->first <= durable_seq_) {
+          ready.push_back(std::move(waiters_.begin()->second));
+          waiters_.erase(waiters_.begin());
+        }
+      }
+      status = health_;
+    }
+    durable_cv_.notify_all();
+    batch_entries.clear();
+    for (auto& done : ready) done(status);
+  }
+}
+
+}  // namespace pacer
