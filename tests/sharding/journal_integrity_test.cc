@@ -1,0 +1,274 @@
+// The journal's integrity guarantees, at the Journal interface (RocksJournal): format versions,
+// the high-water mark, refusal of a journal shorter than acknowledged, a full disk that
+// recovers, and power loss (unsynced data dropped) that loses nothing acknowledged.
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "sharding_service/rocks_journal.h"
+#include "tests/testing/fault_injection_fs.h"
+#include "tests/testing/test_util.h"
+
+namespace pacer {
+namespace {
+
+using testing::FaultInjectionFs;
+using testing::TempDir;
+using testing::WaitFor;
+
+Update Lost(uint64_t seq) {
+  Update u;
+  u.set_seq(seq);
+  u.mutable_worker_lost()->set_worker_id("w" + std::to_string(seq));
+  return u;
+}
+
+// Opens `o` and counts what it replays.
+struct Replayed {
+  uint64_t snapshot_seq = 0;
+  uint64_t updates = 0;
+  uint64_t last = 0;
+};
+absl::StatusOr<std::unique_ptr<Journal>> OpenCounting(const JournalOptions& o, Replayed* r) {
+  *r = {};
+  return Journal::Open(
+      o,
+      [r](const ShardingSnapshot& s) {
+        r->snapshot_seq = r->last = s.seq();
+        return absl::OkStatus();
+      },
+      [r](const Update& u) {
+        r->updates++;
+        r->last = u.seq();
+        return absl::OkStatus();
+      });
+}
+
+void AppendAndFlush(Journal& j, uint64_t from, uint64_t to) {
+  for (uint64_t s = from; s <= to; ++s) j.Append(Lost(s));
+  ASSERT_TRUE(j.Flush().ok());
+}
+
+std::string Format(const std::string& dir) {
+  rocksdb::DB* db = nullptr;
+  EXPECT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir, &db).ok());
+  std::string v;
+  if (db) (void)db->Get(rocksdb::ReadOptions(), "m:format", &v);
+  delete db;
+  return v;
+}
+
+void SetFormat(const std::string& dir, const std::string& format) {
+  rocksdb::DB* db = nullptr;
+  ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir, &db).ok());
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  ASSERT_TRUE(db->Put(wo, "m:format", format).ok());
+  delete db;
+}
+
+TEST(JournalFormatTest, NewDirsAreV3V2IsReadAndUpgradedAfterTheFirstCommitUnknownIsRefused) {
+  TempDir dir;
+  JournalOptions o{dir.Sub("journal"), true};
+  Replayed r;
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_TRUE((*j)->recovery().created);
+    AppendAndFlush(**j, 1, 3);
+  }
+  EXPECT_EQ(Format(o.dir), kJournalFormatV3);
+
+  // A dir written as v2 (today's main): replayed; the key stays v2 until a group is written.
+  SetFormat(o.dir, kJournalFormatV2);
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(r.updates, 3u);
+    EXPECT_EQ((*j)->recovery().format, kJournalFormatV2);
+  }
+  EXPECT_EQ(Format(o.dir), kJournalFormatV2) << "upgraded although nothing was written at v3";
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    AppendAndFlush(**j, 4, 4);
+  }
+  EXPECT_EQ(Format(o.dir), kJournalFormatV3);
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(r.updates, 4u);
+  }
+
+  // A newer binary's format: refused, naming both.
+  SetFormat(o.dir, "pacer-journal-v9");
+  auto j = OpenCounting(o, &r);
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(j.status().message().find("pacer-journal-v9"), std::string::npos) << j.status();
+  EXPECT_NE(j.status().message().find(kJournalFormatV3), std::string::npos) << j.status();
+}
+
+TEST(JournalHwmTest, TheMarkIsExactAtCloseAndFollowsWhileRunning) {
+  TempDir dir;
+  JournalOptions o{dir.Sub("journal"), true};
+  o.hwm_interval_ms = 20;
+  Replayed r;
+  auto j = OpenCounting(o, &r);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ((*j)->stats().hwm_seq, 0u);
+  EXPECT_TRUE(std::filesystem::exists(RocksJournal::HwmPath(o)));
+  AppendAndFlush(**j, 1, 50);
+  EXPECT_TRUE(WaitFor([&] { return (*j)->stats().hwm_seq == 50; }, std::chrono::seconds(10)));
+  EXPECT_LE((*j)->stats().hwm_seq, (*j)->stats().durable_seq);
+  AppendAndFlush(**j, 51, 60);
+  j->reset();
+  EXPECT_EQ(testing::ReadFileOrEmpty(RocksJournal::HwmPath(o)), "pacer-journal-hwm-v1 seq=60\n");
+}
+
+TEST(JournalHwmTest, AJournalShorterThanTheMarkIsRefusedUnlessTheLossIsAccepted) {
+  TempDir dir;
+  JournalOptions o{dir.Sub("journal"), true};
+  Replayed r;
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok());
+    AppendAndFlush(**j, 1, 10);
+  }
+  // The folder is deleted: a fresh start at seq 0 would be a silent loss.
+  std::filesystem::remove_all(o.dir);
+  auto refused = OpenCounting(o, &r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find(o.dir), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("up to 10"), std::string::npos) << refused.status();
+  EXPECT_FALSE(std::filesystem::exists(o.dir)) << "a refused open must not create the folder";
+
+  // The folder exists but is empty, with must_exist (the identity says it was created).
+  std::filesystem::create_directories(o.dir);
+  JournalOptions strict = o;
+  strict.must_exist = true;
+  auto empty = OpenCounting(strict, &r);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(empty.status().message().find("IDENTITY"), std::string::npos) << empty.status();
+
+  // The operator accepts: starts empty, the mark is reset, the loss is reported.
+  JournalOptions accept = o;
+  accept.accept_data_loss = true;
+  {
+    auto j = OpenCounting(accept, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(r.last, 0u);
+    EXPECT_NE((*j)->recovery().accepted_loss.find("10 acknowledged updates are missing"),
+              std::string::npos)
+        << (*j)->recovery().accepted_loss;
+  }
+  auto again = OpenCounting(o, &r);
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->recovery().accepted_loss.empty());
+}
+
+TEST(JournalHwmTest, ADataDirFromBeforeTheMarkIsAdopted) {
+  TempDir dir;
+  JournalOptions o{dir.Sub("journal"), true};
+  Replayed r;
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok());
+    AppendAndFlush(**j, 1, 7);
+  }
+  std::filesystem::remove(RocksJournal::HwmPath(o));
+  auto j = OpenCounting(o, &r);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_TRUE((*j)->recovery().adopted);
+  EXPECT_EQ(r.last, 7u);
+  EXPECT_EQ((*j)->stats().hwm_seq, 7u);
+  j->reset();
+  // With must_exist (an identity), a missing mark is refused instead.
+  std::filesystem::remove(RocksJournal::HwmPath(o));
+  JournalOptions strict = o;
+  strict.must_exist = true;
+  auto refused = OpenCounting(strict, &r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find(".hwm"), std::string::npos) << refused.status();
+}
+
+TEST(JournalFaultTest, AFullDiskFailsWritesCleanlyAndRecoverResumesFromWhatIsDurable) {
+  TempDir dir;
+  auto fs = std::make_shared<FaultInjectionFs>();
+  JournalOptions o{dir.Sub("journal"), true};
+  o.fs = fs;
+  Replayed r;
+  auto j = OpenCounting(o, &r);
+  ASSERT_TRUE(j.ok()) << j.status();
+  AppendAndFlush(**j, 1, 20);
+
+  fs->SetFault(FaultInjectionFs::Fault::kNoSpace);
+  (*j)->Append(Lost(21));
+  absl::Status failed = (*j)->Flush();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(failed.message().find("disk full"), std::string::npos) << failed;
+  EXPECT_FALSE((*j)->health().ok());
+  // Waiters fail at once; nothing more is written.
+  absl::Status waited;
+  (*j)->WhenDurable(21, [&](absl::Status s) { waited = s; });
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable);
+  // While the disk is full, recovery fails cleanly (no abort) and can be retried.
+  auto noop_snap = [](const ShardingSnapshot&) { return absl::OkStatus(); };
+  uint64_t last = 0;
+  auto note = [&](const Update& u) {
+    last = u.seq();
+    return absl::OkStatus();
+  };
+  EXPECT_FALSE((*j)->Recover(noop_snap, note).ok());
+  EXPECT_FALSE((*j)->Recover(noop_snap, note).ok());
+
+  fs->SetFault(FaultInjectionFs::Fault::kNone);
+  last = 0;
+  ASSERT_TRUE((*j)->Recover(noop_snap, note).ok());
+  EXPECT_TRUE((*j)->health().ok());
+  EXPECT_EQ(last, 20u) << "update 21 was never acknowledged: not recovered";
+  EXPECT_EQ((*j)->last_seq(), 20u);
+  AppendAndFlush(**j, 21, 25);
+  EXPECT_EQ((*j)->stats().recoveries, 1u);
+  j->reset();
+  auto reopened = OpenCounting(o, &r);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(r.last, 25u);
+}
+
+TEST(JournalFaultTest, PowerLossDropsOnlyUnsyncedDataNeverAnAcknowledgedUpdate) {
+  TempDir dir;
+  auto fs = std::make_shared<FaultInjectionFs>();
+  JournalOptions o{dir.Sub("journal"), true};
+  o.fs = fs;
+  o.hwm_interval_ms = 5;
+  uint64_t acknowledged = 0, seq = 0;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    Replayed r;
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << "cycle " << cycle << ": " << j.status();
+    ASSERT_GE(r.last, acknowledged) << "cycle " << cycle;
+    seq = r.last;
+    for (int i = 0; i < 30; ++i) {
+      (*j)->Append(Lost(++seq));
+      if (i % 3 == 0) {
+        ASSERT_TRUE((*j)->Flush().ok());
+        acknowledged = seq;
+      }
+    }
+    // The machine stops: nothing more reaches the disk, the process goes, unsynced data too.
+    fs->SetFault(FaultInjectionFs::Fault::kIoError);
+    j->reset();
+    fs->DropUnsyncedData();
+    fs->SetFault(FaultInjectionFs::Fault::kNone);
+  }
+}
+
+}  // namespace
+}  // namespace pacer
