@@ -1,6 +1,7 @@
 #include "sharding_service/sharding_service.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -12,7 +13,15 @@ namespace {
 constexpr size_t kMaxDetail = 1024;
 constexpr size_t kMaxCancelledPerWorker = 256;
 constexpr int kMaxProgressPerHeartbeat = 1024;
+constexpr int kMaxHeldLeasesPerHeartbeat = 4096;
 constexpr int64_t kWaitRetryMs = 200;
+constexpr size_t kMaxLoggedUpdate = 512;  // characters of an update quoted in a log line
+
+std::string Truncated(std::string s, size_t max) {
+  if (s.size() > max) s = s.substr(0, max) + "... (" + std::to_string(s.size()) + " chars)";
+  return s;
+}
+
 
 }  // namespace
 
@@ -25,10 +34,14 @@ ShardingServiceImpl::Metrics ShardingServiceImpl::MakeMetrics(MetricsRegistry* r
       r->Counter("pacer_sharding_leases_expired_total", "Leases ended by a silent worker"),
       r->Counter("pacer_sharding_rejected_reports_total",
                  "Reports refused (stale fencing token, ended lease, old incarnation)"),
+      r->Counter("pacer_sharding_unknown_leases_released_total",
+                 "Leases released because their holder never received the fetch reply"),
       r->Counter("pacer_sharding_updates_total", "State updates applied and journaled"),
       r->Gauge("pacer_sharding_leases_active", "Leases currently held"),
       r->Gauge("pacer_sharding_workers", "Registered workers"),
       r->Gauge("pacer_sharding_quarantined_ranges", "Poison ranges quarantined"),
+      r->Gauge("pacer_sharding_quarantined_records",
+               "Records quarantined as poison over every dataset (a hole in the data trained on)"),
       r->Gauge("pacer_sharding_journal_fsyncs_total", "Journal write batches (one fsync each)"),
       r->Gauge("pacer_sharding_journal_bytes_total", "Bytes written to the journal"),
       r->Gauge("pacer_sharding_snapshots_total", "Snapshots written"),
@@ -110,7 +123,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
     // Validation let through an update that does not apply: a bug, not bad input. Nothing
     // changed (Apply checks before it mutates), so report it and carry on.
     PACER_LOG(ERROR) << "update rejected after validation: " << s << " ("
-                     << update.ShortDebugString() << ")";
+                     << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
     return absl::InternalError(absl::StrCat("internal error: ", s.message()));
   }
   journal_->Append(update);
@@ -158,18 +171,22 @@ void ShardingServiceImpl::DrainCancelled() {
 void ShardingServiceImpl::UpdateGauges() {
   metrics_.leases_active.Set(static_cast<double>(state_.leases().size()));
   metrics_.workers.Set(static_cast<double>(state_.workers().size()));
-  uint64_t quarantined = 0, done = 0, requeues = 0;
+  uint64_t quarantined = 0, done = 0, requeues = 0, quarantined_records = 0;
   for (const auto& [name, ds] : state_.datasets()) {
     quarantined += ds.quarantined.size();
+    quarantined_records += ds.records_quarantined_total;
     done += ds.records_done_total;
     requeues += ds.requeues_total;
   }
   metrics_.quarantined_ranges.Set(static_cast<double>(quarantined));
+  metrics_.quarantined_records.Set(static_cast<double>(quarantined_records));
   if (done > counted_done_) metrics_.records_done.Increment(static_cast<double>(done - counted_done_));
   if (requeues > counted_requeues_) {
     metrics_.requeues.Increment(static_cast<double>(requeues - counted_requeues_));
   }
-  counted_done_ = std::max(counted_done_, done);
+  // A checkpoint restore moves records done back; the counter (monotonic) then counts records
+  // done again from the restored position on.
+  counted_done_ = done;
   counted_requeues_ = std::max(counted_requeues_, requeues);
   const JournalStats js = journal_->stats();
   metrics_.journal_fsyncs.Set(static_cast<double>(js.batches));
@@ -192,6 +209,16 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
       resp->set_created(false);
       return state_.last_seq();
     }
+    if (state_.datasets().size() >= kMaxDatasets) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("at most ", kMaxDatasets, " datasets per job"));
+    }
+    uint64_t files = spec.files().files_size();
+    for (const auto& [name, ds] : state_.datasets()) files += ds.spec.files().files_size();
+    if (files > kMaxFilesTotal) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("at most ", kMaxFilesTotal, " files over every dataset of a job"));
+    }
     Update u;
     *u.mutable_register_dataset()->mutable_spec() = req.spec();
     resp->set_created(true);
@@ -203,13 +230,32 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
                                          RegisterWorkerResponse* resp, Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(Ready());
+    if (!IsValidName(req.worker_id(), kMaxWorkerIdLength)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker_id: must be 1..", kMaxWorkerIdLength, " characters of [A-Za-z0-9._:/-] (got ",
+          req.worker_id().size(), " characters)"));
+    }
+    if (req.node().size() > kMaxWorkerIdLength) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node: at most ", kMaxWorkerIdLength, " characters"));
+    }
+    const auto* before = state_.FindWorker(req.worker_id());
+    if (before == nullptr && state_.workers().size() >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxWorkers, " workers per job"));
+    }
+    const uint64_t previous = before ? before->incarnation : 0;
     Update u;
     u.mutable_register_worker()->set_worker_id(req.worker_id());
     u.mutable_register_worker()->set_node(req.node());
     ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
     const auto* w = state_.FindWorker(req.worker_id());
     resp->set_incarnation(w->incarnation);
-    for (const auto& e : w->recent_ended) *resp->add_previous_leases() = e;
+    resp->set_previous_incarnation(previous);
+    if (previous != 0) {
+      for (const auto& [id, e] : w->ended) {
+        if (e.incarnation() == previous) *resp->add_previous_leases() = e;
+      }
+    }
     resp->set_lease_timeout_ms(options_.lease_timeout_ms);
     resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
     cancelled_.erase(req.worker_id());  // the new process never held those leases
@@ -218,35 +264,85 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
   });
 }
 
+absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
+                                                      uint64_t incarnation,
+                                                      const std::string& dataset,
+                                                      uint64_t request_id,
+                                                      FetchShardResponse* resp) {
+  RETURN_IF_ERROR(state_.CheckWorker(worker, incarnation));
+  Touch(worker);
+  if (const auto* again = state_.FindLeaseByRequest(worker, request_id)) {
+    // A retry whose first reply was lost (or arrived after the client's deadline): the lease
+    // that request already got. Waiting for last_seq covers the first attempt's commit.
+    if (again->dataset != dataset) {
+      return absl::InvalidArgumentError(absl::StrCat("request_id ", request_id,
+                                                     " was already used for dataset '",
+                                                     again->dataset, "'"));
+    }
+    resp->set_outcome(FetchShardResponse::LEASED);
+    *resp->mutable_lease() = state_.DescribeLease(*again);
+    resp->mutable_lease()->set_request_id(request_id);
+    resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+    return state_.last_seq();
+  }
+  ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(worker, dataset));
+  if (plan.kind == FetchPlan::kWait) {
+    resp->set_outcome(FetchShardResponse::WAIT);
+    resp->set_retry_after_ms(kWaitRetryMs);
+    resp->set_reason(plan.reason);
+    return state_.last_seq();
+  }
+  if (plan.kind == FetchPlan::kEndOfData) {
+    resp->set_outcome(FetchShardResponse::END_OF_DATA);
+    const auto* ds = state_.FindDataset(dataset);
+    resp->set_records_quarantined(ds->records_quarantined_total);
+    if (ds->records_quarantined_total > 0) {
+      resp->set_reason(absl::StrCat(ds->records_quarantined_total,
+                                    " records were quarantined as poison and never trained on"));
+    }
+    return state_.last_seq();
+  }
+  Update u;
+  *u.mutable_create_lease() = state_.DecideLease(plan, worker, dataset, request_id);
+  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+  const auto* lease = state_.FindLease(state_.last_lease_id());
+  resp->set_outcome(FetchShardResponse::LEASED);
+  *resp->mutable_lease() = state_.DescribeLease(*lease);
+  resp->mutable_lease()->set_request_id(request_id);
+  resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+  metrics_.leases_granted.Increment();
+  if (lease->backup) metrics_.backups_granted.Increment();
+  return s;
+}
+
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
                                      Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(Ready());
-    RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
-    Touch(req.worker_id());
-    ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(req.worker_id(), req.dataset()));
-    if (plan.kind == FetchPlan::kWait) {
-      resp->set_outcome(FetchShardResponse::WAIT);
-      resp->set_retry_after_ms(kWaitRetryMs);
-      resp->set_reason(plan.reason);
-      return state_.last_seq();
-    }
-    if (plan.kind == FetchPlan::kEndOfData) {
-      resp->set_outcome(FetchShardResponse::END_OF_DATA);
-      return state_.last_seq();
-    }
-    Update u;
-    u.mutable_create_lease()->set_worker_id(req.worker_id());
-    u.mutable_create_lease()->set_dataset(req.dataset());
-    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-    const auto* lease = state_.FindLease(state_.last_lease_id());
-    resp->set_outcome(FetchShardResponse::LEASED);
-    *resp->mutable_lease() = state_.DescribeLease(*lease);
-    resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
-    metrics_.leases_granted.Increment();
-    if (lease->backup) metrics_.backups_granted.Increment();
-    return s;
+    return DoFetch(req.worker_id(), req.incarnation(), req.dataset(), req.request_id(), resp);
   });
+}
+
+absl::StatusOr<uint64_t> ShardingServiceImpl::AnswerEnded(const std::string& worker,
+                                                          uint64_t lease_id,
+                                                          uint64_t records_done,
+                                                          bool completing,
+                                                          const absl::Status& why) {
+  // A retry (or a late report) after the lease ended: success exactly when the records it
+  // claims were counted for this lease, FAILED_PRECONDITION saying how far it got otherwise.
+  if (why.code() != absl::StatusCode::kFailedPrecondition) return why;
+  const EndedLease* ended = state_.FindEnded(worker, lease_id);
+  if (ended == nullptr) {
+    if (state_.FindLease(lease_id) != nullptr) return why;  // held by another worker/token
+    return absl::FailedPreconditionError(state_.ExplainUnknownLease(worker, lease_id));
+  }
+  const uint64_t len = ended->end() - ended->begin();
+  const bool counted = completing ? (ended->reason() == LEASE_COMPLETED || ended->records_done() >= len)
+                                  : ended->records_done() >= records_done;
+  if (counted) return state_.last_seq();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "lease ", lease_id, " has ended (", LeaseEndReasonName(ended->reason()), ") with ",
+      ended->records_done(), " of its ", len, " records done; records past that were not counted"));
 }
 
 absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& req,
@@ -254,16 +350,10 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& 
   if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
                                          req.fencing_token());
       !s.ok()) {
-    // A retry after the lease ended: idempotent success when those records were counted.
-    const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
-    if (ended == nullptr || s.code() != absl::StatusCode::kFailedPrecondition) return s;
-    if (ended->records_done() >= req.records_done()) {
-      if (resp) resp->set_records_done(ended->records_done());
-      return state_.last_seq();
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()), ") with ",
-        ended->records_done(), " records done; records past that were not counted"));
+    ASSIGN_OR_RETURN(uint64_t seq, AnswerEnded(req.worker_id(), req.lease_id(), req.records_done(),
+                                               /*completing=*/false, s));
+    if (resp) resp->set_records_done(state_.FindEnded(req.worker_id(), req.lease_id())->records_done());
+    return seq;
   }
   Touch(req.worker_id());
   const auto* lease = state_.FindLease(req.lease_id());
@@ -288,7 +378,11 @@ void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressRes
                                          Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(Ready());
-    return DoProgress(req, resp);
+    ASSIGN_OR_RETURN(uint64_t s, DoProgress(req, resp));
+    if (req.next_dataset().empty()) return s;
+    // The next lease in the same durable commit: its seq is later, so waiting for it covers both.
+    return DoFetch(req.worker_id(), req.incarnation(), req.next_dataset(), req.next_request_id(),
+                   resp->mutable_next());
   });
 }
 
@@ -296,27 +390,26 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
                                         CompleteShardResponse* resp, Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(Ready());
+    absl::StatusOr<uint64_t> completed;
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
                                            req.fencing_token());
         !s.ok()) {
       // A retried completion whose first attempt went through is a success.
-      const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
-      if (ended != nullptr && ended->reason() == LEASE_COMPLETED) return state_.last_seq();
-      if (ended != nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "lease ", req.lease_id(), " has ended (", LeaseEndReasonName(ended->reason()),
-            ") with ", ended->records_done(), " records done"));
-      }
-      return s;
+      completed = AnswerEnded(req.worker_id(), req.lease_id(), 0, /*completing=*/true, s);
+    } else {
+      Touch(req.worker_id());
+      const auto* lease = state_.FindLease(req.lease_id());
+      Update u;
+      u.mutable_end_lease()->set_lease_id(req.lease_id());
+      u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
+      u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
+      completed = Commit(std::move(u));
     }
-    Touch(req.worker_id());
-    const auto* lease = state_.FindLease(req.lease_id());
-    Update u;
-    u.mutable_end_lease()->set_lease_id(req.lease_id());
-    u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
-    u.mutable_end_lease()->set_records_done(lease->end - lease->begin);
-    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
-    return s;
+    if (!completed.ok() || req.next_dataset().empty()) return completed;
+    // One durable call per shard: the next lease is committed right after the completion, in
+    // the same group commit, and the reply waits for the later of the two.
+    return DoFetch(req.worker_id(), req.incarnation(), req.next_dataset(), req.next_request_id(),
+                   resp->mutable_next());
   });
 }
 
@@ -327,11 +420,9 @@ void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseSh
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
                                            req.fencing_token());
         !s.ok()) {
-      const EndedLease* ended = state_.FindEnded(req.worker_id(), req.lease_id());
-      if (ended != nullptr && ended->records_done() >= req.records_done()) {
-        return state_.last_seq();  // a retried release: already ended, those records counted
-      }
-      return s;
+      // A retried release: already ended; success when the records it reports were counted.
+      return AnswerEnded(req.worker_id(), req.lease_id(), req.records_done(),
+                         /*completing=*/false, s);
     }
     Touch(req.worker_id());
     const auto* lease = state_.FindLease(req.lease_id());
@@ -354,6 +445,48 @@ void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseSh
   });
 }
 
+absl::StatusOr<uint64_t> ShardingServiceImpl::ReleaseUnknownLeases(const HeartbeatRequest& req,
+                                                                   HeartbeatResponse* resp) {
+  // Lost fetch replies (the protocol, once):
+  //  1. The worker gives every FetchShard call a request id, the same on each retry.
+  //  2. Its heartbeat lists the leases it holds and the highest request id whose call ended.
+  //  3. A lease of this incarnation created by such an ended request and not listed was never
+  //     received: it is released at its done prefix (not a failure), so its records go back to
+  //     the queue instead of waiting for an expiry that the worker's own calls keep renewing.
+  // A request still in flight has an id above last_fetch_request_id, so its lease is safe.
+  uint64_t last = state_.last_seq();
+  if (!req.reports_held_leases()) return last;
+  if (req.held_leases_size() > kMaxHeldLeasesPerHeartbeat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("held_leases: at most ", kMaxHeldLeasesPerHeartbeat, " per heartbeat"));
+  }
+  const std::set<uint64_t> held(req.held_leases().begin(), req.held_leases().end());
+  std::vector<uint64_t> unknown;
+  for (uint64_t id : state_.FindWorker(req.worker_id())->leases) {
+    const auto* l = state_.FindLease(id);
+    if (l->request_id != 0 && l->request_id <= req.last_fetch_request_id() &&
+        l->incarnation == req.incarnation() && held.count(id) == 0) {
+      unknown.push_back(id);
+    }
+  }
+  for (uint64_t id : unknown) {
+    Update u;
+    auto* e = u.mutable_end_lease();
+    e->set_lease_id(id);
+    e->set_reason(LEASE_RELEASED);
+    e->set_records_done(state_.FindLease(id)->done);
+    e->set_detail("the worker never received this lease (its fetch reply was lost)");
+    ASSIGN_OR_RETURN(last, Commit(std::move(u)));
+    resp->add_released_unknown_leases(id);
+    metrics_.unknown_released.Increment();
+  }
+  if (!unknown.empty()) {
+    PACER_LOG(INFO) << "worker '" << req.worker_id() << "': released " << unknown.size()
+                    << " leases whose fetch reply never reached it";
+  }
+  return last;
+}
+
 void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp,
                                     Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
@@ -368,6 +501,10 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
       if (p.worker_id() != req.worker_id() || p.incarnation() != req.incarnation()) {
         return absl::InvalidArgumentError("progress: every report must name this worker");
       }
+      if (!p.next_dataset().empty()) {
+        return absl::InvalidArgumentError(
+            "progress: next_dataset is for ReportProgress, not for reports in a heartbeat");
+      }
     }
     for (const auto& p : req.progress()) {
       auto s = DoProgress(p, nullptr);
@@ -381,6 +518,8 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
         return s.status();
       }
     }
+    ASSIGN_OR_RETURN(uint64_t released, ReleaseUnknownLeases(req, resp));
+    last = std::max(last, released);
     if (auto it = cancelled_.find(req.worker_id()); it != cancelled_.end()) {
       for (uint64_t id : it->second) resp->add_cancelled_leases(id);
       cancelled_.erase(it);
@@ -422,7 +561,14 @@ void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatas
   absl::StatusOr<uint64_t> seq;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [name, ds] : state_.datasets()) *resp->add_datasets() = state_.DescribeDataset(ds);
+    for (const auto& [name, ds] : state_.datasets()) {
+      if (!req.name().empty() && name != req.name()) continue;
+      DatasetInfo* info = resp->add_datasets();
+      *info = state_.DescribeDataset(ds);
+      // File lists can be large (2 M files are allowed): only on request, so that a listing
+      // stays far below gRPC's message limit.
+      if (!req.include_files()) info->mutable_spec()->mutable_files()->clear_files();
+    }
     resp->set_journal_seq(state_.last_seq());
     seq = state_.last_seq();
   }

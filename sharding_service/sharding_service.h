@@ -114,6 +114,18 @@ class ShardingServiceImpl {
   void Reply(absl::StatusOr<uint64_t> seq, Done done);
   absl::StatusOr<uint64_t> DoProgress(const ProgressRequest& req, ProgressResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leases `worker` (or returns the lease its request `request_id` already got).
+  absl::StatusOr<uint64_t> DoFetch(const std::string& worker, uint64_t incarnation,
+                                   const std::string& dataset, uint64_t request_id,
+                                   FetchShardResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The truthful answer to a report on a lease that is no longer active (see the .cc).
+  absl::StatusOr<uint64_t> AnswerEnded(const std::string& worker, uint64_t lease_id,
+                                       uint64_t records_done, bool completing,
+                                       const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the worker's leases whose fetch reply it never received (the heartbeat's list).
+  absl::StatusOr<uint64_t> ReleaseUnknownLeases(const HeartbeatRequest& req,
+                                                HeartbeatResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Metrics {
@@ -123,10 +135,12 @@ class ShardingServiceImpl {
     prometheus::Counter& requeues;
     prometheus::Counter& expired;
     prometheus::Counter& rejected;
+    prometheus::Counter& unknown_released;
     prometheus::Counter& updates;
     prometheus::Gauge& leases_active;
     prometheus::Gauge& workers;
     prometheus::Gauge& quarantined_ranges;
+    prometheus::Gauge& quarantined_records;
     prometheus::Gauge& journal_fsyncs;
     prometheus::Gauge& journal_bytes;
     prometheus::Gauge& snapshots;

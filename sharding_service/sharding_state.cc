@@ -15,23 +15,8 @@ namespace {
 
 constexpr uint64_t kStreamLimit = std::numeric_limits<uint64_t>::max();
 
-bool ValidName(const std::string& s, size_t max_len) {
-  if (s.empty() || s.size() > max_len) return false;
-  for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
-          c == ':' || c == '/')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 bool IsFailure(LeaseEndReason r) {
   return r == LEASE_FAILED || r == LEASE_EXPIRED || r == LEASE_WORKER_LOST;
-}
-
-uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
-  return a > kStreamLimit - b ? kStreamLimit : a + b;
 }
 
 }  // namespace
@@ -53,107 +38,16 @@ bool ShardingState::Dataset::Finished() const {
          next_epoch >= spec.num_epochs();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Validation.
-
-absl::StatusOr<DatasetSpec> ShardingState::NormalizeSpec(const DatasetSpec& in) {
-  DatasetSpec s = in;
-  if (!ValidName(s.name(), kMaxNameLength)) {
-    return absl::InvalidArgumentError(
-        "dataset.name: must be 1..128 characters of [A-Za-z0-9._:/-]");
-  }
-  const std::string where = "dataset '" + s.name() + "': ";
-  switch (s.source_case()) {
-    case DatasetSpec::kNumRecords:
-      if (s.num_records() == 0 || s.num_records() > kMaxRecordsPerDataset) {
-        return absl::InvalidArgumentError(where + "num_records must be in 1..2^50");
-      }
-      break;
-    case DatasetSpec::kFiles: {
-      const auto& files = s.files().files();
-      if (files.empty() || files.size() > kMaxFiles) {
-        return absl::InvalidArgumentError(where + "files: must list 1..1000000 files");
-      }
-      uint64_t total = 0;
-      for (int i = 0; i < files.size(); ++i) {
-        if (files[i].path().empty() || files[i].path().size() > 4096) {
-          return absl::InvalidArgumentError(where + "files[" + std::to_string(i) +
-                                            "].path: must be 1..4096 characters");
-        }
-        if (files[i].num_records() > kMaxRecordsPerDataset) {
-          return absl::InvalidArgumentError(where + "files[" + std::to_string(i) +
-                                            "].num_records: too large");
-        }
-        total += files[i].num_records();
-        if (total > kMaxRecordsPerDataset) {
-          return absl::InvalidArgumentError(where + "files: more than 2^50 records in all");
-        }
-      }
-      if (total == 0) return absl::InvalidArgumentError(where + "files: no records");
-      break;
-    }
-    case DatasetSpec::kStream: {
-      const auto& parts = s.stream().partitions();
-      if (parts.empty() || parts.size() > kMaxPartitions) {
-        return absl::InvalidArgumentError(where + "stream.partitions: must list 1..65536");
-      }
-      std::set<uint32_t> ids;
-      for (const auto& p : parts) {
-        if (!ids.insert(p.id()).second) {
-          return absl::InvalidArgumentError(where + "stream.partitions: duplicate id " +
-                                            std::to_string(p.id()));
-        }
-      }
-      if (s.num_epochs() != 0) {
-        return absl::InvalidArgumentError(where + "num_epochs: a stream has no epochs");
-      }
-      if (s.shuffle() != SHUFFLE_NONE) {
-        return absl::InvalidArgumentError(where + "shuffle: a stream cannot be shuffled");
-      }
-      if (s.epoch_barrier()) {
-        return absl::InvalidArgumentError(where + "epoch_barrier: a stream has no epochs");
-      }
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError(where + "one of num_records, files or stream is required");
-  }
-  if (!ShuffleMode_IsValid(s.shuffle())) {
-    return absl::InvalidArgumentError(where + "shuffle: unknown mode");
-  }
-  if (!PoisonAction_IsValid(s.on_poison())) {
-    return absl::InvalidArgumentError(where + "on_poison: unknown action");
-  }
-  if (s.batch_size() > (uint64_t{1} << 24)) {
-    return absl::InvalidArgumentError(where + "batch_size: at most 16777216");
-  }
-  if (s.shard_size() == 0) {
-    s.set_shard_size(s.batch_size() > 0 ? 10 * s.batch_size() : kDefaultShardSize);
-  }
-  if (s.batch_size() == 0) s.set_batch_size(1);
-  if (s.shard_size() > kMaxShardSize) {
-    return absl::InvalidArgumentError(where + "shard_size: at most 2^32");
-  }
-  if (s.shuffle() == SHUFFLE_RECORDS && s.shard_size() > kMaxRecordsShuffleShardSize) {
-    return absl::InvalidArgumentError(
-        where + "shard_size: at most 65536 with shuffle=records (a lease lists its record ids)");
-  }
-  if (s.max_attempts() == 0) s.set_max_attempts(kDefaultMaxAttempts);
-  if (s.max_attempts() > 1'000'000) {
-    return absl::InvalidArgumentError(where + "max_attempts: at most 1000000");
-  }
-  return s;
-}
-
 absl::Status ShardingState::CheckWorker(const std::string& worker, uint64_t incarnation) const {
   const WorkerRec* w = FindWorker(worker);
   if (w == nullptr) {
     return absl::NotFoundError("unknown worker '" + worker + "': call RegisterWorker first");
   }
   if (w->incarnation != incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker '", worker, "': stale incarnation ", incarnation, " (current ",
-                     w->incarnation, "): this process was replaced; register again"));
+    // The current incarnation is not named: it would let one worker speak as another.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", worker, "': stale incarnation ", incarnation,
+        ": this process was replaced; register again"));
   }
   if (w->lost) {
     return absl::FailedPreconditionError("worker '" + worker +
@@ -174,128 +68,10 @@ absl::Status ShardingState::CheckLease(const std::string& worker, uint64_t incar
         absl::StrCat("lease ", lease_id, " is not held by worker '", worker, "'"));
   }
   if (lease->token != token) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale fencing token ", token, " for lease ", lease_id, " (current ", lease->token, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale fencing token ", token, " for lease ", lease_id));
   }
   return absl::OkStatus();
-}
-
-uint64_t ShardingState::ShardSizeFor(const WorkerRec& w, const Dataset& ds) const {
-  uint64_t size = w.shard_size;
-  if (size == 0) {
-    const double scaled = std::round(static_cast<double>(ds.spec.shard_size()) * w.weight);
-    size = scaled < 1.0 ? 1 : static_cast<uint64_t>(std::min(scaled, double(kMaxShardSize)));
-  }
-  if (ds.spec.shuffle() == SHUFFLE_RECORDS) size = std::min(size, kMaxRecordsShuffleShardSize);
-  return std::max<uint64_t>(size, 1);
-}
-
-absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
-                                                   const std::string& dataset) const {
-  const Dataset* ds = FindDataset(dataset);
-  if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + dataset + "'");
-  const WorkerRec* w = FindWorker(worker);
-  if (w == nullptr) {
-    return absl::NotFoundError("unknown worker '" + worker + "': call RegisterWorker first");
-  }
-  if (ds->failed) {
-    return absl::FailedPreconditionError("dataset '" + dataset + "' failed: " + ds->failure);
-  }
-  FetchPlan plan;
-  const uint32_t max_leases = w->max_leases ? w->max_leases : kDefaultMaxLeasesPerWorker;
-  uint32_t held = 0;
-  for (uint64_t id : w->leases) held += leases_.at(id).dataset == dataset ? 1 : 0;
-  if (held >= max_leases) {
-    plan.kind = FetchPlan::kWait;
-    plan.reason = absl::StrCat("worker holds ", held, " leases of this dataset (quota ",
-                               max_leases, ")");
-    return plan;
-  }
-  const uint64_t size = ShardSizeFor(*w, *ds);
-  for (size_t i = 0; i < ds->open.size(); ++i) {
-    const Epoch& ep = ds->open[i];
-    for (uint32_t d = 0; d < ep.domains.size(); ++d) {
-      const Domain& dom = ep.domains[d];
-      if (dom.requeue.empty()) continue;
-      const Pending& front = dom.requeue.front();
-      plan.kind = FetchPlan::kLease;
-      plan.epoch_index = i;
-      plan.domain = d;
-      plan.from_requeue = true;
-      plan.begin = front.begin;
-      plan.end = std::min(front.end, front.begin + size);
-      plan.attempts = front.attempts;
-      return plan;
-    }
-    // Fresh positions: the domain that has handed out the fewest (balances stream partitions).
-    int best = -1;
-    for (uint32_t d = 0; d < ep.domains.size(); ++d) {
-      const Domain& dom = ep.domains[d];
-      if (dom.frontier >= dom.limit) continue;
-      if (best < 0 || dom.frontier - dom.start < ep.domains[best].frontier - ep.domains[best].start) {
-        best = static_cast<int>(d);
-      }
-    }
-    if (best >= 0) {
-      const Domain& dom = ep.domains[best];
-      plan.kind = FetchPlan::kLease;
-      plan.epoch_index = i;
-      plan.domain = static_cast<uint32_t>(best);
-      plan.begin = dom.frontier;
-      plan.end = std::min(dom.limit, SaturatingAdd(dom.frontier, size));
-      return plan;
-    }
-  }
-  const bool epochs_left = !ds->is_stream() &&
-                           (ds->spec.num_epochs() == 0 || ds->next_epoch < ds->spec.num_epochs());
-  if (epochs_left) {
-    const bool may_open = ds->spec.epoch_barrier() ? ds->open.empty()
-                                                   : ds->open.size() < kMaxOpenEpochs;
-    if (may_open) {
-      plan.kind = FetchPlan::kLease;
-      plan.epoch_index = ds->open.size();
-      plan.domain = 0;
-      plan.begin = 0;
-      plan.end = std::min(ds->records_per_epoch, size);
-      return plan;
-    }
-  }
-  if (ds->tail_backup) {
-    // Lease again the largest unconsumed suffix held by another worker (the likeliest
-    // straggler); ties go to the lease that progressed least recently.
-    const LeaseRec* best = nullptr;
-    uint64_t best_left = 0;
-    for (const auto& [id, l] : leases_) {
-      if (l.dataset != dataset || l.worker == worker || l.partner != 0 || l.backup) continue;
-      const uint64_t left = l.end - l.done_pos();
-      if (left < 2) continue;
-      if (best == nullptr || left > best_left ||
-          (left == best_left && l.progress_ms < best->progress_ms)) {
-        best = &l;
-        best_left = left;
-      }
-    }
-    if (best != nullptr) {
-      plan.kind = FetchPlan::kBackup;
-      plan.backup_of = best->id;
-      plan.begin = best->done_pos();
-      plan.end = best->end;
-      return plan;
-    }
-  }
-  if (ds->Finished()) {
-    plan.kind = FetchPlan::kEndOfData;
-    return plan;
-  }
-  plan.kind = FetchPlan::kWait;
-  if (ds->spec.epoch_barrier() && epochs_left) {
-    plan.reason = "epoch barrier: waiting for the current epoch to finish";
-  } else if (epochs_left) {
-    plan.reason = "two epochs are open: waiting for the older one to finish";
-  } else {
-    plan.reason = "every pending record is leased; waiting for leases to finish or fail";
-  }
-  return plan;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -342,15 +118,15 @@ ShardingState::Epoch ShardingState::MakeEpoch(const Dataset& ds, uint32_t epoch)
   ep.epoch = epoch;
   if (ds.is_stream()) {
     for (const auto& p : ds.spec.stream().partitions()) {
-      Domain d;
+      Partition d;
       d.start = d.frontier = p.start_offset();
       d.limit = kStreamLimit;
-      ep.domains.push_back(std::move(d));
+      ep.partitions.push_back(std::move(d));
     }
   } else {
-    Domain d;
+    Partition d;
     d.limit = ds.records_per_epoch;
-    ep.domains.push_back(std::move(d));
+    ep.partitions.push_back(std::move(d));
   }
   return ep;
 }
@@ -378,7 +154,7 @@ absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u)
 }
 
 absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t t) {
-  if (!ValidName(u.worker_id(), kMaxWorkerIdLength)) {
+  if (!IsValidName(u.worker_id(), kMaxWorkerIdLength)) {
     return absl::InvalidArgumentError("worker_id: must be 1..256 characters of [A-Za-z0-9._:/-]");
   }
   if (u.node().size() > kMaxWorkerIdLength) {
@@ -389,11 +165,17 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   if (inserted) {
     w.id = u.worker_id();
   } else {
-    // A new process took this worker's place: the previous incarnation is gone.
+    // A new process took this worker's place: the previous incarnation is gone. Its ended
+    // leases are kept (the registration reply lists them); older incarnations' are dropped.
     const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
     for (uint64_t id : held) {
       EndLease(id, LEASE_WORKER_LOST, "worker re-registered", t, /*requeue=*/true);
     }
+    const uint64_t previous = w.incarnation;
+    for (auto eit = w.ended.begin(); eit != w.ended.end();) {
+      eit = eit->second.incarnation() < previous ? w.ended.erase(eit) : std::next(eit);
+    }
+    std::erase_if(w.stream_ended, [&](uint64_t id) { return w.ended.count(id) == 0; });
   }
   w.node = u.node();
   w.incarnation = next_incarnation_++;
@@ -401,43 +183,51 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& u, int64_t t) {
-  auto plan = PlanFetch(u.worker_id(), u.dataset());
-  if (!plan.ok()) return plan.status();
-  if (plan->kind != FetchPlan::kLease && plan->kind != FetchPlan::kBackup) {
-    return absl::FailedPreconditionError("nothing to lease: " + plan->reason);
+absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_t t) {
+  CreateLeaseUpdate decided;
+  const CreateLeaseUpdate* u = &in;
+  if (!in.decided()) {
+    // A v2 update: decide now, with the planner it was written by (see the header).
+    auto plan = PlanFetch(in.worker_id(), in.dataset());
+    if (!plan.ok()) return plan.status();
+    if (plan->kind != FetchPlan::kLease && plan->kind != FetchPlan::kBackup) {
+      return absl::FailedPreconditionError("nothing to lease: " + plan->reason);
+    }
+    decided = DecideLease(*plan, in.worker_id(), in.dataset(), /*request_id=*/0);
+    u = &decided;
   }
-  Dataset& ds = datasets_.at(u.dataset());
-  WorkerRec& w = workers_.at(u.worker_id());
+  if (absl::Status s = CheckDecidedLease(*u); !s.ok()) return s;
+  Dataset& ds = datasets_.at(u->dataset());
+  WorkerRec& w = workers_.at(u->worker_id());
   LeaseRec lease;
   lease.id = next_lease_id_++;
   lease.token = next_token_++;
   lease.worker = w.id;
   lease.dataset = ds.spec.name();
-  lease.begin = plan->begin;
-  lease.end = plan->end;
+  lease.epoch = u->epoch();
+  lease.partition = u->partition();
+  lease.begin = u->begin();
+  lease.end = u->end();
   lease.created_ms = lease.progress_ms = t;
+  lease.incarnation = w.incarnation;
+  lease.request_id = u->request_id();
   Epoch* ep = nullptr;
-  if (plan->kind == FetchPlan::kLease) {
-    if (plan->epoch_index == ds.open.size()) ds.open.push_back(MakeEpoch(ds, ds.next_epoch++));
-    ep = &ds.open[plan->epoch_index];
-    Domain& dom = ep->domains[plan->domain];
-    if (plan->from_requeue) {
+  if (u->backup_of() == 0) {
+    if (u->opens_epoch()) ds.open.push_back(MakeEpoch(ds, ds.next_epoch++));
+    ep = FindEpoch(ds, u->epoch());
+    Partition& dom = ep->partitions[u->partition()];
+    if (u->from_requeue()) {
       Pending& front = dom.requeue.front();
-      front.begin = plan->end;
+      front.begin = u->end();
       front.attempts = 0;  // failures were counted at the old front position
       if (front.begin >= front.end) dom.requeue.pop_front();
     } else {
-      dom.frontier = plan->end;
+      dom.frontier = u->end();
     }
-    lease.epoch = ep->epoch;
-    lease.partition = plan->domain;
-    lease.attempts = plan->attempts;
+    lease.attempts = u->attempts();
   } else {
-    LeaseRec& primary = leases_.at(plan->backup_of);
+    LeaseRec& primary = leases_.at(u->backup_of());
     ep = FindEpoch(ds, primary.epoch);
-    lease.epoch = primary.epoch;
-    lease.partition = primary.partition;
     lease.backup = true;
     lease.partner = primary.id;
     primary.partner = lease.id;
@@ -466,7 +256,7 @@ void ShardingState::AdvanceDone(LeaseRec& lease, uint64_t new_done, int64_t t) {
     Dataset& ds = datasets_.at(lease.dataset);
     Epoch* ep = FindEpoch(ds, lease.epoch);
     PACER_CHECK(ep != nullptr) << "lease " << lease.id << " in a closed epoch";
-    ep->domains[lease.partition].done += delta;
+    ep->partitions[lease.partition].done += delta;
     ds.records_done_total += delta;
   }
 }
@@ -515,7 +305,7 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
   Dataset& ds = datasets_.at(lease.dataset);
   Epoch* ep = FindEpoch(ds, lease.epoch);
   PACER_CHECK(ep != nullptr) << "lease " << lease_id << " in a closed epoch";
-  Domain& dom = ep->domains[lease.partition];
+  Partition& dom = ep->partitions[lease.partition];
 
   bool partner_lives = false;
   uint64_t fence_partner = 0;
@@ -550,6 +340,7 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
       q.set_time_ms(t);
       ds.quarantined.push_back(q);
       dom.quarantined += q_end - pos;
+      ds.records_quarantined_total += q_end - pos;
       if (ds.spec.on_poison() == POISON_FAIL && !ds.failed) {
         ds.failed = true;
         ds.failure = absl::StrCat("records [", pos, ", ", q_end, ") of epoch ", lease.epoch,
@@ -591,16 +382,43 @@ void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) 
   e.set_partition(lease.partition);
   e.set_begin(lease.begin);
   e.set_end(lease.end);
-  w.recent_ended.push_back(std::move(e));
-  while (w.recent_ended.size() > kRecentEndedPerWorker) w.recent_ended.pop_front();
+  e.set_incarnation(lease.incarnation);
+  w.ended[lease.id] = std::move(e);
+  auto dit = datasets_.find(lease.dataset);
+  if (dit != datasets_.end() && dit->second.is_stream()) {
+    // A stream's epoch never closes: keep its last kMaxEndedPerStreamWorker per worker.
+    // The smallest ids go first (not the first ended), so a replay forgets the same ones.
+    w.stream_ended.insert(lease.id);
+    while (w.stream_ended.size() > kMaxEndedPerStreamWorker) {
+      w.ended.erase(*w.stream_ended.begin());
+      w.stream_ended.erase(w.stream_ended.begin());
+    }
+  }
+}
+
+void ShardingState::ForgetOldEnded(const Dataset& ds) {
+  if (ds.is_stream()) return;
+  // Keep the open epochs and the one before the oldest of them.
+  const uint32_t oldest_open = ds.open.empty() ? ds.next_epoch : ds.open.front().epoch;
+  const uint32_t keep_from = oldest_open == 0 ? 0 : oldest_open - 1;
+  for (auto& [id, w] : workers_) {
+    for (auto it = w.ended.begin(); it != w.ended.end();) {
+      if (it->second.dataset() == ds.spec.name() && it->second.epoch() < keep_from) {
+        it = w.ended.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 void ShardingState::CloseFinishedEpochs(Dataset& ds) {
   if (ds.is_stream()) return;
+  bool closed = false;
   for (auto it = ds.open.begin(); it != ds.open.end();) {
     bool finished = it->active_leases == 0;
     uint64_t accounted = 0;
-    for (const auto& d : it->domains) {
+    for (const auto& d : it->partitions) {
       finished = finished && !d.HasPending();
       accounted += d.done + d.quarantined;
     }
@@ -613,7 +431,9 @@ void ShardingState::CloseFinishedEpochs(Dataset& ds) {
         << " records done or quarantined, expected " << ds.records_per_epoch;
     ds.completed_epochs++;
     it = ds.open.erase(it);
+    closed = true;
   }
+  if (closed) ForgetOldEnded(ds);
 }
 
 absl::Status ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t) {
@@ -622,128 +442,6 @@ absl::Status ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t
   const std::vector<uint64_t> held(it->second.leases.begin(), it->second.leases.end());
   for (uint64_t id : held) EndLease(id, LEASE_WORKER_LOST, "worker lost", t, /*requeue=*/true);
   it->second.lost = true;
-  return absl::OkStatus();
-}
-
-Checkpoint ShardingState::CapturePosition(const std::string& tag, int64_t t) const {
-  Checkpoint cp;
-  cp.set_tag(tag);
-  cp.set_time_ms(t);
-  for (const auto& [name, ds] : datasets_) {
-    DatasetPosition* pos = cp.add_datasets();
-    pos->set_dataset(name);
-    pos->set_next_epoch(ds.next_epoch);
-    pos->set_completed_epochs(ds.completed_epochs);
-    for (const Epoch& ep : ds.open) {
-      // Pending = requeued ranges + frontier + the undone suffix of every lease (once per pair).
-      std::vector<std::vector<PendingRange>> pending(ep.domains.size());
-      for (size_t d = 0; d < ep.domains.size(); ++d) {
-        for (const Pending& p : ep.domains[d].requeue) {
-          PendingRange r;
-          r.set_begin(p.begin);
-          r.set_end(p.end);
-          pending[d].push_back(r);
-        }
-      }
-      for (const auto& [id, l] : leases_) {
-        if (l.dataset != name || l.epoch != ep.epoch) continue;
-        if (l.backup && l.partner != 0) continue;  // its primary accounts for the pair
-        uint64_t from = l.done_pos();
-        if (l.partner != 0) from = std::max(from, leases_.at(l.partner).done_pos());
-        if (from >= l.end) continue;
-        PendingRange r;
-        r.set_begin(from);
-        r.set_end(l.end);
-        pending[l.partition].push_back(r);
-      }
-      EpochPosition* e = pos->add_epochs();
-      e->set_epoch(ep.epoch);
-      for (size_t d = 0; d < ep.domains.size(); ++d) {
-        const Domain& dom = ep.domains[d];
-        DomainState* out = e->add_domains();
-        out->set_start(dom.start);
-        out->set_frontier(dom.frontier);
-        out->set_limit(dom.limit);
-        out->set_done(dom.done);
-        out->set_quarantined(dom.quarantined);
-        std::sort(pending[d].begin(), pending[d].end(),
-                  [](const PendingRange& a, const PendingRange& b) { return a.begin() < b.begin(); });
-        for (auto& r : pending[d]) *out->add_requeue() = std::move(r);
-      }
-    }
-  }
-  return cp;
-}
-
-absl::Status ShardingState::ValidateCheckpointTag(const std::string& tag) {
-  if (!ValidName(tag, kMaxNameLength)) {
-    return absl::InvalidArgumentError("tag: must be 1..128 characters of [A-Za-z0-9._:/-]");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
-  if (auto s = ValidateCheckpointTag(u.tag()); !s.ok()) return s;
-  checkpoints_[u.tag()] = CapturePosition(u.tag(), t);
-  while (checkpoints_.size() > kMaxCheckpoints) {
-    auto oldest = checkpoints_.begin();
-    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
-      if (it->second.time_ms() < oldest->second.time_ms()) oldest = it;
-    }
-    checkpoints_.erase(oldest);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t t) {
-  auto cit = checkpoints_.find(u.tag());
-  if (cit == checkpoints_.end()) return absl::NotFoundError("unknown checkpoint '" + u.tag() + "'");
-  const Checkpoint cp = cit->second;
-  // Fence every lease: the data position goes back to the checkpoint's.
-  for (auto& [id, lease] : leases_) {
-    RememberEnded(lease, LEASE_CANCELLED);
-    cancelled_.emplace_back(lease.worker, id);
-  }
-  leases_.clear();
-  for (auto& [name, ds] : datasets_) {
-    const DatasetPosition* pos = nullptr;
-    for (const auto& p : cp.datasets()) {
-      if (p.dataset() == name) pos = &p;
-    }
-    ds.open.clear();
-    if (pos == nullptr) {  // registered after the checkpoint: everything is delivered again
-      ds.next_epoch = 0;
-      ds.completed_epochs = 0;
-      if (ds.is_stream()) {
-        ds.open.push_back(MakeEpoch(ds, 0));
-        ds.next_epoch = 1;
-      }
-      continue;
-    }
-    ds.next_epoch = pos->next_epoch();
-    ds.completed_epochs = pos->completed_epochs();
-    for (const auto& e : pos->epochs()) {
-      Epoch ep;
-      ep.epoch = e.epoch();
-      for (const auto& d : e.domains()) {
-        ep.domains.push_back(DomainFromProto(d, /*keep_attempts=*/false));
-      }
-      ds.open.push_back(std::move(ep));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardingState::ValidateAllocation(const SetAllocationUpdate& u) {
-  if (!(u.weight() >= 0.0 && u.weight() <= 1000.0)) {  // also rejects NaN
-    return absl::InvalidArgumentError("allocation.weight: must be in [0, 1000]");
-  }
-  if (u.shard_size() > kMaxShardSize) {
-    return absl::InvalidArgumentError("allocation.shard_size: at most 2^32");
-  }
-  if (u.max_leases() > 1024) {
-    return absl::InvalidArgumentError("allocation.max_leases: at most 1024");
-  }
   return absl::OkStatus();
 }
 
@@ -756,90 +454,6 @@ absl::Status ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
   w.shard_size = u.shard_size();
   w.max_leases = u.max_leases();
   return absl::OkStatus();
-}
-
-std::vector<std::pair<std::string, uint64_t>> ShardingState::TakeCancelledLeases() {
-  std::vector<std::pair<std::string, uint64_t>> out;
-  out.swap(cancelled_);
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reads.
-
-const ShardingState::Dataset* ShardingState::FindDataset(const std::string& name) const {
-  auto it = datasets_.find(name);
-  return it == datasets_.end() ? nullptr : &it->second;
-}
-
-const ShardingState::LeaseRec* ShardingState::FindLease(uint64_t id) const {
-  auto it = leases_.find(id);
-  return it == leases_.end() ? nullptr : &it->second;
-}
-
-const ShardingState::WorkerRec* ShardingState::FindWorker(const std::string& id) const {
-  auto it = workers_.find(id);
-  return it == workers_.end() ? nullptr : &it->second;
-}
-
-const EndedLease* ShardingState::FindEnded(const std::string& worker, uint64_t lease_id) const {
-  const WorkerRec* w = FindWorker(worker);
-  if (w == nullptr) return nullptr;
-  for (const auto& e : w->recent_ended) {
-    if (e.lease_id() == lease_id) return &e;
-  }
-  return nullptr;
-}
-
-Lease ShardingState::DescribeLease(const LeaseRec& l) const {
-  const Dataset& ds = datasets_.at(l.dataset);
-  Lease out;
-  out.set_lease_id(l.id);
-  out.set_fencing_token(l.token);
-  out.set_dataset(l.dataset);
-  out.set_epoch(l.epoch);
-  out.set_partition(l.partition);
-  out.set_begin(l.begin);
-  out.set_end(l.end);
-  out.set_records_done(l.done);
-  out.set_backup(l.backup);
-  out.set_worker_id(l.worker);
-  out.set_shard_id(absl::StrCat(l.dataset, "/e", l.epoch, "/p", l.partition, "/", l.begin, "-",
-                                l.end));
-  auto records = MapPositionsToRecords(ds.spec, l.epoch, l.begin, l.end);
-  if (ds.spec.source_case() == DatasetSpec::kFiles) {
-    for (auto& seg : RecordsToFileSegments(ds.spec, records)) *out.add_segments() = std::move(seg);
-  }
-  for (auto& r : records) *out.add_records() = std::move(r);
-  return out;
-}
-
-DatasetInfo ShardingState::DescribeDataset(const Dataset& ds) const {
-  DatasetInfo info;
-  *info.mutable_spec() = ds.spec;
-  info.set_current_epoch(ds.open.empty() ? ds.next_epoch : ds.open.front().epoch);
-  info.set_completed_epochs(ds.completed_epochs);
-  info.set_records_per_epoch(ds.records_per_epoch);
-  uint64_t active = 0, pending = 0;
-  if (!ds.open.empty()) {
-    uint64_t done = 0;
-    for (const auto& d : ds.open.front().domains) done += d.done;
-    info.set_records_done_current_epoch(done);
-  }
-  for (const auto& ep : ds.open) {
-    active += ep.active_leases;
-    for (const auto& d : ep.domains) pending += d.requeue.size() + (d.frontier < d.limit ? 1 : 0);
-  }
-  info.set_active_leases(active);
-  info.set_pending_ranges(pending);
-  info.set_records_done_total(ds.records_done_total);
-  info.set_requeues_total(ds.requeues_total);
-  for (const auto& q : ds.quarantined) *info.add_quarantined() = q;
-  info.set_failed(ds.failed);
-  info.set_failure(ds.failure);
-  info.set_finished(ds.Finished());
-  info.set_tail_backup(ds.tail_backup);
-  return info;
 }
 
 }  // namespace pacer

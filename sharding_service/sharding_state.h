@@ -6,16 +6,28 @@
 // and time from the update, so replaying the journal rebuilds the exact state (STYLE.md §1).
 //
 // Invariants (checked by the tests after every update):
-//  * Within an epoch, the positions of a domain are partitioned into: done, quarantined, pending
+//  * Within an epoch, the positions of a partition are split into: done, quarantined, pending
 //    (requeue ranges and [frontier, limit)), and the undone suffixes of active leases. A backup
 //    pair shares one suffix. Hence no position is both done and handed out elsewhere, and
 //    done + quarantined == size exactly when the epoch is finished.
 //  * A lease's records_done only grows; counted done records of a backup pair are the max of
 //    the two prefixes, so a record is counted once.
-//  * Requeued ranges go to the front of their domain's queue.
+//  * Requeued ranges go to the front of their partition's queue.
 //
-// Memory is O(datasets + leases + workers + requeued ranges + checkpoints), independent of the
-// number of records: pending work is ranges, never one object per shard.
+// Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
+// truthful retries), independent of the number of records: pending work is ranges, never one
+// object per shard. Ended leases are kept per worker for the dataset's open epochs and the epoch
+// just before them (so at most ~2 epochs' worth of leases), and at most kMaxEndedPerStreamWorker
+// per worker for a stream, whose single epoch never closes.
+//
+// Journal formats (what an Update means):
+//  * v3 (this code): CreateLeaseUpdate carries the decided outcome (`decided`: ids, range,
+//    attempts, backup partner). The service decides with DecideLease() before the journal;
+//    Apply only records it, after checking it fits the state.
+//  * v2: CreateLeaseUpdate held only worker and dataset and Apply re-ran the planner. Such an
+//    update is still replayed, through PlanFetch() as it was when v2 was written; the golden
+//    journal in tests/sharding/golden/ pins that. Whoever changes PlanFetch so that the golden
+//    replay changes must keep a frozen copy of the v2 planner for `decided == false` updates.
 //
 // Thread-compatible: the service layer guards it with its mutex.
 #pragma once
@@ -45,9 +57,16 @@ inline constexpr size_t kMaxWorkerIdLength = 256;
 inline constexpr uint32_t kDefaultMaxAttempts = 3;
 inline constexpr uint32_t kDefaultMaxLeasesPerWorker = 4;  // per worker and dataset
 inline constexpr size_t kMaxOpenEpochs = 2;                // without a barrier
-inline constexpr size_t kRecentEndedPerWorker = 8;
+inline constexpr size_t kMaxEndedPerStreamWorker = 1024;   // ended leases kept per stream worker
 inline constexpr size_t kMaxCheckpoints = 64;
 inline constexpr uint64_t kDefaultShardSize = 1024;
+// Quotas a client can reach (RESOURCE_EXHAUSTED), so no client can make the state unbounded.
+inline constexpr size_t kMaxDatasets = 1024;
+inline constexpr uint64_t kMaxFilesTotal = 2'000'000;  // over every dataset
+inline constexpr size_t kMaxWorkers = 65'536;
+
+// True for 1..max_len characters of [A-Za-z0-9._:/-] (dataset names, worker ids, tags).
+bool IsValidName(const std::string& s, size_t max_len);
 
 // What a FetchShard by `worker` on `dataset` would get now.
 struct FetchPlan {
@@ -56,7 +75,7 @@ struct FetchPlan {
   std::string reason;  // for kWait
   // kLease: where the range comes from.
   size_t epoch_index = 0;  // index into the dataset's open epochs; == size() opens a new epoch
-  uint32_t domain = 0;
+  uint32_t partition = 0;
   bool from_requeue = false;
   uint64_t begin = 0, end = 0;
   uint32_t attempts = 0;
@@ -70,7 +89,7 @@ class ShardingState {
     uint64_t begin, end;
     uint32_t attempts;
   };
-  struct Domain {
+  struct Partition {
     uint64_t start = 0, frontier = 0, limit = 0;
     std::deque<Pending> requeue;
     uint64_t done = 0, quarantined = 0;
@@ -78,7 +97,7 @@ class ShardingState {
   };
   struct Epoch {
     uint32_t epoch = 0;
-    std::vector<Domain> domains;
+    std::vector<Partition> partitions;
     uint32_t active_leases = 0;
   };
   struct Dataset {
@@ -93,6 +112,7 @@ class ShardingState {
     std::string failure;
     uint64_t records_done_total = 0;
     uint64_t requeues_total = 0;
+    uint64_t records_quarantined_total = 0;  // sum over `quarantined`
     bool is_stream() const { return spec.source_case() == DatasetSpec::kStream; }
     bool Finished() const;
   };
@@ -105,6 +125,8 @@ class ShardingState {
     uint64_t partner = 0;
     bool backup = false;
     int64_t created_ms = 0, progress_ms = 0;
+    uint64_t incarnation = 0;  // of the holder, when granted
+    uint64_t request_id = 0;   // the FetchShard request that created it (0: none)
     uint64_t done_pos() const { return begin + done; }
   };
   struct WorkerRec {
@@ -115,7 +137,8 @@ class ShardingState {
     uint32_t max_leases = 0;
     bool lost = false;
     std::set<uint64_t> leases;
-    std::deque<EndedLease> recent_ended;
+    std::map<uint64_t, EndedLease> ended;  // by lease id; see "Memory" above
+    std::set<uint64_t> stream_ended;  // ids in `ended` of stream leases (the smallest go first)
   };
 
   ShardingState() = default;
@@ -133,6 +156,11 @@ class ShardingState {
   // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
   // the dataset or worker is unknown.
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
+  // The CreateLeaseUpdate (v3, with its outcome) that grants `plan` (kLease or kBackup).
+  CreateLeaseUpdate DecideLease(const FetchPlan& plan, const std::string& worker,
+                                const std::string& dataset, uint64_t request_id) const;
+  // The active lease `worker` got from FetchShard request `request_id`, if any.
+  const LeaseRec* FindLeaseByRequest(const std::string& worker, uint64_t request_id) const;
   // OK if `worker`'s `incarnation` holds lease `lease_id` with `token`; FAILED_PRECONDITION
   // (stale token, ended lease, old incarnation) otherwise.
   absl::Status CheckLease(const std::string& worker, uint64_t incarnation, uint64_t lease_id,
@@ -143,8 +171,10 @@ class ShardingState {
   const Dataset* FindDataset(const std::string& name) const;
   const LeaseRec* FindLease(uint64_t id) const;
   const WorkerRec* FindWorker(const std::string& id) const;
-  // A recently ended lease of `worker` (its final done prefix and why it ended), if remembered.
+  // An ended lease of `worker` (its final done prefix and why it ended), if remembered.
   const EndedLease* FindEnded(const std::string& worker, uint64_t lease_id) const;
+  // Why a lease id that is neither active nor remembered for `worker` is unknown (for errors).
+  std::string ExplainUnknownLease(const std::string& worker, uint64_t lease_id) const;
   const std::map<uint64_t, LeaseRec>& leases() const { return leases_; }
   const std::map<std::string, Dataset>& datasets() const { return datasets_; }
   const std::map<std::string, WorkerRec>& workers() const { return workers_; }
@@ -166,6 +196,8 @@ class ShardingState {
   absl::Status ApplyRegisterDataset(const RegisterDatasetUpdate& u);
   absl::Status ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t time_ms);
   absl::Status ApplyCreateLease(const CreateLeaseUpdate& u, int64_t time_ms);
+  // Checks that a decided lease fits the state (a corrupt or foreign journal otherwise).
+  absl::Status CheckDecidedLease(const CreateLeaseUpdate& u) const;
   absl::Status ApplyProgress(const ProgressUpdate& u, int64_t time_ms);
   absl::Status ApplyEndLease(const EndLeaseUpdate& u, int64_t time_ms);
   absl::Status ApplyWorkerLost(const WorkerLostUpdate& u, int64_t time_ms);
@@ -181,9 +213,11 @@ class ShardingState {
   void EndLease(uint64_t lease_id, LeaseEndReason reason, const std::string& detail,
                 int64_t time_ms, bool requeue);
   void CloseFinishedEpochs(Dataset& ds);
-  // Moves an ending lease into its worker's recent_ended (bounded) and out of its lease set.
+  // Moves an ending lease into its worker's `ended` and out of its lease set.
   void RememberEnded(const LeaseRec& lease, LeaseEndReason reason);
-  static Domain DomainFromProto(const DomainState& d, bool keep_attempts);
+  // Forgets ended leases of `ds` older than the epoch before its oldest open one.
+  void ForgetOldEnded(const Dataset& ds);
+  static Partition PartitionFromProto(const PartitionState& d, bool keep_attempts);
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
   uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;

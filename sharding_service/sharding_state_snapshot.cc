@@ -8,7 +8,7 @@ namespace pacer {
 
 namespace {
 
-void DomainToProto(const ShardingState::Domain& d, DomainState* out) {
+void PartitionToProto(const ShardingState::Partition& d, PartitionState* out) {
   out->set_start(d.start);
   out->set_frontier(d.frontier);
   out->set_limit(d.limit);
@@ -24,8 +24,8 @@ void DomainToProto(const ShardingState::Domain& d, DomainState* out) {
 
 }  // namespace
 
-ShardingState::Domain ShardingState::DomainFromProto(const DomainState& d, bool keep_attempts) {
-  Domain dom;
+ShardingState::Partition ShardingState::PartitionFromProto(const PartitionState& d, bool keep_attempts) {
+  Partition dom;
   dom.start = d.start();
   dom.frontier = d.frontier();
   dom.limit = d.limit();
@@ -57,7 +57,7 @@ ShardingSnapshot ShardingState::ToSnapshot() const {
     for (const auto& ep : ds.open) {
       EpochState* e = out->add_open_epochs();
       e->set_epoch(ep.epoch);
-      for (const auto& d : ep.domains) DomainToProto(d, e->add_domains());
+      for (const auto& d : ep.partitions) PartitionToProto(d, e->add_partitions());
     }
   }
   for (const auto& [id, l] : leases_) {
@@ -76,6 +76,8 @@ ShardingSnapshot ShardingState::ToSnapshot() const {
     out->set_backup(l.backup);
     out->set_created_ms(l.created_ms);
     out->set_progress_ms(l.progress_ms);
+    out->set_incarnation(l.incarnation);
+    out->set_request_id(l.request_id);
   }
   for (const auto& [id, w] : workers_) {
     WorkerState* out = snap.add_workers();
@@ -86,7 +88,7 @@ ShardingSnapshot ShardingState::ToSnapshot() const {
     out->set_shard_size(w.shard_size);
     out->set_max_leases(w.max_leases);
     out->set_lost(w.lost);
-    for (const auto& e : w.recent_ended) *out->add_recent_ended() = e;
+    for (const auto& [lease_id, e] : w.ended) *out->add_recent_ended() = e;
   }
   for (const auto& [tag, cp] : checkpoints_) *snap.add_checkpoints() = cp;
   return snap;
@@ -112,11 +114,12 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
     ds.records_done_total = in.records_done_total();
     ds.requeues_total = in.requeues_total();
     ds.quarantined.assign(in.quarantined().begin(), in.quarantined().end());
+    for (const auto& q : ds.quarantined) ds.records_quarantined_total += q.end() - q.begin();
     for (const auto& e : in.open_epochs()) {
       Epoch ep;
       ep.epoch = e.epoch();
-      for (const auto& d : e.domains()) {
-        ep.domains.push_back(DomainFromProto(d, /*keep_attempts=*/true));
+      for (const auto& d : e.partitions()) {
+        ep.partitions.push_back(PartitionFromProto(d, /*keep_attempts=*/true));
       }
       ds.open.push_back(std::move(ep));
     }
@@ -131,7 +134,12 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
     w.shard_size = in.shard_size();
     w.max_leases = in.max_leases();
     w.lost = in.lost();
-    w.recent_ended.assign(in.recent_ended().begin(), in.recent_ended().end());
+    for (const auto& e : in.recent_ended()) {
+      EndedLease& kept = w.ended[e.lease_id()] = e;
+      // A v2 snapshot names no incarnation: those leases were the current incarnation's or
+      // earlier, which is all a registration reply needs to know.
+      if (kept.incarnation() == 0) kept.set_incarnation(w.incarnation);
+    }
     st.workers_.emplace(w.id, std::move(w));
   }
   for (const auto& in : snap.leases()) {
@@ -150,6 +158,8 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
     l.backup = in.backup();
     l.created_ms = in.created_ms();
     l.progress_ms = in.progress_ms();
+    l.incarnation = in.incarnation();
+    l.request_id = in.request_id();
     auto dit = st.datasets_.find(l.dataset);
     auto wit = st.workers_.find(l.worker);
     if (dit == st.datasets_.end() || wit == st.workers_.end() || l.begin > l.end ||
@@ -157,14 +167,22 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
       return absl::DataLossError(absl::StrCat("snapshot: lease ", l.id, " is inconsistent"));
     }
     Epoch* ep = st.FindEpoch(dit->second, l.epoch);
-    if (ep == nullptr || l.partition >= ep->domains.size()) {
+    if (ep == nullptr || l.partition >= ep->partitions.size()) {
       return absl::DataLossError(absl::StrCat("snapshot: lease ", l.id, " in a closed epoch"));
     }
     ep->active_leases++;
+    if (l.incarnation == 0) l.incarnation = wit->second.incarnation;  // a v2 snapshot
     wit->second.leases.insert(l.id);
     st.leases_.emplace(l.id, std::move(l));
   }
   for (const auto& cp : snap.checkpoints()) st.checkpoints_[cp.tag()] = cp;
+  // Which remembered leases are stream leases (kept to a bound).
+  for (auto& [id, w] : st.workers_) {
+    for (const auto& [lease_id, e] : w.ended) {
+      auto dit = st.datasets_.find(e.dataset());
+      if (dit != st.datasets_.end() && dit->second.is_stream()) w.stream_ended.insert(lease_id);
+    }
+  }
   return st;
 }
 

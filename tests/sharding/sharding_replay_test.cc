@@ -1,6 +1,6 @@
 // Replay and exactly-once property tests: random valid update sequences over several datasets
 // (shuffles, files, a stream, tail backups, failures, restarts, checkpoints).
-//  * After every update, each open domain's done counter equals the number of distinct
+//  * After every update, each open partition's done counter equals the number of distinct
 //    positions that workers reported processed (an independent oracle): nothing counted twice.
 //  * Every epoch that closes had all its records done or quarantined: nothing lost.
 //  * For every prefix, snapshot + journal replay rebuilds the live state byte for byte.
@@ -163,10 +163,10 @@ class RandomRun {
   void CheckCounts() {
     for (const auto& [name, ds] : d_.state().datasets()) {
       for (const auto& ep : ds.open) {
-        for (uint32_t p = 0; p < ep.domains.size(); ++p) {
+        for (uint32_t p = 0; p < ep.partitions.size(); ++p) {
           auto it = processed_.find(Key{name, ep.epoch, p});
           const uint64_t distinct = it == processed_.end() ? 0 : it->second.size();
-          ASSERT_EQ(ep.domains[p].done, distinct)
+          ASSERT_EQ(ep.partitions[p].done, distinct)
               << name << " epoch " << ep.epoch << " partition " << p << " at seq "
               << d_.state().last_seq();
         }

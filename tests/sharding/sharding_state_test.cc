@@ -14,7 +14,7 @@ uint64_t Done(const ShardingState& st, const std::string& ds) {
   const auto* d = st.FindDataset(ds);
   uint64_t done = 0;
   for (const auto& ep : d->open)
-    for (const auto& dom : ep.domains) done += dom.done;
+    for (const auto& dom : ep.partitions) done += dom.done;
   return done;
 }
 
@@ -78,10 +78,11 @@ TEST(ShardingStateTest, StaleTokensAndOldIncarnationsAreRefused) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.state().CheckLease("w0", inc2, a->id, a->token).code(),
             absl::StatusCode::kFailedPrecondition);
-  const auto& recent = d.state().FindWorker("w0")->recent_ended;
-  ASSERT_EQ(recent.size(), 1u);
-  EXPECT_EQ(recent.back().lease_id(), a->id);
-  EXPECT_EQ(recent.back().reason(), LEASE_WORKER_LOST);
+  const auto& ended = d.state().FindWorker("w0")->ended;
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended.rbegin()->second.lease_id(), a->id);
+  EXPECT_EQ(ended.rbegin()->second.reason(), LEASE_WORKER_LOST);
+  EXPECT_EQ(ended.rbegin()->second.incarnation(), inc);
   EXPECT_EQ(d.state().CheckLease("w9", 1, a->id, a->token).code(), absl::StatusCode::kNotFound);
 }
 

@@ -1,0 +1,233 @@
+// ShardingState: fetch planning — what a FetchShard gets (PlanFetch) and the v3 update that
+// records the decision (DecideLease). Pure reads of the state; nothing here mutates it.
+#include "sharding_service/sharding_state.h"
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace pacer {
+
+namespace {
+
+constexpr uint64_t kStreamLimit = std::numeric_limits<uint64_t>::max();
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return a > kStreamLimit - b ? kStreamLimit : a + b;
+}
+
+}  // namespace
+
+uint64_t ShardingState::ShardSizeFor(const WorkerRec& w, const Dataset& ds) const {
+  uint64_t size = w.shard_size;
+  if (size == 0) {
+    const double scaled = std::round(static_cast<double>(ds.spec.shard_size()) * w.weight);
+    size = scaled < 1.0 ? 1 : static_cast<uint64_t>(std::min(scaled, double(kMaxShardSize)));
+  }
+  if (ds.spec.shuffle() == SHUFFLE_RECORDS) size = std::min(size, kMaxRecordsShuffleShardSize);
+  return std::max<uint64_t>(size, 1);
+}
+
+absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
+                                                   const std::string& dataset) const {
+  const Dataset* ds = FindDataset(dataset);
+  if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + dataset + "'");
+  const WorkerRec* w = FindWorker(worker);
+  if (w == nullptr) {
+    return absl::NotFoundError("unknown worker '" + worker + "': call RegisterWorker first");
+  }
+  if (ds->failed) {
+    return absl::FailedPreconditionError("dataset '" + dataset + "' failed: " + ds->failure);
+  }
+  FetchPlan plan;
+  const uint32_t max_leases = w->max_leases ? w->max_leases : kDefaultMaxLeasesPerWorker;
+  uint32_t held = 0;
+  for (uint64_t id : w->leases) held += leases_.at(id).dataset == dataset ? 1 : 0;
+  if (held >= max_leases) {
+    plan.kind = FetchPlan::kWait;
+    plan.reason = absl::StrCat("worker holds ", held, " leases of this dataset (quota ",
+                               max_leases, ")");
+    return plan;
+  }
+  const uint64_t size = ShardSizeFor(*w, *ds);
+  for (size_t i = 0; i < ds->open.size(); ++i) {
+    const Epoch& ep = ds->open[i];
+    for (uint32_t d = 0; d < ep.partitions.size(); ++d) {
+      const Partition& dom = ep.partitions[d];
+      if (dom.requeue.empty()) continue;
+      const Pending& front = dom.requeue.front();
+      plan.kind = FetchPlan::kLease;
+      plan.epoch_index = i;
+      plan.partition = d;
+      plan.from_requeue = true;
+      plan.begin = front.begin;
+      plan.end = std::min(front.end, front.begin + size);
+      plan.attempts = front.attempts;
+      return plan;
+    }
+    // Fresh positions: the partition that has handed out the fewest (balances stream partitions).
+    int best = -1;
+    for (uint32_t d = 0; d < ep.partitions.size(); ++d) {
+      const Partition& dom = ep.partitions[d];
+      if (dom.frontier >= dom.limit) continue;
+      if (best < 0 || dom.frontier - dom.start < ep.partitions[best].frontier - ep.partitions[best].start) {
+        best = static_cast<int>(d);
+      }
+    }
+    if (best >= 0) {
+      const Partition& dom = ep.partitions[best];
+      plan.kind = FetchPlan::kLease;
+      plan.epoch_index = i;
+      plan.partition = static_cast<uint32_t>(best);
+      plan.begin = dom.frontier;
+      plan.end = std::min(dom.limit, SaturatingAdd(dom.frontier, size));
+      return plan;
+    }
+  }
+  const bool epochs_left = !ds->is_stream() &&
+                           (ds->spec.num_epochs() == 0 || ds->next_epoch < ds->spec.num_epochs());
+  if (epochs_left) {
+    const bool may_open = ds->spec.epoch_barrier() ? ds->open.empty()
+                                                   : ds->open.size() < kMaxOpenEpochs;
+    if (may_open) {
+      plan.kind = FetchPlan::kLease;
+      plan.epoch_index = ds->open.size();
+      plan.partition = 0;
+      plan.begin = 0;
+      plan.end = std::min(ds->records_per_epoch, size);
+      return plan;
+    }
+  }
+  if (ds->tail_backup) {
+    // Lease again the largest unconsumed suffix held by another worker (the likeliest
+    // straggler); ties go to the lease that progressed least recently.
+    const LeaseRec* best = nullptr;
+    uint64_t best_left = 0;
+    for (const auto& [id, l] : leases_) {
+      if (l.dataset != dataset || l.worker == worker || l.partner != 0 || l.backup) continue;
+      const uint64_t left = l.end - l.done_pos();
+      if (left < 2) continue;
+      if (best == nullptr || left > best_left ||
+          (left == best_left && l.progress_ms < best->progress_ms)) {
+        best = &l;
+        best_left = left;
+      }
+    }
+    if (best != nullptr) {
+      plan.kind = FetchPlan::kBackup;
+      plan.backup_of = best->id;
+      plan.begin = best->done_pos();
+      plan.end = best->end;
+      return plan;
+    }
+  }
+  if (ds->Finished()) {
+    plan.kind = FetchPlan::kEndOfData;
+    return plan;
+  }
+  plan.kind = FetchPlan::kWait;
+  if (ds->spec.epoch_barrier() && epochs_left) {
+    plan.reason = "epoch barrier: waiting for the current epoch to finish";
+  } else if (epochs_left) {
+    plan.reason = "two epochs are open: waiting for the older one to finish";
+  } else {
+    plan.reason = "every pending record is leased; waiting for leases to finish or fail";
+  }
+  return plan;
+}
+
+
+CreateLeaseUpdate ShardingState::DecideLease(const FetchPlan& plan, const std::string& worker,
+                                             const std::string& dataset,
+                                             uint64_t request_id) const {
+  const Dataset& ds = datasets_.at(dataset);
+  CreateLeaseUpdate u;
+  u.set_worker_id(worker);
+  u.set_dataset(dataset);
+  u.set_decided(true);
+  u.set_lease_id(next_lease_id_);
+  u.set_fencing_token(next_token_);
+  u.set_begin(plan.begin);
+  u.set_end(plan.end);
+  u.set_request_id(request_id);
+  u.set_incarnation(workers_.at(worker).incarnation);
+  if (plan.kind == FetchPlan::kBackup) {
+    const LeaseRec& primary = leases_.at(plan.backup_of);
+    u.set_backup_of(primary.id);
+    u.set_epoch(primary.epoch);
+    u.set_partition(primary.partition);
+    return u;
+  }
+  const bool opens = plan.epoch_index == ds.open.size();
+  u.set_opens_epoch(opens);
+  u.set_epoch(opens ? ds.next_epoch : ds.open[plan.epoch_index].epoch);
+  u.set_partition(plan.partition);
+  u.set_from_requeue(plan.from_requeue);
+  u.set_attempts(plan.attempts);
+  return u;
+}
+
+const ShardingState::LeaseRec* ShardingState::FindLeaseByRequest(const std::string& worker,
+                                                                 uint64_t request_id) const {
+  const WorkerRec* w = FindWorker(worker);
+  if (w == nullptr || request_id == 0) return nullptr;
+  for (uint64_t id : w->leases) {
+    const LeaseRec& l = leases_.at(id);
+    if (l.request_id == request_id && l.incarnation == w->incarnation) return &l;
+  }
+  return nullptr;
+}
+
+absl::Status ShardingState::CheckDecidedLease(const CreateLeaseUpdate& u) const {
+  auto bad = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("create_lease of lease ", u.lease_id(), " does not fit the state: ", why));
+  };
+  const Dataset* ds = FindDataset(u.dataset());
+  if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + u.dataset() + "'");
+  const WorkerRec* w = FindWorker(u.worker_id());
+  if (w == nullptr) return absl::NotFoundError("unknown worker '" + u.worker_id() + "'");
+  if (u.lease_id() != next_lease_id_ || u.fencing_token() != next_token_) {
+    return bad(absl::StrCat("expected lease id ", next_lease_id_, " and token ", next_token_));
+  }
+  if (u.begin() >= u.end()) return bad("empty range");
+  if (u.backup_of() != 0) {
+    const LeaseRec* primary = FindLease(u.backup_of());
+    if (primary == nullptr || primary->dataset != u.dataset() || primary->partner != 0 ||
+        primary->backup || primary->epoch != u.epoch() || primary->partition != u.partition() ||
+        u.begin() < primary->done_pos() || u.end() != primary->end) {
+      return bad("the backed-up lease does not match");
+    }
+    return absl::OkStatus();
+  }
+  const Partition* part = nullptr;
+  if (u.opens_epoch()) {
+    if (ds->is_stream() || u.epoch() != ds->next_epoch ||
+        (ds->spec.num_epochs() != 0 && u.epoch() >= ds->spec.num_epochs())) {
+      return bad("it opens an epoch that cannot open");
+    }
+    if (u.partition() != 0 || u.begin() != 0 || u.end() > ds->records_per_epoch ||
+        u.from_requeue()) {
+      return bad("its range is outside the new epoch");
+    }
+    return absl::OkStatus();
+  }
+  for (const Epoch& ep : ds->open) {
+    if (ep.epoch == u.epoch() && u.partition() < ep.partitions.size()) {
+      part = &ep.partitions[u.partition()];
+    }
+  }
+  if (part == nullptr) return bad("its epoch or partition is not open");
+  if (u.from_requeue()) {
+    if (part->requeue.empty() || part->requeue.front().begin != u.begin() ||
+        u.end() > part->requeue.front().end) {
+      return bad("its range is not the front of the requeue");
+    }
+  } else if (part->frontier != u.begin() || u.end() > part->limit) {
+    return bad("its range does not start at the frontier");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pacer
