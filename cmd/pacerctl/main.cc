@@ -74,10 +74,14 @@ void PrintDatasets(const pacer::ListDatasetsResponse& r) {
     std::string epoch = std::to_string(d.finished() ? d.completed_epochs() : d.current_epoch());
     if (d.spec().num_epochs() > 0) epoch += "/" + std::to_string(d.spec().num_epochs());
     std::string state = d.failed() ? "FAILED: " + d.failure() : d.finished() ? "finished" : "active";
+    if (!d.failed() && d.records_quarantined() > 0) {
+      // on_poison: continue — the data ends (or will end) with records never trained on.
+      state += " (hole: " + std::to_string(d.records_quarantined()) + " records quarantined)";
+    }
     std::cout << std::left << std::setw(20) << d.spec().name() << std::setw(12)
               << Source(d.spec()) << std::setw(14) << d.records_per_epoch() << std::setw(8)
               << epoch << std::setw(10) << pct.str() << std::setw(8) << d.active_leases()
-              << std::setw(10) << d.requeues_total() << std::setw(12) << d.quarantined_size()
+              << std::setw(10) << d.requeues_total() << std::setw(12) << d.records_quarantined()
               << state << "\n";
   }
 }
