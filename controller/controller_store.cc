@@ -1,10 +1,13 @@
 #include "controller/controller_store.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/write_batch.h>
 
 #include <cinttypes>
 #include <cstdio>
+
+#include "common/rocksdb_logger.h"
 
 namespace pacer {
 namespace {
@@ -182,19 +185,33 @@ absl::StatusOr<AuditRecord> AuditFromProto(const AuditState& p) {
   return r;
 }
 
-absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std::string& dir,
+                                                                      bool must_exist) {
   rocksdb::Options o;
-  o.create_if_missing = true;
+  if (must_exist && !rocksdb::Env::Default()->FileExists(dir + "/CURRENT").ok()) {
+    return absl::DataLossError("controller store: '" + dir +
+                               "/CURRENT' is missing, but the data dir's IDENTITY says the store "
+                               "was created: its audit trail and plan history would be lost");
+  }
+  o.create_if_missing = !must_exist;
   o.paranoid_checks = true;
+  // Damage is refused, not rolled back to a point in time (docs/journal-integrity.md).
+  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  o.track_and_verify_wals_in_manifest = true;
   o.info_log_level = rocksdb::WARN_LEVEL;
+  // No LOG file on the data disk: a full disk made its writer abort pacerd (rocksdb_logger.h).
+  o.info_log = std::make_shared<RocksDbLogger>("controller store");
   o.keep_log_file_num = 2;
   o.max_background_jobs = 1;
   o.write_buffer_size = 4 << 20;
   rocksdb::DB* raw = nullptr;
-  if (absl::Status s = FromRocks(rocksdb::DB::Open(o, dir, &raw), "cannot open RocksDB in '" + dir + "'");
-      !s.ok()) {
-    return s;
+  const rocksdb::Status st = rocksdb::DB::Open(o, dir, &raw);
+  if (!st.ok() && (st.IsPathNotFound() || st.IsInvalidArgument() ||
+                   st.ToString().find("No such file") != std::string::npos)) {
+    return absl::DataLossError("controller store: the RocksDB database in '" + dir +
+                               "' is damaged or incomplete: " + st.ToString());
   }
+  if (absl::Status s = FromRocks(st, "cannot open RocksDB in '" + dir + "'"); !s.ok()) return s;
   return std::unique_ptr<ControllerStore>(new ControllerStore(std::unique_ptr<rocksdb::DB>(raw)));
 }
 

@@ -43,8 +43,11 @@ absl::StatusOr<AuditRecord> AuditFromProto(const AuditState& proto);
 
 class ControllerStore {
  public:
-  // Opens (creates) the store in `dir`. DATA_LOSS when a record does not parse.
-  static absl::StatusOr<std::unique_ptr<ControllerStore>> Open(const std::string& dir);
+  // Opens (creates) the store in `dir`. DATA_LOSS when a record does not parse, when RocksDB
+  // finds damage (its WAL is replayed with absolute consistency: never rolled back silently),
+  // or, with `must_exist` (the data dir's IDENTITY lists the store), when it is missing.
+  static absl::StatusOr<std::unique_ptr<ControllerStore>> Open(const std::string& dir,
+                                                               bool must_exist = false);
   ~ControllerStore();
 
   struct Loaded {

@@ -441,6 +441,17 @@ absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string&
   return absl::OkStatus();
 }
 
+void Reconciler::RecordOperatorEvent(const std::string& what) {
+  absl::MutexLock l(&mu_);
+  AuditRecord r;
+  r.time_ms = clock_->NowMs();
+  r.policy = "operator";
+  r.outcome = AuditRecord::Outcome::kPolicy;  // not an action; listed as kind POLICY
+  r.action.reason = what;
+  controller_->mutable_history()->Record(std::move(r), controller_->policy().audit.max_records);
+  PersistLocked();
+}
+
 void Reconciler::ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const {
   absl::MutexLock l(&mu_);
   const auto& audit = controller_->history().audit();

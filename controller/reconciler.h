@@ -82,6 +82,9 @@ class Reconciler {
   }
   absl::Status ApplyPolicy(const std::string& yaml, const std::string& file_name,
                            ApplyPolicyResponse* resp);
+  // Records an operator's act in the audit trail (and persists it), e.g. pacerd started with
+  // --accept-data-loss: `pacerctl actions` lists it as a POLICY record of policy "operator".
+  void RecordOperatorEvent(const std::string& what);
   void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
   // The command a worker would get now (tests).
   std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/rocksdb_logger.h"
 
 namespace pacer {
 namespace {
@@ -224,6 +225,8 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
                                         : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   db_options.track_and_verify_wals_in_manifest = !accept;
   db_options.info_log_level = rocksdb::WARN_LEVEL;
+  // No LOG file on the data disk: a full disk made its writer abort pacerd (rocksdb_logger.h).
+  db_options.info_log = std::make_shared<RocksDbLogger>("journal");
   db_options.keep_log_file_num = 2;
   db_options.max_background_jobs = 2;
   db_options.write_buffer_size = 16 << 20;
@@ -498,9 +501,15 @@ absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn
   }
   auto opened = OpenAndReplay(on_snapshot, on_update, durable);
   if (!opened.ok()) {
-    health_ = opened.status();
-    return opened.status();
+    // Still refused; health keeps the first cause (a full disk) and says why reopening failed.
+    if (failure_.ok()) failure_ = health_;
+    health_ = opened.status().code() == absl::StatusCode::kDataLoss
+                  ? opened.status()
+                  : absl::UnavailableError(absl::StrCat(failure_.message(), " (reopening failed: ",
+                                                        opened.status().message(), ")"));
+    return health_;
   }
+  failure_ = absl::OkStatus();
   Install(std::move(*opened));
   stats_.recoveries++;
   PACER_LOG(WARNING) << "journal: reopened '" << options_.dir << "' after a failed write; resumed at update "

@@ -105,6 +105,7 @@ class RocksJournal final : public Journal {
   uint64_t last_snapshot_seq_ = 0;  // newest snapshot on disk
   bool upgrade_format_ = false;     // a v2 dir: write v3 with the next group
   absl::Status health_;
+  absl::Status failure_;  // the write failure a failed Recover() still reports
   bool stopping_ = false;
   JournalStats stats_;
   JournalRecovery recovery_;

@@ -2,6 +2,7 @@
 // controller) over gRPC, with its state journaled in --data-dir.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
        "heartbeat interval suggested to workers")
       ("snapshot-every", po::value(&o.sharding.snapshot_every)->default_value(o.sharding.snapshot_every),
        "journal updates between snapshots")
+      ("accept-data-loss", po::bool_switch(&o.accept_data_loss),
+       "start although the journal or controller store is damaged, missing or shorter than "
+       "acknowledged: accept the loss (logged, audited, recorded in DATA_DIR/DATA-LOSS-ACCEPTED)")
       ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving");
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv, "Usage: pacerd [options]\n\nThe Pacer control plane of one training job.", desc);
@@ -75,7 +79,15 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto pacerd = pacer::Pacerd::Start(o);
-  if (!pacerd.ok()) pacer::ExitWithError("pacerd", std::string(pacerd.status().message()), 1);
+  if (!pacerd.ok()) {
+    // One line; damage says DATA_LOSS (the file and what is missing are in the message).
+    const absl::Status& s = pacerd.status();
+    std::string line = s.code() == absl::StatusCode::kDataLoss
+                           ? "DATA_LOSS: " + std::string(s.message())
+                           : std::string(s.message());
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    pacer::ExitWithError("pacerd", line, 1);
+  }
   PACER_LOG(INFO) << "serving on " << (*pacerd)->address() << ", metrics on port "
                   << (*pacerd)->metrics_port() << ", data dir " << o.data_dir;
   if (!port_file.empty()) {

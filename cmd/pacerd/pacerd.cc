@@ -1,10 +1,13 @@
 #include "cmd/pacerd/pacerd.h"
 
+#include <grpcpp/health_check_service_interface.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "cmd/pacerd/data_dir_identity.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status.h"
@@ -74,6 +77,16 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     ASSIGN_OR_RETURN(d->admin_token_, LoadToken(options.data_dir + "/admin.token", true));
   }
   d->auth_ = std::make_unique<Authenticator>(d->job_token_, d->admin_token_);
+  // Which stores this data dir must hold (none yet: a fresh dir, or one from before identities).
+  auto identity = ReadDataDirIdentity(options.data_dir);
+  if (!identity.ok() && !options.accept_data_loss) return identity.status();
+  std::vector<std::string> accepted;  // losses the operator accepted, in words
+  if (!identity.ok()) {
+    accepted.push_back(std::string(identity.status().message()) + ": written anew");
+    identity = std::optional<DataDirIdentity>();
+  }
+  const bool has_identity = identity->has_value();
+  auto listed = [&](const char* store) { return has_identity && (*identity)->Has(store); };
 
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!options.tls_cert.empty() || !options.tls_key.empty()) {
@@ -102,6 +115,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     ASSIGN_OR_RETURN(d->metrics_port_, d->metrics_.Serve(options.metrics_listen));
   }
   options.sharding.data_dir = options.data_dir + "/journal";
+  options.sharding.journal.must_exist = listed("journal");
+  options.sharding.journal.accept_data_loss = options.accept_data_loss;
   ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
   d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
   PolicyConfig policy;  // default: "none"
@@ -138,9 +153,57 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     return m->UpdateDetection(MonitorOptionsFromPolicy(p.detection, base));
   });
   {
-    ASSIGN_OR_RETURN(std::unique_ptr<ControllerStore> store,
-                     ControllerStore::Open(options.data_dir + "/controller"));
-    RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(store), policy_text));
+    const std::string controller_dir = options.data_dir + "/controller";
+    auto store = ControllerStore::Open(controller_dir, listed("controller"));
+    if (!store.ok() && options.accept_data_loss &&
+        store.status().code() == absl::StatusCode::kDataLoss) {
+      // Accepted: the old folder is kept aside, the store starts empty.
+      accepted.push_back(std::string(store.status().message()) + ": started empty");
+      std::error_code ec;
+      if (std::filesystem::exists(controller_dir, ec)) {
+        std::filesystem::rename(controller_dir,
+                                controller_dir + ".lost-" + std::to_string(RealClock::Get()->NowMs()), ec);
+      }
+      store = ControllerStore::Open(controller_dir, false);
+    }
+    if (!store.ok()) return store.status();
+    RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(*store), policy_text));
+  }
+  // Both stores are open: a data dir without an identity gets one now (adopted when it held a
+  // journal already), so from now on a missing store is refused instead of recreated empty.
+  const JournalRecovery recovered = d->sharding_->journal_recovery();
+  if (!has_identity) {
+    RETURN_IF_ERROR(WriteDataDirIdentity(
+        options.data_dir,
+        NewDataDirIdentity(RealClock::Get()->NowMs(), {"journal", "controller"})));
+    if (!recovered.created) {
+      PACER_LOG(INFO) << "data dir '" << options.data_dir << "' adopted: IDENTITY written, journal "
+                      << "high-water mark set to the recovered update " << recovered.recovered_seq;
+    }
+  }
+  if (!recovered.accepted_loss.empty()) accepted.insert(accepted.begin(), recovered.accepted_loss);
+  d->journal_healthy_ = &d->metrics_.Gauge(
+      "pacer_sharding_journal_healthy", "1 while the journal accepts updates; 0 while they are "
+      "refused after a failed write (a full disk) until it reopens");
+  d->journal_healthy_->Set(1);
+  d->journal_recoveries_ = &d->metrics_.Counter(
+      "pacer_sharding_journal_recoveries_total", "Journal reopened after a failed write");
+  prometheus::Counter& losses = d->metrics_.Counter(
+      "pacer_data_loss_accepted_total", "Starts that accepted a data loss (--accept-data-loss)");
+  if (!accepted.empty()) {
+    std::string what;
+    for (const auto& a : accepted) what += (what.empty() ? "" : "; ") + a;
+    const std::string line = "pacerd started with --accept-data-loss and accepted: " + what;
+    PACER_LOG(WARNING) << "DATA LOSS ACCEPTED: " << line;
+    if (absl::Status s = RecordAcceptedDataLoss(options.data_dir,
+                                                std::to_string(RealClock::Get()->NowMs()) + " " + line);
+        !s.ok()) {
+      PACER_LOG(ERROR) << "the accepted data loss could not be recorded in the data dir: " << s;
+    }
+    d->reconciler_->RecordOperatorEvent(line);
+    losses.Increment();
+  } else if (options.accept_data_loss) {
+    PACER_LOG(WARNING) << "--accept-data-loss given, but nothing was lost: the data dir is intact";
   }
   Reconciler* reconciler = d->reconciler_.get();
   reconciler->SetAgentDispatcher(
@@ -157,6 +220,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"
                   << (policy.dry_run ? " in dry-run" : "");
 
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen.ToString(), creds, &d->port_);
   builder.RegisterService(d->sharding_grpc_.get());
@@ -170,6 +234,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   if (!d->server_ || d->port_ == 0) {
     return absl::UnavailableError("cannot listen on '" + options.listen + "'");
   }
+  d->CheckJournal();
   if (options.housekeeping) d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
   return d;
 }
@@ -186,10 +251,39 @@ void Pacerd::Housekeeping() {
     cv_.wait_for(l, period);  // a timer, not synchronisation: wakes early on Shutdown()
     if (stopping_) break;
     l.unlock();
+    CheckJournal();
     sharding_->ExpireOverdue();
     monitor_->Tick();
     reconciler_->MaybeReconcile();
     l.lock();
+  }
+}
+
+void Pacerd::CheckJournal() {
+  std::lock_guard<std::mutex> l(journal_check_mu_);
+  absl::Status health = sharding_->journal_health();
+  if (!health.ok()) {
+    const int64_t now = RealClock::Get()->NowMs();
+    if (now - last_journal_retry_ms_ >= options_.journal_retry_ms) {
+      last_journal_retry_ms_ = now;
+      if (absl::Status s = sharding_->RecoverJournal(); s.ok()) {
+        journal_recoveries_->Increment();
+        PACER_LOG(WARNING) << "journal reopened: updates are accepted again";
+      } else if (s.code() == absl::StatusCode::kDataLoss) {
+        PACER_LOG(ERROR) << "journal cannot be reopened: " << s;
+      }
+      health = sharding_->journal_health();
+    }
+  }
+  const bool healthy = health.ok();
+  if (healthy != journal_was_healthy_ && !healthy) {
+    PACER_LOG(ERROR) << "updates refused until the journal recovers: " << health.message();
+  }
+  journal_was_healthy_ = healthy;
+  journal_healthy_->Set(healthy ? 1 : 0);
+  if (server_ && server_->GetHealthCheckService()) {
+    server_->GetHealthCheckService()->SetServingStatus(healthy);
+    server_->GetHealthCheckService()->SetServingStatus("pacer.ShardingService", healthy);
   }
 }
 

@@ -1,6 +1,6 @@
 // Pacerd: the per-job control-plane server, embeddable (tests, the demo) or run by main.cc.
 //
-// Owns the sharding service, the monitor, the agent registry, the controller's reconcile
+// Owns the data dir's identity (data_dir_identity.h), the sharding service, the monitor, the agent registry, the controller's reconcile
 // loop, the rendezvous store of the collective backends (soft state), their gRPC
 // server, the metrics endpoint and a housekeeping thread that expires silent workers' leases,
 // closes monitor windows and reconciles. Start() binds (port 0 = the OS picks) and returns once
@@ -56,6 +56,14 @@ struct PacerdOptions {
   // Tests that drive a SimulatedClock turn it off and call those steps themselves, so nothing
   // races their script.
   bool housekeeping = true;
+  // The operator knowingly accepts a data loss (--accept-data-loss): a damaged or missing journal
+  // or controller store that the data dir's IDENTITY says existed, or a journal shorter than its
+  // high-water mark, is accepted instead of refused; logged at WARNING, audited (`pacerctl
+  // actions`, policy "operator"), appended to <data-dir>/DATA-LOSS-ACCEPTED and counted in
+  // pacer_data_loss_accepted_total. See docs/journal-integrity.md.
+  bool accept_data_loss = false;
+  // How often the housekeeping thread tries to reopen a failed journal (a full disk).
+  int64_t journal_retry_ms = 1000;
 };
 
 class Pacerd {
@@ -66,6 +74,11 @@ class Pacerd {
 
   void Shutdown();
   void Wait();  // until Shutdown()
+  // A housekeeping step (tests without the thread call it too): publishes the journal's health
+  // on gRPC health (grpc.health.v1: NOT_SERVING while updates are refused) and metrics
+  // (pacer_sharding_journal_healthy), and reopens a failed journal at most every
+  // journal_retry_ms, so a full disk resumes by itself once space returns.
+  void CheckJournal();
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
@@ -107,6 +120,11 @@ class Pacerd {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::thread housekeeping_;
+  prometheus::Gauge* journal_healthy_ = nullptr;
+  prometheus::Counter* journal_recoveries_ = nullptr;
+  std::mutex journal_check_mu_;  // CheckJournal() may run on the thread and in a test
+  int64_t last_journal_retry_ms_ = 0;
+  bool journal_was_healthy_ = true;
 };
 
 }  // namespace pacer
