@@ -56,13 +56,13 @@ class TrackedFile : public rocksdb::FSWritableFileOwnerWrapper {
     return target()->Flush(o, dbg);
   }
   IOStatus Sync(const IOOptions& o, IODebugContext* dbg) override {
-    if (auto st = fs_->Check("sync"); !st.ok()) return st;
+    if (auto st = fs_->Check("sync", true); !st.ok()) return st;
     IOStatus st = target()->Sync(o, dbg);
     if (st.ok()) fs_->OnSync(path_);
     return st;
   }
   IOStatus Fsync(const IOOptions& o, IODebugContext* dbg) override {
-    if (auto st = fs_->Check("fsync"); !st.ok()) return st;
+    if (auto st = fs_->Check("fsync", true); !st.ok()) return st;
     IOStatus st = target()->Fsync(o, dbg);
     if (st.ok()) fs_->OnSync(path_);
     return st;
@@ -101,10 +101,14 @@ class TrackedFile : public rocksdb::FSWritableFileOwnerWrapper {
 FaultInjectionFs::FaultInjectionFs(std::shared_ptr<rocksdb::FileSystem> base)
     : FileSystemWrapper(std::move(base)) {}
 
-IOStatus FaultInjectionFs::Check(const char* what) {
+IOStatus FaultInjectionFs::Check(const char* what, bool sync) {
   switch (fault_.load()) {
     case Fault::kNone:
       return IOStatus::OK();
+    case Fault::kSyncFails:
+      if (!sync) return IOStatus::OK();
+      refused_++;
+      return IOStatus::IOError(std::string("injected ") + what + ": Input/output error");
     case Fault::kNoSpace: {
       refused_++;
       IOStatus st = IOStatus::NoSpace(std::string("injected ") + what + ": No space left on device");

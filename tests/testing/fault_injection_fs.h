@@ -27,7 +27,9 @@ namespace pacer::testing {
 
 class FaultInjectionFs : public rocksdb::FileSystemWrapper {
  public:
-  enum class Fault { kNone, kNoSpace, kIoError };
+  // kSyncFails: writes still land (in the page cache, as it were) but every Sync/Fsync fails:
+  // with DropUnsyncedData() afterwards, the power went after those writes were made.
+  enum class Fault { kNone, kNoSpace, kIoError, kSyncFails };
 
   explicit FaultInjectionFs(
       std::shared_ptr<rocksdb::FileSystem> base = rocksdb::FileSystem::Default());
@@ -67,8 +69,8 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
     bool ever_synced = false;
   };
 
-  // The error a refused call returns, or OK when no fault is set.
-  rocksdb::IOStatus Check(const char* what);
+  // The error a refused call returns, or OK when no fault is set; `sync`: a Sync/Fsync.
+  rocksdb::IOStatus Check(const char* what, bool sync = false);
   void OnAppend(const std::string& path, uint64_t end);  // the file now holds `end` bytes
   void OnSync(const std::string& path);
 
