@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   so.rpc_timeout_ms = options.rpc_timeout_ms;
   so.retry_budget_ms = options.connect_budget_ms;
   so.credentials = options.credentials;
+  so.test_lose_lease_reply = options.test_lose_lease_reply;
   auto sharding = ShardingClient::Connect(so);
   if (!sharding.ok()) {
     return Annotate(sharding.status(), "worker '" + options.worker_id + "' registering with pacerd at " +
@@ -125,6 +126,28 @@ void Client::EnqueueCompletion(const Lease& lease) {
   wake_.notify_one();
 }
 
+void Client::EnqueueCompletionAndFetch(const Lease& lease, const std::string& next_dataset,
+                                       ReportListener* listener) {
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    progress_.erase(lease.lease_id());
+    PendingCompletion& c = completions_[lease.lease_id()];
+    c.lease = lease;
+    if (!health_.ok() || stopping_) {
+      refused = absl::CancelledError("client stopped: nothing more is sent");
+    } else if (c.next_for != nullptr) {
+      refused = absl::FailedPreconditionError("this completion already leases a next shard");
+    } else {
+      c.next_dataset = next_dataset;
+      c.next_for = listener;
+    }
+    urgent_ = true;
+  }
+  if (!refused.ok()) DeliverNext(listener, lease.lease_id(), refused);
+  wake_.notify_one();
+}
+
 void Client::EnqueueStep(const StepReport& report) {
   if (!monitor_enabled_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> l(mu_);
@@ -203,16 +226,50 @@ void Client::Close(int64_t flush_timeout_ms) {
     wake_.notify_all();
     drained_.notify_all();
     if (reporter_.joinable()) reporter_.join();
+    AbandonNextLeases(absl::CancelledError("client closed"));
   });
 }
 
 void Client::LatchPermanent(const absl::Status& s) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (health_.ok()) {
-    health_ = s;
-    PACER_LOG(ERROR) << "worker '" << options_.worker_id << "': " << s.message();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (health_.ok()) {
+      health_ = s;
+      PACER_LOG(ERROR) << "worker '" << options_.worker_id << "': " << s.message();
+    }
+    drained_.notify_all();
   }
-  drained_.notify_all();
+  AbandonNextLeases(s);  // nothing more is sent: whoever waits for a next lease must not
+}
+
+void Client::DeliverNext(ReportListener* listener, uint64_t completed_lease_id,
+                         const absl::StatusOr<FetchShardResponse>& next) {
+  {
+    std::lock_guard<std::mutex> l(listeners_mu_);
+    if (std::find(listeners_.begin(), listeners_.end(), listener) != listeners_.end()) {
+      listener->OnNextLease(completed_lease_id, next);
+      return;
+    }
+  }
+  // The reader that asked is gone: nobody will read this lease. Not listing it as held any
+  // more lets pacerd release it at its done prefix.
+  if (next.ok() && next->outcome() == FetchShardResponse::LEASED) {
+    sharding_->ForgetLease(next->lease().lease_id());
+  }
+}
+
+void Client::AbandonNextLeases(const absl::Status& why) {
+  std::vector<std::pair<ReportListener*, uint64_t>> waiting;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [id, c] : completions_) {
+      if (c.next_for == nullptr) continue;
+      waiting.emplace_back(c.next_for, id);
+      c.next_for = nullptr;
+      c.next_dataset.clear();
+    }
+  }
+  for (const auto& [listener, id] : waiting) DeliverNext(listener, id, why);
 }
 
 void Client::Acknowledge(uint64_t lease_id, uint64_t records_done) {
@@ -273,6 +330,7 @@ void Client::SendHeartbeat() {
   auto resp = sharding_->Heartbeat(req);
   std::vector<std::pair<uint64_t, uint64_t>> acked;
   std::vector<uint64_t> cancelled;
+  std::vector<std::pair<ReportListener*, uint64_t>> next_abandoned;
   {
     std::lock_guard<std::mutex> l(mu_);
     in_flight_ -= req.progress_size();
@@ -281,6 +339,12 @@ void Client::SendHeartbeat() {
     } else {
       ++stats_.heartbeats_ok;
       cancelled.assign(resp->cancelled_leases().begin(), resp->cancelled_leases().end());
+      // Leases pacerd released because this worker never saw their fetch reply: none of them
+      // should be in hand (the held set lists every lease received); drop any that is.
+      for (uint64_t id : resp->released_unknown_leases()) {
+        ++stats_.leases_released_unknown;
+        cancelled.push_back(id);
+      }
       for (const auto& p : req.progress()) {
         const bool was_cancelled =
             std::find(cancelled.begin(), cancelled.end(), p.lease_id()) != cancelled.end();
@@ -297,7 +361,10 @@ void Client::SendHeartbeat() {
       }
       for (uint64_t id : cancelled) {
         progress_.erase(id);
-        completions_.erase(id);
+        auto c = completions_.find(id);
+        if (c == completions_.end()) continue;
+        if (c->second.next_for != nullptr) next_abandoned.emplace_back(c->second.next_for, id);
+        completions_.erase(c);
       }
       for (const auto& cmd : resp->commands()) {
         if (cmd.has_batch_plan()) {
@@ -330,20 +397,50 @@ void Client::SendHeartbeat() {
     }
     return;
   }
+  for (const auto& [listener, id] : next_abandoned) {
+    DeliverNext(listener, id, absl::FailedPreconditionError("lease cancelled before it completed"));
+  }
   for (const auto& [id, done] : acked) Acknowledge(id, done);
   for (uint64_t id : cancelled) Cancelled(id);
 }
 
 void Client::SendCompletions() {
-  std::vector<Lease> todo;
+  std::vector<PendingCompletion> todo;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& [id, c] : completions_) todo.push_back(c.lease);
+    for (const auto& [id, c] : completions_) todo.push_back(c);
     in_flight_ += todo.size();
   }
   for (size_t i = 0; i < todo.size(); ++i) {
-    const Lease& lease = todo[i];
-    absl::Status s = sharding_->Complete(lease);
+    const Lease& lease = todo[i].lease;
+    absl::Status s;
+    if (todo[i].next_for != nullptr) {
+      // One durable call: the completion and the next lease. The listener hears the answer
+      // before the completion leaves the queue, so a Flush() that returns has delivered it.
+      auto r = sharding_->CompleteAndFetch(lease, todo[i].next_dataset);
+      s = r.status();
+      absl::StatusOr<FetchShardResponse> next =
+          !r.ok() ? absl::StatusOr<FetchShardResponse>(r.status())
+          : r->has_next() ? absl::StatusOr<FetchShardResponse>(r->next())
+                          : absl::UnimplementedError("pacerd does not lease in CompleteShard");
+      if (!r.ok() && !Retryable(s.code()) && s.code() != absl::StatusCode::kCancelled) {
+        // The completion or the next lease failed (a dataset that failed meanwhile): ask the
+        // completion alone, which is idempotent, for its own answer.
+        s = sharding_->Complete(lease);
+      }
+      if (!r.ok()) {
+        // Sent again (if at all) as a plain completion: the listener fetches on its own.
+        std::lock_guard<std::mutex> l(mu_);
+        if (auto it = completions_.find(lease.lease_id());
+            it != completions_.end() && it->second.next_for == todo[i].next_for) {
+          it->second.next_for = nullptr;
+          it->second.next_dataset.clear();
+        }
+      }
+      DeliverNext(todo[i].next_for, lease.lease_id(), next);
+    } else {
+      s = sharding_->Complete(lease);
+    }
     const uint64_t len = lease.end() - lease.begin();
     {
       std::lock_guard<std::mutex> l(mu_);

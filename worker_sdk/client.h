@@ -8,6 +8,8 @@
 //      the newest per lease), the training step and the newest batch-plan version held; the
 //      reply renews the worker's leases and carries cancelled leases and WorkerCommands;
 //   2. a CompleteShard for every lease the trainer finished (queued, idempotent on retry);
+//      one queued with EnqueueCompletionAndFetch also leases the next shard in the same
+//      durable call, and hands the answer to the listener that asked for it (a ShardReader);
 //   3. one Monitor ReportSteps with the queued StepTimer reports.
 // Queued completions and Flush() wake it early. A report leaves the queue only when pacerd
 // acknowledged it (the heartbeat returned OK and did not list the lease as cancelled), so a
@@ -26,6 +28,9 @@
 // at once, no retry) or UNAVAILABLE (pacerd unreachable for connect_budget_ms). Afterwards a
 // permanent background failure (this incarnation was replaced or declared lost, the token was
 // revoked) is latched in health(); transient ones are retried forever and counted in stats().
+//
+// Lost replies: the heartbeat lists the leases this worker holds (ShardingClient), so a lease
+// whose fetch reply never arrived is released by pacerd instead of being renewed for ever.
 //
 // Thread-safe. Close() (or the destructor) flushes for a bounded time, then stops the thread.
 #pragma once
@@ -58,6 +63,13 @@ class ReportListener {
   // The lease ended elsewhere (expired, fenced, restored): stop reading it; reports of its
   // records past the counted prefix were not counted.
   virtual void OnLeaseCancelled(uint64_t lease_id) {}
+  // Only to the listener that queued a completion with EnqueueCompletionAndFetch, exactly once
+  // per such completion: what leasing the next shard answered (OK: FetchShard's answer), or why
+  // nothing was leased (the completion failed or will be retried plainly, the client stopped,
+  // UNIMPLEMENTED from a pacerd without the combined call). Called with the listener lock held,
+  // before the completion counts as acknowledged (so Flush() returns after it).
+  virtual void OnNextLease(uint64_t completed_lease_id,
+                           const absl::StatusOr<FetchShardResponse>& next) {}
 };
 
 struct ClientStats {
@@ -66,6 +78,7 @@ struct ClientStats {
   uint64_t progress_acked = 0;      // progress reports acknowledged
   uint64_t completions_acked = 0;
   uint64_t leases_cancelled = 0;
+  uint64_t leases_released_unknown = 0;  // released by pacerd: their fetch reply was lost
   uint64_t steps_sent = 0;
   uint64_t steps_rejected = 0;      // by the monitor's validation
   uint64_t steps_dropped = 0;       // queue over its bound while the monitor was unreachable
@@ -92,6 +105,10 @@ class Client {
   void EnqueueProgress(const Lease& lease, uint64_t records_done);
   // Queues the completion of `lease` (all its records done); supersedes its progress.
   void EnqueueCompletion(const Lease& lease);
+  // The same, and the completion also leases the next shard of `next_dataset` (one durable call
+  // per shard); `listener` (registered with AddListener) hears the answer in OnNextLease.
+  void EnqueueCompletionAndFetch(const Lease& lease, const std::string& next_dataset,
+                                 ReportListener* listener);
   void EnqueueStep(const StepReport& report);
   void SetStep(uint64_t step) { step_.store(step, std::memory_order_relaxed); }
   LocalBatchPlan& batch_plan() { return plan_; }
@@ -135,6 +152,8 @@ class Client {
   };
   struct PendingCompletion {
     Lease lease;
+    std::string next_dataset;           // non-empty: lease the next shard in the same call
+    ReportListener* next_for = nullptr;  // who hears the next lease
   };
 
   Client(ClientOptions options, std::unique_ptr<ShardingClient> sharding);
@@ -147,6 +166,13 @@ class Client {
   void SendSteps();
   void Acknowledge(uint64_t lease_id, uint64_t records_done);
   void Cancelled(uint64_t lease_id);
+  // Hands `next` to `listener` if it is still registered; a lease nobody will read is forgotten
+  // (pacerd releases it at the next heartbeat).
+  void DeliverNext(ReportListener* listener, uint64_t completed_lease_id,
+                   const absl::StatusOr<FetchShardResponse>& next);
+  // Every queued completion that asked for a next lease gets `why` instead and stays a plain
+  // completion. Requires mu_ not held.
+  void AbandonNextLeases(const absl::Status& why);
   void LatchPermanent(const absl::Status& s);
   bool Drained() const;  // requires mu_
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,15 @@ class options_description;
 }
 
 namespace pacer {
+
+// Fault injection for tests (never set in production): asked before every attempt of a call
+// that leases a shard (its request id, the attempt from 1) how that attempt's reply is lost.
+// kTinyDeadline gives the attempt a 10 µs deadline (pacerd may or may not commit the lease
+// before the client gives up on the reply); kDropReply sends it normally, then discards a
+// successful reply as if the network had lost it (DEADLINE_EXCEEDED): the lease is committed
+// and never seen. See ShardingClient.
+enum class LoseReply { kNone, kTinyDeadline, kDropReply };
+using LoseReplyHook = std::function<LoseReply(uint64_t request_id, int attempt)>;
 
 struct ClientOptions {
   std::string address;     // host:port of pacerd; PACER_ADDR; default 127.0.0.1:7070
@@ -42,6 +52,7 @@ struct ClientOptions {
   uint32_t initial_accumulation_steps = 1;
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback only)
+  LoseReplyHook test_lose_lease_reply;  // tests only (above)
 
   // Fills empty fields from the environment, then reads token_file when the token is still
   // empty. INVALID_ARGUMENT names what is missing or unreadable.

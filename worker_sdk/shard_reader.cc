@@ -24,13 +24,16 @@ ShardReader::ShardReader(Client* client, ShardReaderOptions options)
     : client_(client), options_(std::move(options)) {}
 
 ShardReader::~ShardReader() {
-  client_->RemoveListener(this);
+  client_->RemoveListener(this);  // from now on a next lease nobody reads is forgotten
   {
     std::lock_guard<std::mutex> l(q_mu_);
     stopping_ = true;
   }
   q_cv_.notify_all();
   if (prefetch_.joinable()) prefetch_.join();
+  // Leases this reader will never finish: pacerd releases them at their done prefix.
+  for (const Lease& lease : ready_) client_->sharding().ForgetLease(lease.lease_id());
+  for (const OpenLease& o : open_) client_->sharding().ForgetLease(o.lease.lease_id());
 }
 
 void ShardReader::OnLeaseCancelled(uint64_t lease_id) {
@@ -39,22 +42,98 @@ void ShardReader::OnLeaseCancelled(uint64_t lease_id) {
   cancel_generation_.fetch_add(1, std::memory_order_release);
 }
 
+size_t ShardReader::Held() const {
+  return ready_.size() + (fetching_ ? 1 : 0) + static_cast<size_t>(next_pending_) + open_count_;
+}
+
+bool ShardReader::LeasingOn() const {
+  return !stopping_ && !paused_ && !holding_off_ && !end_of_data_ && error_.ok();
+}
+
+bool ShardReader::WantLease() const {
+  return LeasingOn() && Held() < 1 + static_cast<size_t>(options_.prefetch_leases);
+}
+
+bool ShardReader::WantFetch() const {
+  // Starving with nothing on its way: the open leases are read to their end and wait for a
+  // MarkConsumed that may come only after the next batch.
+  return WantLease() ||
+         (LeasingOn() && starving_ && ready_.empty() && !fetching_ && next_pending_ == 0);
+}
+
+void ShardReader::Accept(const FetchShardResponse& resp) {
+  switch (resp.outcome()) {
+    case FetchShardResponse::LEASED:
+      if (paused_ || stopping_) {
+        // Granted around a restore (which cancels it on the service) or while stopping: not
+        // read, so not held.
+        client_->sharding().ForgetLease(resp.lease().lease_id());
+      } else {
+        ready_.push_back(resp.lease());
+      }
+      service_waiting_ = false;
+      break;
+    case FetchShardResponse::WAIT:
+      // The service asked us to come back later: no fetch before then (interruptible).
+      service_waiting_ = true;
+      not_before_ = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(std::clamp<int64_t>(resp.retry_after_ms(), 10, 1'000));
+      break;
+    case FetchShardResponse::END_OF_DATA:
+      end_of_data_ = true;
+      records_quarantined_ = resp.records_quarantined();
+      if (resp.records_quarantined() > 0) {
+        PACER_LOG(WARNING) << "dataset '" << options_.dataset << "' ended with a hole: "
+                           << resp.reason();
+      }
+      break;
+    default:
+      error_ = absl::InternalError("fetch: unknown outcome");
+  }
+}
+
+void ShardReader::OnNextLease(uint64_t completed_lease_id,
+                              const absl::StatusOr<FetchShardResponse>& next) {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    if (next_pending_ > 0) --next_pending_;
+    if (next.ok()) {
+      Accept(*next);
+    } else if (next.status().code() == absl::StatusCode::kUnimplemented) {
+      no_combined_ = true;  // an older pacerd: fetch on our own from now on
+    }
+    // Any other error leased nothing: the prefetch thread fetches alone (and meets a permanent
+    // error itself).
+  }
+  q_cv_.notify_all();
+}
+
+uint64_t ShardReader::records_quarantined() const {
+  std::lock_guard<std::mutex> l(q_mu_);
+  return records_quarantined_;
+}
+
+void ShardReader::SyncOpenCount() {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    open_count_ = open_.size();
+  }
+  q_cv_.notify_all();
+}
+
 void ShardReader::PrefetchLoop() {
-  const size_t depth = static_cast<size_t>(options_.prefetch_leases);
-  int64_t wait_ms = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> l(q_mu_);
-      if (wait_ms > 0) {
-        // The service asked us to come back later (WAIT): an interruptible pause.
-        q_cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [&] { return stopping_; });
-        wait_ms = 0;
+      for (;;) {
+        if (stopping_) return;
+        if (!WantFetch()) {
+          q_cv_.wait(l);
+          continue;
+        }
+        if (std::chrono::steady_clock::now() >= not_before_) break;
+        q_cv_.wait_until(l, not_before_);
       }
-      q_cv_.wait(l, [&] {
-        return stopping_ || (!paused_ && !holding_off_ && !end_of_data_ && error_.ok() &&
-                             ready_.size() < depth);
-      });
-      if (stopping_) return;
       fetching_ = true;
     }
     auto resp = client_->sharding().Fetch(options_.dataset);
@@ -65,30 +144,13 @@ void ShardReader::PrefetchLoop() {
       if (resp.status().code() == absl::StatusCode::kUnavailable ||
           resp.status().code() == absl::StatusCode::kDeadlineExceeded) {
         PACER_LOG(WARNING) << "fetch: " << resp.status().message() << "; will retry";
-        wait_ms = 1'000;
+        not_before_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
         continue;
       }
       error_ = resp.status();
-      q_cv_.notify_all();
       return;
     }
-    switch (resp->outcome()) {
-      case FetchShardResponse::LEASED:
-        if (!paused_) ready_.push_back(resp->lease());
-        // else: granted before a restore; the restore cancels it on the service.
-        service_waiting_ = false;
-        break;
-      case FetchShardResponse::WAIT:
-        service_waiting_ = true;
-        wait_ms = std::clamp<int64_t>(resp->retry_after_ms(), 10, 1'000);
-        break;
-      case FetchShardResponse::END_OF_DATA:
-        end_of_data_ = true;
-        break;
-      default:
-        error_ = absl::InternalError("fetch: unknown outcome");
-    }
-    q_cv_.notify_all();
+    Accept(*resp);
   }
 }
 
@@ -99,8 +161,9 @@ bool ShardReader::TakeReady() {
     if (ready_.empty()) return false;
     lease = std::move(ready_.front());
     ready_.pop_front();
+    ++open_count_;  // in the same step: the prefetcher sees the lease held all along
+    starving_ = false;
   }
-  q_cv_.notify_all();  // room for the next prefetch
   OpenLease o;
   o.total = lease.end() - lease.begin();
   o.handed = o.reported = std::min(lease.records_done(), o.total);
@@ -134,10 +197,13 @@ void ShardReader::DropCancelled() {
   open_.erase(std::remove_if(open_.begin(), open_.end(),
                              [&](const OpenLease& o) { return cancelled.count(o.lease.lease_id()); }),
               open_.end());
-  std::lock_guard<std::mutex> l(q_mu_);
-  ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
-                              [&](const Lease& x) { return cancelled.count(x.lease_id()); }),
-               ready_.end());
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
+                                [&](const Lease& x) { return cancelled.count(x.lease_id()); }),
+                 ready_.end());
+    open_count_ = open_.size();
+  }
   q_cv_.notify_all();
 }
 
@@ -149,6 +215,13 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
     if (open_.empty() || open_.back().handed == open_.back().total) {
       if (TakeReady()) continue;
       std::unique_lock<std::mutex> l(q_mu_);
+      if (got == 0 && !starving_) {
+        // Nothing to return: every open lease is read to its end. Their completions (which
+        // would lease the next shards) wait for MarkConsumed, which a trainer reading ahead
+        // may not call first: let the prefetcher lease without them.
+        starving_ = true;
+        q_cv_.notify_all();
+      }
       // kUntilData waits only while there is nothing to return: the next lease may be leased
       // only after the records already handed out are consumed and reported (end of an epoch),
       // so waiting with records in hand could wait forever. kUntilPrefetched stops waiting as
@@ -189,7 +262,18 @@ void ShardReader::MarkConsumed() {
     OpenLease& o = *it;
     if (o.handed == o.total) {
       if (options_.on_report) options_.on_report(o.lease.lease_id(), o.total);
-      client_->EnqueueCompletion(o.lease);
+      bool lease_next;
+      {
+        std::lock_guard<std::mutex> l(q_mu_);
+        --open_count_;
+        lease_next = !no_combined_ && WantLease();
+        if (lease_next) ++next_pending_;  // counted before the prefetcher can look
+      }
+      if (lease_next) {
+        client_->EnqueueCompletionAndFetch(o.lease, options_.dataset, this);
+      } else {
+        client_->EnqueueCompletion(o.lease);
+      }
       it = open_.erase(it);
       continue;
     }
@@ -217,6 +301,20 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
     if (!q_cv_.wait_until(l, deadline, [&] { return !fetching_ || stopping_; })) {
       return absl::DeadlineExceededError("release: a lease fetch is still in flight");
     }
+  }
+  // Counted first: a release must not race the queued reports of its own lease (the service
+  // would take the release's prefix, and the later report would find the lease ended). Holding
+  // off, these completions lease nothing; the Flush also waits for earlier ones that do, whose
+  // next leases land in ready_ before it returns.
+  MarkConsumed();
+  const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now()).count();
+  if (absl::Status s = client_->Flush(std::max<int64_t>(left_ms, 1)); !s.ok()) return s;
+  {
+    std::unique_lock<std::mutex> l(q_mu_);
+    if (!q_cv_.wait_until(l, deadline, [&] { return next_pending_ == 0 || stopping_; })) {
+      return absl::DeadlineExceededError("release: a completion leasing the next shard is in flight");
+    }
     for (Lease& lease : ready_) {
       OpenLease o;
       o.total = lease.end() - lease.begin();
@@ -226,13 +324,8 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
       open_.push_back(std::move(o));
     }
     ready_.clear();
+    open_count_ = open_.size();
   }
-  // Counted first: a release must not race the queued reports of its own lease (the service
-  // would take the release's prefix, and the later report would find the lease ended).
-  MarkConsumed();
-  const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              deadline - std::chrono::steady_clock::now()).count();
-  if (absl::Status s = client_->Flush(std::max<int64_t>(left_ms, 1)); !s.ok()) return s;
   DropCancelled();
   int released = 0;
   while (!open_.empty()) {
@@ -243,11 +336,13 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
     // this worker's any more either way.
     if (!s.ok() && s.code() != absl::StatusCode::kNotFound &&
         s.code() != absl::StatusCode::kFailedPrecondition) {
+      SyncOpenCount();
       return s;
     }
     open_.pop_front();
     ++released;
   }
+  SyncOpenCount();
   return released;
 }
 
@@ -270,12 +365,19 @@ absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {
     paused_ = true;
   }
   absl::Status s = client_->sharding().RestoreCheckpoint(tag);
+  // The restore cancelled every lease on the service (and if it failed, dropping them here
+  // without listing them as held lets pacerd release them).
+  for (const OpenLease& o : open_) client_->sharding().ForgetLease(o.lease.lease_id());
   open_.clear();
   {
     std::lock_guard<std::mutex> l(q_mu_);
+    for (const Lease& lease : ready_) client_->sharding().ForgetLease(lease.lease_id());
     ready_.clear();
+    open_count_ = 0;
+    starving_ = false;
     end_of_data_ = false;
     service_waiting_ = false;
+    not_before_ = {};
     paused_ = false;
   }
   q_cv_.notify_all();

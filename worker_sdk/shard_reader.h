@@ -1,11 +1,21 @@
 // ShardReader: the records of a dataset, read through leases of the sharding service
 // (DESIGN.md §2, §6).
 //
-// Owns a prefetch thread that keeps up to `prefetch_leases` leases ready beyond the one being
-// read, so the next shard is leased before the current one ends and training never waits on
-// the control plane (it waits only when the service has nothing to hand out). Leases list
-// their record ids as ranges in delivery order; Next() hands them out in that order, across
-// lease boundaries.
+// Keeps up to `prefetch_leases` leases ready beyond the one being read, so the next shard is
+// leased before the current one ends and training never waits on the control plane (it waits
+// only when the service has nothing to hand out). Leases list their record ids as ranges in
+// delivery order; Next() hands them out in that order, across lease boundaries.
+//
+// Leasing (one durable call per shard): the reader aims to hold 1 + prefetch_leases leases
+// (open, ready, or being leased). When MarkConsumed() completes a lease and the reader wants
+// another, the completion itself leases the next shard (Client::EnqueueCompletionAndFetch:
+// CompleteShard with next_dataset, one group commit on pacerd instead of two) and the answer
+// lands in the ready queue (OnNextLease). A lease read to its end counts toward the target
+// until MarkConsumed() completes it, so the reader does not fetch for it on its own. Its prefetch
+// thread fetches alone (FetchShard) only to fill the target otherwise (at the start, after WAIT,
+// when a combined completion leased nothing), and when Next() finds nothing to return while no
+// lease is on its way (a trainer reading ahead without marking consumed: waiting for those
+// completions would never end).
 //
 // Progress protocol (exactly once, with the service's guarantees):
 //   1. Next(n) hands out record ids; they are *in training*, not done.
@@ -21,11 +31,16 @@
 // position on pacerd (call it on the chief after every worker has flushed, e.g. after a
 // barrier); RestoreCheckpoint(tag) moves the job back to it and drops local leases.
 //
+// Leases the reader drops without reading them to the end (a restore, its destruction, a next
+// lease that arrives during a restore) are forgotten on the ShardingClient, so the heartbeat no
+// longer lists them and pacerd releases them at their done prefix for other workers.
+//
 // Thread-safety: Next, MarkConsumed, Save/RestoreCheckpoint from one training thread. The
 // prefetch thread and the Client's reporter thread synchronise through q_mu_ and cancel_mu_.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -98,9 +113,14 @@ class ShardReader : public ReportListener {
 
   uint64_t records_read() const { return records_read_; }
   uint64_t leases_read() const { return leases_read_; }
+  // After kEndOfData: records of the dataset quarantined as poison (on_poison: continue) and so
+  // never trained on; 0 when the data ended without a hole.
+  uint64_t records_quarantined() const;
 
   // ReportListener (reporter thread).
   void OnLeaseCancelled(uint64_t lease_id) override;
+  void OnNextLease(uint64_t completed_lease_id,
+                   const absl::StatusOr<FetchShardResponse>& next) override;
 
  private:
   struct OpenLease {
@@ -118,6 +138,17 @@ class ShardReader : public ReportListener {
   // Moves a ready lease into open_ (training thread). Returns false when none is ready.
   bool TakeReady();
   void DropCancelled();
+  // Leases held toward the target of 1 + prefetch_leases: ready, being leased, and open ones.
+  size_t Held() const;      // requires q_mu_
+  bool LeasingOn() const;   // requires q_mu_: not stopped, paused, holding off, ended, failed
+  // A completion should lease the next shard: leasing is on and Held() is under the target.
+  bool WantLease() const;   // requires q_mu_
+  // The prefetch thread should fetch alone: WantLease(), or Next() starves and nothing is on
+  // its way (the open leases wait for a MarkConsumed the trainer may call only later).
+  bool WantFetch() const;   // requires q_mu_
+  // Takes in what leasing answered (a fetch or a combined completion).
+  void Accept(const FetchShardResponse& resp);  // requires q_mu_
+  void SyncOpenCount();  // training thread: open_count_ = open_.size()
 
   Client* const client_;
   const ShardReaderOptions options_;
@@ -137,6 +168,12 @@ class ShardReader : public ReportListener {
   bool paused_ = false;           // guarded by q_mu_: during a checkpoint restore
   bool holding_off_ = false;      // guarded by q_mu_: between ReleaseAll and Resume
   bool fetching_ = false;         // guarded by q_mu_: a Fetch is in flight
+  bool starving_ = false;         // guarded by q_mu_: Next() found nothing to return
+  bool no_combined_ = false;      // guarded by q_mu_: pacerd does not lease in CompleteShard
+  size_t open_count_ = 0;         // guarded by q_mu_: open_.size(), as the prefetcher sees it
+  int next_pending_ = 0;          // guarded by q_mu_: completions queued to lease the next shard
+  uint64_t records_quarantined_ = 0;  // guarded by q_mu_: from END_OF_DATA
+  std::chrono::steady_clock::time_point not_before_;  // guarded by q_mu_: no fetch before (WAIT)
   absl::Status error_;            // guarded by q_mu_
 
   std::mutex cancel_mu_;

@@ -16,6 +16,9 @@ void FromEnv(std::string& field, const char* name) {
   if (const char* v = std::getenv(name)) field = v;
 }
 
+// The service's limit on held_leases per heartbeat (sharding_service.cc).
+constexpr size_t kMaxHeldLeasesReported = 4096;
+
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
@@ -62,6 +65,11 @@ absl::Status ShardingClient::Reregister() {
     return stub_->RegisterWorker(ctx, req, &resp);
   }));
   registration_ = std::move(resp);
+  {
+    // A new incarnation holds nothing: registering ended the previous one's leases.
+    std::lock_guard<std::mutex> l(held_mu_);
+    held_.clear();
+  }
   return absl::OkStatus();
 }
 
@@ -72,16 +80,27 @@ bool ShardingClient::IsIncarnationGone(const absl::Status& status) {
 }
 
 absl::Status ShardingClient::Retry(const char* what,
-                                   const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+                                   const std::function<grpc::Status(grpc::ClientContext*)>& call,
+                                   uint64_t lease_request_id) {
   const auto start = std::chrono::steady_clock::now();
   int64_t backoff = options_.backoff_initial_ms;
   for (int attempt = 1;; ++attempt) {
     if (cancelled()) return absl::CancelledError(std::string(what) + ": client shut down");
+    const LoseReply lose = lease_request_id != 0 && options_.test_lose_lease_reply
+                               ? options_.test_lose_lease_reply(lease_request_id, attempt)
+                               : LoseReply::kNone;
     grpc::ClientContext ctx;
     AttachToken(&ctx, options_.token);
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(options_.rpc_timeout_ms));
+    if (lose == LoseReply::kTinyDeadline) {
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(10));
+    } else {
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(options_.rpc_timeout_ms));
+    }
     grpc::Status s = call(&ctx);
+    if (s.ok() && lose == LoseReply::kDropReply) {
+      s = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "reply dropped (test fault injection)");
+    }
     if (s.ok() || !Retryable(s.error_code())) return FromGrpcStatus(s);
     const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::steady_clock::now() - start)
@@ -90,6 +109,10 @@ absl::Status ShardingClient::Retry(const char* what,
       return absl::UnavailableError(std::string(what) + ": pacerd at " + options_.address +
                                     " unreachable for " + std::to_string(spent) +
                                     " ms: " + s.error_message());
+    }
+    if (lease_request_id != 0) {
+      std::lock_guard<std::mutex> l(held_mu_);
+      ++leasing_stats_.retried_attempts;
     }
     if (attempt == 1 || attempt % 20 == 0) {
       PACER_LOG(WARNING) << what << ": " << s.error_message() << "; retrying";
@@ -115,16 +138,82 @@ absl::StatusOr<bool> ShardingClient::RegisterDataset(const DatasetSpec& spec) {
   return resp.created();
 }
 
+uint64_t ShardingClient::BeginLeasing(bool combined) {
+  std::lock_guard<std::mutex> l(held_mu_);
+  const uint64_t id = ++last_request_id_;
+  leasing_in_flight_.insert(id);
+  ++(combined ? leasing_stats_.combined_calls : leasing_stats_.fetch_calls);
+  return id;
+}
+
+void ShardingClient::EndLeasing(uint64_t request_id, bool combined, const absl::Status& status,
+                                const FetchShardResponse* granted, uint64_t ended_lease) {
+  std::lock_guard<std::mutex> l(held_mu_);
+  if (ended_lease != 0) held_.erase(ended_lease);
+  if (status.ok() && granted != nullptr && granted->outcome() == FetchShardResponse::LEASED) {
+    held_.insert(granted->lease().lease_id());
+    ++(combined ? leasing_stats_.leased_by_combined : leasing_stats_.leased_by_fetch);
+  }
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kCancelled) {
+    ++leasing_stats_.given_up;
+  }
+  leasing_in_flight_.erase(request_id);
+}
+
+LeasingStats ShardingClient::leasing_stats() const {
+  std::lock_guard<std::mutex> l(held_mu_);
+  return leasing_stats_;
+}
+
+void ShardingClient::Ended(uint64_t lease_id) {
+  std::lock_guard<std::mutex> l(held_mu_);
+  held_.erase(lease_id);
+}
+
+void ShardingClient::ForgetLease(uint64_t lease_id) { Ended(lease_id); }
+
+std::vector<uint64_t> ShardingClient::HeldLeases() const {
+  std::lock_guard<std::mutex> l(held_mu_);
+  return std::vector<uint64_t>(held_.begin(), held_.end());
+}
+
+uint64_t ShardingClient::last_ended_request_id() const {
+  std::lock_guard<std::mutex> l(held_mu_);
+  return leasing_in_flight_.empty() ? last_request_id_ : *leasing_in_flight_.begin() - 1;
+}
+
+void ShardingClient::FillHeld(HeartbeatRequest* req) const {
+  req->clear_held_leases();
+  std::lock_guard<std::mutex> l(held_mu_);
+  if (held_.size() > kMaxHeldLeasesReported) {
+    // More than the service takes in one heartbeat (never with the SDK's readers): say nothing
+    // rather than list a part, which would release the rest.
+    req->set_reports_held_leases(false);
+    req->set_last_fetch_request_id(0);
+    return;
+  }
+  req->set_reports_held_leases(true);
+  for (uint64_t id : held_) req->add_held_leases(id);
+  // Calls may end out of order (the prefetch thread's fetch and the reporter's combined
+  // completion): only ids below every call still in flight count as ended.
+  req->set_last_fetch_request_id(leasing_in_flight_.empty() ? last_request_id_
+                                                            : *leasing_in_flight_.begin() - 1);
+}
+
 absl::StatusOr<FetchShardResponse> ShardingClient::Fetch(const std::string& dataset) {
   FetchShardRequest req;
   req.set_worker_id(options_.worker_id);
   req.set_incarnation(incarnation());
   req.set_dataset(dataset);
+  req.set_request_id(BeginLeasing(/*combined=*/false));
   FetchShardResponse resp;
-  RETURN_IF_ERROR(Retry("FetchShard", [&](grpc::ClientContext* ctx) {
+  absl::Status s = Retry("FetchShard", [&](grpc::ClientContext* ctx) {
     resp.Clear();
     return stub_->FetchShard(ctx, req, &resp);
-  }));
+  }, req.request_id());
+  EndLeasing(req.request_id(), false, s, &resp);
+  RETURN_IF_ERROR(s);
   return resp;
 }
 
@@ -142,6 +231,27 @@ absl::StatusOr<uint64_t> ShardingClient::ReportProgress(const Lease& lease, uint
   return resp.records_done();
 }
 
+absl::StatusOr<ProgressResponse> ShardingClient::ReportProgressAndFetch(
+    const Lease& lease, uint64_t records_done, const std::string& next_dataset) {
+  ProgressRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_incarnation(incarnation());
+  req.set_lease_id(lease.lease_id());
+  req.set_fencing_token(lease.fencing_token());
+  req.set_records_done(records_done);
+  req.set_next_dataset(next_dataset);
+  req.set_next_request_id(BeginLeasing(/*combined=*/true));
+  ProgressResponse resp;
+  absl::Status s = Retry("ReportProgress", [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return stub_->ReportProgress(ctx, req, &resp);
+  }, req.next_request_id());
+  EndLeasing(req.next_request_id(), true, s, resp.has_next() ? &resp.next() : nullptr,
+             s.code() == absl::StatusCode::kFailedPrecondition ? lease.lease_id() : 0);
+  RETURN_IF_ERROR(s);
+  return resp;
+}
+
 absl::Status ShardingClient::Complete(const Lease& lease) {
   CompleteShardRequest req;
   req.set_worker_id(options_.worker_id);
@@ -149,9 +259,34 @@ absl::Status ShardingClient::Complete(const Lease& lease) {
   req.set_lease_id(lease.lease_id());
   req.set_fencing_token(lease.fencing_token());
   CompleteShardResponse resp;
-  return Retry("CompleteShard", [&](grpc::ClientContext* ctx) {
+  absl::Status s = Retry("CompleteShard", [&](grpc::ClientContext* ctx) {
     return stub_->CompleteShard(ctx, req, &resp);
   });
+  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition) Ended(lease.lease_id());
+  return s;
+}
+
+absl::StatusOr<CompleteShardResponse> ShardingClient::CompleteAndFetch(
+    const Lease& lease, const std::string& next_dataset) {
+  CompleteShardRequest req;
+  req.set_worker_id(options_.worker_id);
+  req.set_incarnation(incarnation());
+  req.set_lease_id(lease.lease_id());
+  req.set_fencing_token(lease.fencing_token());
+  req.set_next_dataset(next_dataset);
+  req.set_next_request_id(BeginLeasing(/*combined=*/true));
+  CompleteShardResponse resp;
+  absl::Status s = Retry("CompleteShard", [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return stub_->CompleteShard(ctx, req, &resp);
+  }, req.next_request_id());
+  // One step: the completed lease leaves the held set as the next one joins it and its
+  // request id ends.
+  const bool ended = s.ok() || s.code() == absl::StatusCode::kFailedPrecondition;
+  EndLeasing(req.next_request_id(), true, s, resp.has_next() ? &resp.next() : nullptr,
+             ended ? lease.lease_id() : 0);
+  RETURN_IF_ERROR(s);
+  return resp;
 }
 
 absl::Status ShardingClient::Release(const Lease& lease, uint64_t records_done, bool failed,
@@ -165,9 +300,14 @@ absl::Status ShardingClient::Release(const Lease& lease, uint64_t records_done, 
   req.set_failed(failed);
   req.set_detail(detail);
   ReleaseShardResponse resp;
-  return Retry("ReleaseShard", [&](grpc::ClientContext* ctx) {
+  absl::Status s = Retry("ReleaseShard", [&](grpc::ClientContext* ctx) {
     return stub_->ReleaseShard(ctx, req, &resp);
   });
+  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
+      s.code() == absl::StatusCode::kNotFound) {
+    Ended(lease.lease_id());
+  }
+  return s;
 }
 
 absl::StatusOr<HeartbeatResponse> ShardingClient::Heartbeat(const HeartbeatRequest& request) {
@@ -177,8 +317,14 @@ absl::StatusOr<HeartbeatResponse> ShardingClient::Heartbeat(const HeartbeatReque
   HeartbeatResponse resp;
   RETURN_IF_ERROR(Retry("Heartbeat", [&](grpc::ClientContext* ctx) {
     resp.Clear();
+    FillHeld(&req);  // taken afresh for every attempt
     return stub_->Heartbeat(ctx, req, &resp);
   }));
+  {
+    std::lock_guard<std::mutex> l(held_mu_);
+    for (uint64_t id : resp.cancelled_leases()) held_.erase(id);
+    for (uint64_t id : resp.released_unknown_leases()) held_.erase(id);
+  }
   return resp;
 }
 

@@ -80,8 +80,13 @@ int main(int argc, char** argv) {
 
   uint64_t shards = 0, records = 0;
   const auto start = std::chrono::steady_clock::now();
+  // The answer the last completion got for the next shard (one durable call per shard).
+  std::optional<pacer::FetchShardResponse> next_lease;
   for (;;) {
-    auto resp = c.Fetch(dataset);
+    absl::StatusOr<pacer::FetchShardResponse> resp =
+        next_lease ? absl::StatusOr<pacer::FetchShardResponse>(std::move(*next_lease))
+                   : c.Fetch(dataset);
+    next_lease.reset();
     if (!resp.ok() && pacer::ShardingClient::IsIncarnationGone(resp.status())) {
       // Silent too long (e.g. starved on a loaded node): the service ended our leases and
       // declared us lost. Register again, settle what the ledger left open, carry on.
@@ -111,7 +116,11 @@ int main(int argc, char** argv) {
       if (ledger) ledger->Intent(lease.lease_id(), next);
       absl::Status s;
       if (next == total) {
-        s = c.Complete(lease);
+        // Complete and lease the next shard in one call; a pacerd without the combined call
+        // answers without `next` and the loop fetches.
+        auto r = c.CompleteAndFetch(lease, dataset);
+        s = r.status();
+        if (r.ok() && r->has_next()) next_lease = r->next();
       } else {
         auto r = c.ReportProgress(lease, next);
         s = r.status();
