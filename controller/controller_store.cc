@@ -204,6 +204,7 @@ absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std
   o.keep_log_file_num = 2;
   o.max_background_jobs = 1;
   o.write_buffer_size = 4 << 20;
+  if (!must_exist) (void)rocksdb::Env::Default()->CreateDirIfMissing(dir);  // no ERROR line
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status st = rocksdb::DB::Open(o, dir, &raw);
   if (!st.ok() && (st.IsPathNotFound() || st.IsInvalidArgument() ||

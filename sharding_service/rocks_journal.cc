@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOp
   std::unique_ptr<rocksdb::Env> env;
   if (options.fs) env = rocksdb::NewCompositeEnv(options.fs);
   std::unique_ptr<RocksJournal> j(new RocksJournal(options, std::move(env)));
-  auto opened = j->OpenAndReplay(on_snapshot, on_update, 0);
+  auto opened = j->OpenAndReplay(on_snapshot, on_update, false, 0);
   if (!opened.ok()) return opened.status();
   j->Install(std::move(*opened));
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
@@ -170,7 +170,7 @@ absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOp
 
 absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotFn& on_snapshot,
                                                                  const UpdateFn& on_update,
-                                                                 uint64_t min_seq) {
+                                                                 bool recovering, uint64_t min_seq) {
   const std::string& dir = options_.dir;
   const bool accept = options_.accept_data_loss;
   Opened out;
@@ -221,8 +221,12 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   rocksdb::Options db_options;
   db_options.create_if_missing = !exists;
   db_options.paranoid_checks = true;
-  db_options.wal_recovery_mode = accept ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
-                                        : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  // Reopening after a failed write (`recovering`: this process knows what it acknowledged)
+  // tolerates a torn last record: a write that failed half way (ENOSPC) leaves one, and it was
+  // never acknowledged; step 4 still refuses anything below min_seq.
+  db_options.wal_recovery_mode = accept        ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                                 : recovering ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
+                                               : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   db_options.track_and_verify_wals_in_manifest = !accept;
   db_options.info_log_level = rocksdb::WARN_LEVEL;
   // No LOG file on the data disk: a full disk made its writer abort pacerd (rocksdb_logger.h).
@@ -231,6 +235,10 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   db_options.max_background_jobs = 2;
   db_options.write_buffer_size = 16 << 20;
   if (env_) db_options.env = env_.get();
+  if (!exists) {  // (RocksDB would log an ERROR about the missing folder before creating it)
+    (void)fs_->CreateDirIfMissing(Parent(dir), rocksdb::IOOptions(), nullptr);
+    (void)fs_->CreateDirIfMissing(dir, rocksdb::IOOptions(), nullptr);
+  }
   rocksdb::DB* raw = nullptr;
   rocksdb::Status st = rocksdb::DB::Open(db_options, dir, &raw);
   if (!st.ok()) {
@@ -499,7 +507,7 @@ absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn
     db_->Close().PermitUncheckedError();
     db_.reset();
   }
-  auto opened = OpenAndReplay(on_snapshot, on_update, durable);
+  auto opened = OpenAndReplay(on_snapshot, on_update, true, durable);
   if (!opened.ok()) {
     // Still refused; health keeps the first cause (a full disk) and says why reopening failed.
     if (failure_.ok()) failure_ = health_;

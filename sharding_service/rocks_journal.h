@@ -74,10 +74,11 @@ class RocksJournal final : public Journal {
  private:
   struct Opened;
   RocksJournal(JournalOptions options, std::unique_ptr<rocksdb::Env> env);
-  // Opens RocksDB and replays it; checks what it recovered against the high-water mark (and
-  // against `min_seq`, the seq known durable in memory when recovering). Writes the mark.
+  // Opens RocksDB and replays it; checks what it recovered against the high-water mark (and,
+  // when `recovering` after a failed write, against `min_seq`, the seq this process knows
+  // durable). Writes the mark.
   absl::StatusOr<Opened> OpenAndReplay(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
-                                       uint64_t min_seq);
+                                       bool recovering, uint64_t min_seq);
   void Install(Opened opened);  // under mu_ (or before the threads start)
   absl::Status WriteHwm(uint64_t seq);  // under hwm_mu_
   void WriterLoop();
