@@ -6,6 +6,8 @@
 // the ledger). Needs root (mount); skips with a message where mounting is not permitted.
 #include <sys/mount.h>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -74,6 +76,27 @@ double Metric(Pacerd& d, const std::string& name) {
   return pos == std::string::npos ? -1 : std::stod(text.substr(pos + name.size() + 2));
 }
 
+// grpc.health.v1.Health/Check for the whole server, by hand (the project has no stubs for it):
+// the reply is HealthCheckResponse{status = 1 SERVING | 2 NOT_SERVING}, i.e. bytes 08 0s.
+int HealthStatus(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer request, response;  // an empty HealthCheckRequest: service ""
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  if (!done.get_future().get().ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+}
+
 TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAcknowledgedLost) {
   TempDir dir;
   Tmpfs tmpfs(dir.Sub("mnt"));
@@ -134,6 +157,7 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
     return absl::OkStatus();
   };
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(step().ok());
+  EXPECT_EQ(HealthStatus((*d)->address()), 1) << "SERVING";
 
   // The disk fills up: the next updates fail, cleanly.
   FillUp(tmpfs.dir() + "/ballast");
@@ -160,6 +184,7 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
   ASSERT_FALSE((*d)->sharding()->journal_health().ok()) << "the disk never stayed full";
   std::cout << "reopened " << reopened << " time(s) on space freed by the failed database" << std::endl;
   EXPECT_EQ(Metric(**d, "pacer_sharding_journal_healthy"), 0);
+  EXPECT_EQ(HealthStatus((*d)->address()), 2) << "NOT_SERVING";
   absl::Status refused = step();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   EXPECT_NE(refused.message().find("No space"), std::string::npos) << refused;
@@ -171,6 +196,7 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
     return (*d)->sharding()->journal_health().ok();
   }, std::chrono::seconds(20))) << (*d)->sharding()->journal_health();
   EXPECT_EQ(Metric(**d, "pacer_sharding_journal_healthy"), 1);
+  EXPECT_EQ(HealthStatus((*d)->address()), 1) << "SERVING again";
   EXPECT_EQ(Metric(**d, "pacer_sharding_journal_recoveries_total"), reopened + 1);
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(step().ok());
 
