@@ -161,6 +161,11 @@ void ShardingClient::EndLeasing(uint64_t request_id, bool combined, const absl::
   leasing_in_flight_.erase(request_id);
 }
 
+size_t ShardingClient::leasing_calls_in_flight() const {
+  std::lock_guard<std::mutex> l(held_mu_);
+  return leasing_in_flight_.size();
+}
+
 LeasingStats ShardingClient::leasing_stats() const {
   std::lock_guard<std::mutex> l(held_mu_);
   return leasing_stats_;

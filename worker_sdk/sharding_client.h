@@ -112,6 +112,8 @@ class ShardingClient {
   // The highest request id H such that every leasing call with an id <= H has ended.
   uint64_t last_ended_request_id() const;
   LeasingStats leasing_stats() const;
+  // Leasing calls now in flight (a test kills pacerd while one is).
+  size_t leasing_calls_in_flight() const;
   absl::Status SaveCheckpoint(const std::string& tag);
   absl::Status RestoreCheckpoint(const std::string& tag);
   absl::StatusOr<ListDatasetsResponse> ListDatasets();

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,10 +24,11 @@ namespace pacer::testing {
 
 class LedgerConsumer {
  public:
+  // `step`: the simulated compute time of one batch.
   LedgerConsumer(ClientOptions options, std::string ledger, int prefetch_leases = 1,
-                 size_t batch = 10)
+                 size_t batch = 10, std::chrono::microseconds step = {})
       : options_(std::move(options)), ledger_(std::move(ledger)), prefetch_(prefetch_leases),
-        batch_(batch) {}
+        batch_(batch), step_(step) {}
 
   // Runs on the calling thread until the end of data (OK) or a failure.
   absl::Status Run(const std::string& dataset = "train") {
@@ -54,6 +57,7 @@ class LedgerConsumer {
       }
       if (*out == ShardReader::Outcome::kEndOfData) break;
       records_read_ += ids.size();
+      if (step_.count() > 0) std::this_thread::sleep_for(step_);  // "training" (not synchronisation)
       (*reader)->MarkConsumed();
     }
     if (status.ok()) status = client_->Flush(30'000);
@@ -72,6 +76,11 @@ class LedgerConsumer {
     if (client_) client_->Close(0);
   }
 
+  // Any thread: a leasing call (fetch, combined completion) of this trainer is in flight.
+  bool leasing_in_flight() {
+    std::lock_guard<std::mutex> l(mu_);
+    return client_ && client_->sharding().leasing_calls_in_flight() > 0;
+  }
   uint64_t records_read() const { return records_read_; }
   const LeasingStats& leasing() const { return leasing_; }  // after Run
   const ClientStats& stats() const { return stats_; }       // after Run
@@ -82,6 +91,7 @@ class LedgerConsumer {
   const std::string ledger_;
   const int prefetch_;
   const size_t batch_;
+  const std::chrono::microseconds step_;
   std::mutex mu_;
   bool stopped_ = false;
   std::unique_ptr<Client> client_;
