@@ -221,12 +221,17 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   rocksdb::Options db_options;
   db_options.create_if_missing = !exists;
   db_options.paranoid_checks = true;
-  // Reopening after a failed write (`recovering`: this process knows what it acknowledged)
-  // tolerates a torn last record: a write that failed half way (ENOSPC) leaves one, and it was
-  // never acknowledged; step 4 still refuses anything below min_seq.
-  db_options.wal_recovery_mode = accept        ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
-                                 : recovering ? rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords
-                                               : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  // A torn *tail* is dropped, corruption anywhere else is an error
+  // (kTolerateCorruptedTailRecords): a record cut short at the end of the WAL is a write that
+  // was in progress when the power went or the disk filled, and with sync=true such a write was
+  // never acknowledged. A checksum mismatch, a bad record type or a truncated record that is not
+  // at the end still refuses. A WAL cut back further than one write (truncated on purpose, or a
+  // lost tail of whole records) is caught by step 4: after a clean stop the mark is exact, so
+  // any acknowledged update missing is DATA_LOSS. After a crash the mark lags by
+  // <= hwm_interval_ms, and a cut confined to that window is indistinguishable from a torn tail.
+  // `recovering` (after a failed write) adds this process's own durable seq to the floor.
+  db_options.wal_recovery_mode = accept ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                                        : rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   db_options.track_and_verify_wals_in_manifest = !accept;
   db_options.info_log_level = rocksdb::WARN_LEVEL;
   // No LOG file on the data disk: a full disk made its writer abort pacerd (rocksdb_logger.h).

@@ -10,10 +10,13 @@
 // snapshot, atomically.
 //
 // Never less than acknowledged (the checks on Open, in order):
-//  1. RocksDB refuses WAL damage instead of rolling back to a point in time
-//     (WALRecoveryMode::kAbsoluteConsistency, paranoid checks, closed WALs tracked in the
-//     MANIFEST): a truncated, bit-flipped or missing WAL, a missing MANIFEST or CURRENT is
-//     DATA_LOSS naming the folder and the files.
+//  1. RocksDB refuses WAL damage instead of rolling back to a point in time, except a torn
+//     tail (WALRecoveryMode::kTolerateCorruptedTailRecords, paranoid checks, closed WALs tracked
+//     in the MANIFEST): the last record cut short is a write in progress at a power loss or a
+//     full disk — with sync=true never acknowledged — and is dropped, so a real power loss
+//     needs no operator; a bit-flipped record, a missing WAL, a missing MANIFEST or CURRENT is
+//     DATA_LOSS naming the folder and the files. A WAL cut back by more than its torn record is
+//     caught by 4.
 //  2. The format key must be a known format; unknown (a newer pacerd) is FAILED_PRECONDITION
 //     naming both.
 //  3. Replay: a gap, an unparsable entry or snapshot is DATA_LOSS naming the key.
@@ -24,9 +27,10 @@
 // The mark is written only after RocksDB's synced write returned OK, so it never exceeds what
 // RocksDB has durably: by a background thread every hwm_interval_ms while running (off the
 // group-commit path: no fsync is added to a commit's latency), exactly at a clean close, and
-// at each open (the recovered seq). Under kill -9 or power loss it lags by <= ~hwm_interval_ms
-// of acknowledged updates: a loss confined to that window is caught only by RocksDB's own
-// checks (1), not by the mark.
+// at each open (the recovered seq). After a clean stop it is exact, so any acknowledged update
+// missing (a WAL truncated by any amount) is refused by 4. Under kill -9 or power loss it lags
+// by <= ~hwm_interval_ms of acknowledged updates: a loss confined to that window, at the very
+// end of the WAL, cannot be told from a torn tail.
 //
 // Thread-safe (see journal.h). Waiters run on the writer thread.
 #pragma once

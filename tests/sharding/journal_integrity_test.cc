@@ -270,5 +270,59 @@ TEST(JournalFaultTest, PowerLossDropsOnlyUnsyncedDataNeverAnAcknowledgedUpdate) 
   }
 }
 
+// The power goes while a group is being written: part of its WAL record reaches the disk (the
+// write landed, its fsync never returned, so the update was never acknowledged). The journal
+// opens with default options — no operator, no accepted loss — and holds every acknowledged
+// update; the torn record is gone. Its WAL is really torn: a journal refusing torn tails
+// (kAbsoluteConsistency) refuses this dir.
+TEST(JournalFaultTest, APowerLossThatTearsTheLastRecordNeedsNoOperatorAndLosesNothingAcknowledged) {
+  for (const double fraction : {0.01, 0.5, 0.99}) {
+    SCOPED_TRACE(fraction);
+    TempDir dir;
+    auto fs = std::make_shared<FaultInjectionFs>();
+    JournalOptions o{dir.Sub("journal"), true};
+    o.fs = fs;
+    o.must_exist = false;
+    Replayed r;
+    {
+      auto j = OpenCounting(o, &r);
+      ASSERT_TRUE(j.ok()) << j.status();
+      AppendAndFlush(**j, 1, 10);  // acknowledged
+      fs->SetFault(FaultInjectionFs::Fault::kSyncFails);
+      Update big = Lost(11);
+      big.mutable_worker_lost()->set_worker_id(std::string(3000, 'x'));  // one record, 3 KB
+      (*j)->Append(big);
+      EXPECT_FALSE((*j)->Flush().ok()) << "the fsync failed: never acknowledged";
+    }
+    uint64_t wal_tail = 0;
+    const uint64_t torn_before = fs->torn_files();
+    fs->DropUnsyncedData([&](const std::string& path, uint64_t tail) -> uint64_t {
+      if (path.size() < 4 || path.compare(path.size() - 4, 4, ".log") != 0) return 0;
+      wal_tail = tail;
+      return static_cast<uint64_t>(static_cast<double>(tail) * fraction);
+    });
+    fs->SetFault(FaultInjectionFs::Fault::kNone);
+    ASSERT_GT(wal_tail, 3000u) << "the unsynced record did not reach the WAL";
+    ASSERT_EQ(fs->torn_files(), torn_before + 1) << "the WAL's last record is not torn";
+    {
+      rocksdb::Options strict;
+      strict.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+      rocksdb::DB* db = nullptr;
+      const rocksdb::Status st = rocksdb::DB::OpenForReadOnly(strict, o.dir, &db);
+      delete db;
+      EXPECT_FALSE(st.ok()) << "absolute consistency accepted the torn WAL: the case is not torn";
+    }
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ(r.last, 10u) << "every acknowledged update, and not the torn one";
+    EXPECT_TRUE((*j)->recovery().accepted_loss.empty());
+    AppendAndFlush(**j, 11, 12);  // and it continues from there
+    j->reset();
+    auto again = OpenCounting(o, &r);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(r.last, 12u);
+  }
+}
+
 }  // namespace
 }  // namespace pacer

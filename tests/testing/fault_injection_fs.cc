@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace pacer::testing {
 namespace {
 
@@ -218,7 +220,11 @@ IOStatus FaultInjectionFs::CreateDir(const std::string& d, const IOOptions& o,
   return target()->CreateDir(d, o, dbg);
 }
 
-uint64_t FaultInjectionFs::DropUnsyncedData() {
+FaultInjectionFs::KeepFn FaultInjectionFs::KeepRandomPrefix(std::mt19937_64* rng) {
+  return [rng](const std::string&, uint64_t tail) { return (*rng)() % (tail + 1); };
+}
+
+uint64_t FaultInjectionFs::DropUnsyncedData(const KeepFn& keep) {
   std::map<std::string, FileState> files;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -230,8 +236,11 @@ uint64_t FaultInjectionFs::DropUnsyncedData() {
       dropped += s.size;
       (void)target()->DeleteFile(path, IOOptions(), nullptr);
     } else if (s.size > s.synced) {
-      dropped += s.size - s.synced;
-      (void)::truncate(path.c_str(), static_cast<off_t>(s.synced));
+      const uint64_t tail = s.size - s.synced;
+      const uint64_t kept = keep ? std::min(tail, keep(path, tail)) : 0;
+      if (kept > 0 && kept < tail) torn_files_++;
+      dropped += tail - kept;
+      (void)::truncate(path.c_str(), static_cast<off_t>(s.synced + kept));
     }
   }
   return dropped;

@@ -9,8 +9,11 @@
 //    delete fails (NoSpace: "No space left on device", the way a full disk answers; IoError:
 //    EIO). Reads still work. Used both as a full disk and, with DropUnsyncedData(), as a
 //    machine that stops mid-write: nothing written after the fault reaches the disk.
+//  * DropUnsyncedData(keep): a power loss in the middle of a write — of each file's unsynced
+//    tail a prefix reached the disk (none, part of it: a torn last record, or all of it).
 // Not modelled: directory entries (a rename or a new file survives a power loss here even
-// without a directory fsync), partial (torn) sectors, read errors.
+// without a directory fsync), garbage (rather than missing) bytes after a torn write, read
+// errors.
 //
 // Thread-safe (RocksDB's background threads write concurrently).
 #pragma once
@@ -18,9 +21,11 @@
 #include <rocksdb/file_system.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 
 namespace pacer::testing {
@@ -40,8 +45,16 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   Fault fault() const { return fault_.load(); }
   // Cuts every tracked file back to its last synced size (deleting the never-synced ones) and
   // forgets them. Call once nothing is open for writing (the database is closed or destroyed).
-  // Returns how many bytes were dropped.
-  uint64_t DropUnsyncedData();
+  // Returns how many bytes were dropped. With `keep`, each file instead keeps the first
+  // keep(path, tail) bytes (capped at `tail`) of its unsynced tail of `tail` bytes (a file never
+  // synced still disappears).
+  using KeepFn = std::function<uint64_t(const std::string& path, uint64_t tail)>;
+  uint64_t DropUnsyncedData(const KeepFn& keep = nullptr);
+  // A KeepFn that keeps a random prefix (0..all) of every unsynced tail.
+  static KeepFn KeepRandomPrefix(std::mt19937_64* rng);
+  // How many files DropUnsyncedData(keep) left with part (not none, not all) of their unsynced
+  // tail: each a torn write, e.g. the last record of a WAL cut short.
+  uint64_t torn_files() const { return torn_files_.load(); }
   // How many writes / syncs / other mutations were refused by a fault so far.
   uint64_t refused() const { return refused_.load(); }
 
@@ -80,6 +93,7 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
 
   std::atomic<Fault> fault_{Fault::kNone};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> torn_files_{0};
   std::mutex mu_;
   std::map<std::string, FileState> files_;  // guarded by mu_
 };
