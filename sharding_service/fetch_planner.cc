@@ -22,10 +22,10 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 uint64_t ShardingState::ShardSizeFor(const WorkerRec& w, const Dataset& ds) const {
   uint64_t size = w.shard_size;
   if (size == 0) {
-    const double scaled = std::round(static_cast<double>(ds.spec.shard_size()) * w.weight);
+    const double scaled = std::round(static_cast<double>(ds.spec->shard_size()) * w.weight);
     size = scaled < 1.0 ? 1 : static_cast<uint64_t>(std::min(scaled, double(kMaxShardSize)));
   }
-  if (ds.spec.shuffle() == SHUFFLE_RECORDS) size = std::min(size, kMaxRecordsShuffleShardSize);
+  if (ds.spec->shuffle() == SHUFFLE_RECORDS) size = std::min(size, kMaxRecordsShuffleShardSize);
   return std::max<uint64_t>(size, 1);
 }
 
@@ -86,9 +86,9 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
     }
   }
   const bool epochs_left = !ds->is_stream() &&
-                           (ds->spec.num_epochs() == 0 || ds->next_epoch < ds->spec.num_epochs());
+                           (ds->spec->num_epochs() == 0 || ds->next_epoch < ds->spec->num_epochs());
   if (epochs_left) {
-    const bool may_open = ds->spec.epoch_barrier() ? ds->open.empty()
+    const bool may_open = ds->spec->epoch_barrier() ? ds->open.empty()
                                                    : ds->open.size() < kMaxOpenEpochs;
     if (may_open) {
       plan.kind = FetchPlan::kLease;
@@ -127,7 +127,7 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
     return plan;
   }
   plan.kind = FetchPlan::kWait;
-  if (ds->spec.epoch_barrier() && epochs_left) {
+  if (ds->spec->epoch_barrier() && epochs_left) {
     plan.reason = "epoch barrier: waiting for the current epoch to finish";
   } else if (epochs_left) {
     plan.reason = "two epochs are open: waiting for the older one to finish";
@@ -204,7 +204,7 @@ absl::Status ShardingState::CheckDecidedLease(const CreateLeaseUpdate& u) const 
   const Partition* part = nullptr;
   if (u.opens_epoch()) {
     if (ds->is_stream() || u.epoch() != ds->next_epoch ||
-        (ds->spec.num_epochs() != 0 && u.epoch() >= ds->spec.num_epochs())) {
+        (ds->spec->num_epochs() != 0 && u.epoch() >= ds->spec->num_epochs())) {
       return bad("it opens an epoch that cannot open");
     }
     if (u.partition() != 0 || u.begin() != 0 || u.end() > ds->records_per_epoch ||

@@ -15,15 +15,22 @@
 //  3. Callers wait with WhenDurable(seq, done); `done` runs once durable_seq >= seq. Because the
 //     log is written in seq order, an acknowledged update implies every earlier one is durable,
 //     so no reply ever reveals state that a crash could take back.
-//  4. WriteSnapshot(snapshot at seq S) is queued like an update; it becomes durable together
-//     with the updates before it, and the entries it covers are dropped atomically with it, so
-//     recovery cost is bounded by the snapshot interval.
+//  4. WriteSnapshot(snapshot at seq S, pinned) is queued like an update (serialized by the
+//     writer, not under the caller's lock); it becomes durable together with the updates before
+//     it, and the entries it covers are dropped atomically with it, so recovery cost is bounded
+//     by the snapshot interval. `pinned` are the big immutable entries the snapshot refers to
+//     (the service's dataset specs: "specs apart"): each is written once, in the batch of the
+//     first snapshot that lists it, kept (never range-deleted with the updates a snapshot
+//     covers) while later snapshots list it, and deleted in the batch of the first snapshot
+//     that does not. So a snapshot stays small however large the specs, and no file list is
+//     rewritten per snapshot. On etcd: one key per pinned entry, put/deleted in the snapshot's
+//     transaction.
 //  5. A failed write makes the journal unhealthy (health() non-OK): every waiter fails, nothing
 //     more is written (the log would have a hole), and what was applied in memory but not
 //     written was never acknowledged. Recover() reopens the durable state and replays it into
 //     fresh callbacks, so the owner can rebuild its memory from what is really durable.
-// Opening replays: the newest snapshot to `on_snapshot`, then every later update in order to
-// `on_update`. An implementation never starts with less than it acknowledged: damage, a gap, or
+// Opening replays: every pinned entry to `on_pinned` (key order), then the newest snapshot to
+// `on_snapshot`, then every later update in order to `on_update`. An implementation never starts with less than it acknowledged: damage, a gap, or
 // a log shorter than its durable high-water mark is DATA_LOSS naming what is missing (unless the
 // operator accepted the loss, JournalOptions::accept_data_loss), never a crash or a silent reset.
 //
@@ -34,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -73,6 +81,7 @@ struct JournalStats {
   uint64_t batches = 0;  // == fsyncs when sync is on
   uint64_t bytes = 0;
   uint64_t snapshots = 0;
+  uint64_t pinned_written = 0;  // pinned entries written (each once, see WriteSnapshot)
   uint64_t durable_seq = 0;
   uint64_t hwm_seq = 0;       // the high-water mark last written durably
   uint64_t failed_writes = 0;  // groups that failed (each made the journal unhealthy)
@@ -90,23 +99,36 @@ struct JournalRecovery {
   std::string accepted_loss;
 };
 
+// An immutable entry a snapshot refers to (see 4. above). `value` is shared with its owner
+// (no copy is made) and serialized by the writer only when the entry is not yet durable.
+struct PinnedEntry {
+  std::string key;  // unique for the entry's life; its value never changes
+  std::shared_ptr<const google::protobuf::MessageLite> value;
+};
+
 class Journal {
  public:
   using Done = std::function<void(absl::Status)>;
   using SnapshotFn = std::function<absl::Status(const ShardingSnapshot&)>;
   using UpdateFn = std::function<absl::Status(const Update&)>;
+  using PinnedFn = std::function<absl::Status(const std::string& key, const std::string& bytes)>;
 
-  // Opens or creates the RocksDB journal (RocksJournal) and replays it: `on_snapshot` with the
-  // newest snapshot (if any), then `on_update` for each later update in order.
+  // Opens or creates the RocksDB journal (RocksJournal) and replays it: `on_pinned` with each
+  // pinned entry (if given), `on_snapshot` with the newest snapshot (if any), then `on_update`
+  // for each later update in order.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(const JournalOptions& options,
                                                        const SnapshotFn& on_snapshot,
-                                                       const UpdateFn& on_update);
+                                                       const UpdateFn& on_update,
+                                                       const PinnedFn& on_pinned = nullptr);
   virtual ~Journal() = default;  // an implementation writes what is queued, then stops
 
   // Queues `update` (whose seq must be the previous append's + 1).
   virtual void Append(const Update& update) = 0;
-  // Queues a snapshot; it is written after every update appended before it.
-  virtual void WriteSnapshot(ShardingSnapshot snapshot) = 0;
+  // Queues a snapshot; it is written after every update appended before it, with the pinned
+  // entries it refers to (every one: those not listed are deleted with it).
+  virtual void WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) = 0;
+  // A snapshot that refers to no pinned entry (specs inline).
+  void WriteSnapshot(ShardingSnapshot snapshot) { WriteSnapshot(std::move(snapshot), {}); }
   // Runs `done` once every update up to `seq` is durable (OK), or when writing failed.
   virtual void WhenDurable(uint64_t seq, Done done) = 0;
   // Blocks until everything appended so far is durable (or writing failed).
@@ -119,7 +141,11 @@ class Journal {
   // Open does) into the callbacks; the journal then continues from the recovered seq. OK and no
   // replay when healthy. Never recovers less than was acknowledged (DATA_LOSS instead). The
   // caller must not Append concurrently (the service holds its lock).
-  virtual absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) = 0;
+  virtual absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
+                               const PinnedFn& on_pinned) = 0;
+  absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) {
+    return Recover(on_snapshot, on_update, nullptr);
+  }
   virtual uint64_t last_seq() const = 0;
   virtual JournalStats stats() const = 0;
   virtual JournalRecovery recovery() const = 0;

@@ -16,15 +16,19 @@ absl::Status ShardingServiceImpl::RecoverJournal() {
   // memory holds beyond the durable seq was applied but never acknowledged: rebuilt by replay,
   // exactly as at a restart.
   ShardingState state;
+  ShardingState::SpecsByKey specs;  // the journal's pinned entries (format 4 snapshots)
   uint64_t replayed = 0;
   absl::Status s = journal_->Recover(
       [&](const ShardingSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap));
+        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
         return absl::OkStatus();
       },
       [&](const Update& u) {
         ++replayed;
         return state.Apply(u);
+      },
+      [&](const std::string& key, const std::string& bytes) {
+        return ShardingState::AddPinnedSpec(key, bytes, &specs);
       });
   if (!s.ok()) return s;
   const uint64_t dropped = state_.last_seq() - std::min(state_.last_seq(), state.last_seq());

@@ -131,14 +131,16 @@ struct RocksJournal::Opened {
   std::unique_ptr<rocksdb::DB> db;
   uint64_t last_seq = 0;
   uint64_t snapshot_seq = 0;
+  std::set<std::string> pinned;
   bool upgrade_format = false;
   JournalRecovery recovery;
 };
 
 absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& options,
                                                        const SnapshotFn& on_snapshot,
-                                                       const UpdateFn& on_update) {
-  auto j = RocksJournal::Open(options, on_snapshot, on_update);
+                                                       const UpdateFn& on_update,
+                                                       const PinnedFn& on_pinned) {
+  auto j = RocksJournal::Open(options, on_snapshot, on_update, on_pinned);
   if (!j.ok()) return j.status();
   return std::unique_ptr<Journal>(std::move(*j));
 }
@@ -155,12 +157,13 @@ RocksJournal::RocksJournal(JournalOptions options, std::unique_ptr<rocksdb::Env>
 
 absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOptions& options,
                                                                  const SnapshotFn& on_snapshot,
-                                                                 const UpdateFn& on_update) {
+                                                                 const UpdateFn& on_update,
+                                                                 const PinnedFn& on_pinned) {
   if (options.dir.empty()) return absl::InvalidArgumentError("journal: dir is required");
   std::unique_ptr<rocksdb::Env> env;
   if (options.fs) env = rocksdb::NewCompositeEnv(options.fs);
   std::unique_ptr<RocksJournal> j(new RocksJournal(options, std::move(env)));
-  auto opened = j->OpenAndReplay(on_snapshot, on_update, false, 0);
+  auto opened = j->OpenAndReplay(on_snapshot, on_update, on_pinned, 0);
   if (!opened.ok()) return opened.status();
   j->Install(std::move(*opened));
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
@@ -170,7 +173,8 @@ absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOp
 
 absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotFn& on_snapshot,
                                                                  const UpdateFn& on_update,
-                                                                 bool recovering, uint64_t min_seq) {
+                                                                 const PinnedFn& on_pinned,
+                                                                 uint64_t min_seq) {
   const std::string& dir = options_.dir;
   const bool accept = options_.accept_data_loss;
   Opened out;
@@ -229,7 +233,7 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   // lost tail of whole records) is caught by step 4: after a clean stop the mark is exact, so
   // any acknowledged update missing is DATA_LOSS. After a crash the mark lags by
   // <= hwm_interval_ms, and a cut confined to that window is indistinguishable from a torn tail.
-  // `recovering` (after a failed write) adds this process's own durable seq to the floor.
+  // Recovering after a failed write adds this process's own durable seq (min_seq) to the floor.
   db_options.wal_recovery_mode = accept ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
                                         : rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   db_options.track_and_verify_wals_in_manifest = !accept;
@@ -272,22 +276,37 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   if (st.IsNotFound()) {
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    st = out.db->Put(wo, kFormatKey, kJournalFormatV3);
+    st = out.db->Put(wo, kFormatKey, kJournalFormatV4);
     if (!st.ok()) return FromRocks(st, "journal: cannot write format key");
   } else if (!st.ok()) {
     return FromRocks(st, "journal: cannot read format key");
-  } else if (format == kJournalFormatV2) {
-    out.upgrade_format = true;  // becomes v3 with the first group this binary writes
-  } else if (format != kJournalFormatV3) {
+  } else if (format == kJournalFormatV2 || format == kJournalFormatV3) {
+    out.upgrade_format = true;  // becomes v4 with the first group this binary writes
+  } else if (format != kJournalFormatV4) {
     return absl::FailedPreconditionError(absl::StrCat(
         "journal in '", dir, "' has format '", format, "'; this pacerd reads '",
-        kJournalFormatV2, "' and '", kJournalFormatV3, "' (was it written by a newer pacerd?)"));
+        kJournalFormatV2, "', '", kJournalFormatV3, "' and '", kJournalFormatV4,
+        "' (was it written by a newer pacerd?)"));
   }
   out.recovery.format = exists ? format : "";
 
-  // 3. Replay: the newest snapshot, then the tail of records of consecutive updates.
+  // 3. Replay: the pinned entries, the newest snapshot, then the tail of records of
+  // consecutive updates.
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
+    for (it->Seek("p"); it->Valid() && it->key().size() > 1 && it->key()[0] == 'p'; it->Next()) {
+      const std::string key(it->key().data() + 1, it->key().size() - 1);
+      out.pinned.insert(key);
+      if (!on_pinned) continue;
+      if (auto s = on_pinned(key, it->value().ToString()); !s.ok()) {
+        return absl::DataLossError(absl::StrCat("journal: pinned entry '", key, "' in '", dir,
+                                                "' does not load: ", s.message(), kAcceptHint));
+      }
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), "journal: reading pinned entries in '" + dir + "'");
+  }
   uint64_t snapshot_seq = 0;
   {
     std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
@@ -376,6 +395,7 @@ void RocksJournal::Install(Opened opened) {
   db_ = std::move(opened.db);
   last_seq_ = durable_seq_ = opened.last_seq;
   last_snapshot_seq_ = opened.snapshot_seq;
+  pinned_ = std::move(opened.pinned);
   upgrade_format_ = opened.upgrade_format;
   recovery_ = std::move(opened.recovery);
   stats_.durable_seq = durable_seq_;
@@ -445,16 +465,18 @@ void RocksJournal::Append(const Update& update) {
   PACER_CHECK(update.seq() == last_seq_ + 1)
       << "journal append out of order: " << update.seq() << " after " << last_seq_;
   last_seq_ = update.seq();
-  queue_.push_back(Entry{update.seq(), std::move(bytes), false});
+  queue_.push_back(Entry{update.seq(), std::move(bytes), nullptr, {}});
   stats_.appends++;
   cv_.notify_one();
 }
 
-void RocksJournal::WriteSnapshot(ShardingSnapshot snapshot) {
-  std::string bytes = snapshot.SerializeAsString();
+void RocksJournal::WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) {
+  // Serialized by the writer: the caller (the service, under its lock) only moves it here.
+  auto snap = std::make_shared<ShardingSnapshot>(std::move(snapshot));
   std::lock_guard<std::mutex> l(mu_);
-  PACER_CHECK(snapshot.seq() <= last_seq_) << "snapshot ahead of the journal";
-  queue_.push_back(Entry{snapshot.seq(), std::move(bytes), true});
+  PACER_CHECK(snap->seq() <= last_seq_) << "snapshot ahead of the journal";
+  const uint64_t seq = snap->seq();
+  queue_.push_back(Entry{seq, std::string(), std::move(snap), std::move(pinned)});
   cv_.notify_one();
 }
 
@@ -500,7 +522,8 @@ JournalRecovery RocksJournal::recovery() const {
   return recovery_;
 }
 
-absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) {
+absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
+                                   const PinnedFn& on_pinned) {
   std::unique_lock<std::mutex> l(mu_);
   if (health_.ok()) return absl::OkStatus();
   // The writer is idle: it never writes past a failure, it only discards what is queued.
@@ -512,7 +535,7 @@ absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn
     db_->Close().PermitUncheckedError();
     db_.reset();
   }
-  auto opened = OpenAndReplay(on_snapshot, on_update, true, durable);
+  auto opened = OpenAndReplay(on_snapshot, on_update, on_pinned, durable);
   if (!opened.ok()) {
     // Still refused; health keeps the first cause (a full disk) and says why reopening failed.
     if (failure_.ok()) failure_ = health_;
@@ -557,6 +580,7 @@ void RocksJournal::WriterLoop() {
   for (;;) {
     bool upgrade = false;
     uint64_t previous_snapshot = 0;
+    std::set<std::string> pinned;  // on disk once this batch is written
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
@@ -568,10 +592,11 @@ void RocksJournal::WriterLoop() {
       }
       upgrade = upgrade_format_;
       previous_snapshot = last_snapshot_seq_;
+      pinned = pinned_;
     }
     rocksdb::WriteBatch batch;
-    uint64_t max_seq = 0, snapshot_seq = 0, bytes = 0;
-    if (upgrade) batch.Put(kFormatKey, kJournalFormatV3);  // atomically with the first v3 group
+    uint64_t max_seq = 0, snapshot_seq = 0, bytes = 0, pinned_written = 0;
+    if (upgrade) batch.Put(kFormatKey, kJournalFormatV4);  // atomically with the first v4 group
     // One record per run of updates; a snapshot closes the run, so a record never straddles a
     // snapshot and the range delete below removes exactly the updates the snapshot holds.
     std::string record;
@@ -583,7 +608,7 @@ void RocksJournal::WriterLoop() {
     };
     for (const Entry& e : batch_entries) {
       bytes += e.bytes.size();
-      if (!e.snapshot) {
+      if (e.snapshot == nullptr) {
         if (record_first == 0) record_first = e.seq;
         // Field 1 (updates), length-delimited: a JournalRecord built by concatenation.
         google::protobuf::io::StringOutputStream out(&record);
@@ -595,7 +620,23 @@ void RocksJournal::WriterLoop() {
         continue;
       }
       close_record();
-      batch.Put(Key('s', e.seq), e.bytes);
+      // Its pinned entries: the new ones written, the ones it no longer lists deleted.
+      std::set<std::string> listed;
+      for (const PinnedEntry& p : e.pinned) {
+        listed.insert(p.key);
+        if (pinned.count(p.key) > 0) continue;
+        const std::string value = p.value->SerializeAsString();
+        bytes += value.size();
+        batch.Put("p" + p.key, value);
+        ++pinned_written;
+      }
+      for (const std::string& key : pinned) {
+        if (listed.count(key) == 0) batch.Delete("p" + key);
+      }
+      pinned.swap(listed);
+      const std::string snapshot_bytes = e.snapshot->SerializeAsString();
+      bytes += snapshot_bytes.size();
+      batch.Put(Key('s', e.seq), snapshot_bytes);
       batch.DeleteRange(Key('j', 0), Key('j', e.seq + 1));
       if (previous_snapshot != 0 && previous_snapshot != e.seq) {
         batch.Delete(Key('s', previous_snapshot));
@@ -619,11 +660,13 @@ void RocksJournal::WriterLoop() {
         stats_.bytes += bytes;
         if (upgrade) {
           upgrade_format_ = false;
-          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV3;
+          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV4;
         }
         if (snapshot_seq != 0) {
           last_snapshot_seq_ = snapshot_seq;
+          pinned_.swap(pinned);
           stats_.snapshots++;
+          stats_.pinned_written += pinned_written;
         }
         if (max_seq > durable_seq_) durable_seq_ = max_seq;
         stats_.durable_seq = durable_seq_;

@@ -1,13 +1,16 @@
 // RocksJournal: the Journal (journal.h) in one RocksDB instance, plus a high-water mark file.
 //
 // Layout of the RocksDB folder (JournalOptions::dir):
-//   "m:format"        -> "pacer-journal-v3" (v2 dirs are read, and upgraded to v3 in the same
-//                        WriteBatch as the first group written by this binary)
+//   "m:format"        -> "pacer-journal-v4" (v2 and v3 dirs are read, and upgraded to v4 in the
+//                        same WriteBatch as the first group written by this binary)
 //   "j" + BE64(seq)   -> JournalRecord: the updates seq, seq+1, ... of one group commit
 //   "s" + BE64(seq)   -> serialized ShardingSnapshot holding every update <= seq
+//   "p" + key         -> a pinned entry (v4): an immutable value a snapshot refers to
 // A group is one WriteBatch with sync=true; a snapshot is written in the batch of the updates
 // before it, together with a range delete of the entries <= its seq and of the previous
-// snapshot, atomically.
+// snapshot, the pinned entries it lists that are not on disk yet, and deletes of those on disk
+// it no longer lists, atomically. (v4 differs from v3 only by pinned entries: a v3 binary must
+// not read a v4 dir, whose snapshots name specs it cannot find.)
 //
 // Never less than acknowledged (the checks on Open, in order):
 //  1. RocksDB refuses WAL damage instead of rolling back to a point in time, except a torn
@@ -40,6 +43,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,20 +59,25 @@ namespace pacer {
 
 inline constexpr char kJournalFormatV2[] = "pacer-journal-v2";
 inline constexpr char kJournalFormatV3[] = "pacer-journal-v3";
+inline constexpr char kJournalFormatV4[] = "pacer-journal-v4";  // written
 
 class RocksJournal final : public Journal {
  public:
   static absl::StatusOr<std::unique_ptr<RocksJournal>> Open(const JournalOptions& options,
                                                             const SnapshotFn& on_snapshot,
-                                                            const UpdateFn& on_update);
+                                                            const UpdateFn& on_update,
+                                                            const PinnedFn& on_pinned = nullptr);
   ~RocksJournal() override;
 
+  using Journal::Recover;
+  using Journal::WriteSnapshot;
   void Append(const Update& update) override;
-  void WriteSnapshot(ShardingSnapshot snapshot) override;
+  void WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) override;
   void WhenDurable(uint64_t seq, Done done) override;
   absl::Status Flush() override;
   absl::Status health() const override;
-  absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update) override;
+  absl::Status Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
+                       const PinnedFn& on_pinned) override;
   uint64_t last_seq() const override;
   JournalStats stats() const override;
   JournalRecovery recovery() const override;
@@ -79,10 +89,10 @@ class RocksJournal final : public Journal {
   struct Opened;
   RocksJournal(JournalOptions options, std::unique_ptr<rocksdb::Env> env);
   // Opens RocksDB and replays it; checks what it recovered against the high-water mark (and,
-  // when `recovering` after a failed write, against `min_seq`, the seq this process knows
+  // when recovering after a failed write, against `min_seq`, the seq this process knows
   // durable). Writes the mark.
   absl::StatusOr<Opened> OpenAndReplay(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
-                                       bool recovering, uint64_t min_seq);
+                                       const PinnedFn& on_pinned, uint64_t min_seq);
   void Install(Opened opened);  // under mu_ (or before the threads start)
   absl::Status WriteHwm(uint64_t seq);  // under hwm_mu_
   void WriterLoop();
@@ -90,8 +100,9 @@ class RocksJournal final : public Journal {
 
   struct Entry {
     uint64_t seq;
-    std::string bytes;
-    bool snapshot;
+    std::string bytes;                            // an update, serialized
+    std::shared_ptr<ShardingSnapshot> snapshot;   // or a snapshot (serialized by the writer)
+    std::vector<PinnedEntry> pinned;              // the snapshot's pinned entries
   };
 
   const JournalOptions options_;
@@ -108,7 +119,8 @@ class RocksJournal final : public Journal {
   uint64_t last_seq_ = 0;           // last appended
   uint64_t durable_seq_ = 0;        // last written (synced)
   uint64_t last_snapshot_seq_ = 0;  // newest snapshot on disk
-  bool upgrade_format_ = false;     // a v2 dir: write v3 with the next group
+  std::set<std::string> pinned_;    // keys of the pinned entries on disk
+  bool upgrade_format_ = false;     // a v2/v3 dir: write v4 with the next group
   absl::Status health_;
   absl::Status failure_;  // the write failure a failed Recover() still reports
   bool stopping_ = false;

@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   std::unique_ptr<ShardingServiceImpl> svc(new ShardingServiceImpl(options, clock, metrics));
   Stopwatch watch(RealClock::Get());
   ShardingState state;
+  ShardingState::SpecsByKey specs;  // the journal's pinned entries (format 4 snapshots)
   uint64_t replayed = 0;
   JournalOptions jo = options.journal;
   jo.dir = options.data_dir;
@@ -80,12 +81,15 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   auto journal = Journal::Open(
       jo,
       [&](const ShardingSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap));
+        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
         return absl::OkStatus();
       },
       [&](const Update& u) {
         ++replayed;
         return state.Apply(u);
+      },
+      [&](const std::string& key, const std::string& bytes) {
+        return ShardingState::AddPinnedSpec(key, bytes, &specs);
       });
   if (!journal.ok()) return journal.status();
   svc->journal_ = std::move(*journal);
@@ -131,7 +135,14 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   metrics_.updates.Increment();
   DrainCancelled();
   if (update.seq() - last_snapshot_seq_ >= options_.snapshot_every) {
-    journal_->WriteSnapshot(state_.ToSnapshot());
+    // Specs apart: the snapshot holds the dynamic state and names each spec; the specs are
+    // shared, never copied, and the journal writes each once (a pinned entry). Serializing
+    // happens on the journal's writer, not under mu_.
+    ShardingState::JournalSnapshot snap = state_.ToJournalSnapshot();
+    std::vector<PinnedEntry> pinned;
+    pinned.reserve(snap.specs.size());
+    for (auto& [key, spec] : snap.specs) pinned.push_back(PinnedEntry{key, std::move(spec)});
+    journal_->WriteSnapshot(std::move(snap.snapshot), std::move(pinned));
     last_snapshot_seq_ = update.seq();
   }
   return update.seq();
@@ -202,7 +213,7 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
     RETURN_IF_ERROR(Ready());
     ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
     if (const auto* existing = state_.FindDataset(spec.name())) {
-      if (existing->spec.SerializeAsString() != spec.SerializeAsString()) {
+      if (existing->spec->SerializeAsString() != spec.SerializeAsString()) {
         return absl::AlreadyExistsError("dataset '" + spec.name() +
                                         "' already exists with a different spec");
       }
@@ -214,7 +225,7 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
           absl::StrCat("at most ", kMaxDatasets, " datasets per job"));
     }
     uint64_t files = spec.files().files_size();
-    for (const auto& [name, ds] : state_.datasets()) files += ds.spec.files().files_size();
+    for (const auto& [name, ds] : state_.datasets()) files += ds.spec->files().files_size();
     if (files > kMaxFilesTotal) {
       return absl::ResourceExhaustedError(
           absl::StrCat("at most ", kMaxFilesTotal, " files over every dataset of a job"));
@@ -564,10 +575,9 @@ void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatas
     for (const auto& [name, ds] : state_.datasets()) {
       if (!req.name().empty() && name != req.name()) continue;
       DatasetInfo* info = resp->add_datasets();
-      *info = state_.DescribeDataset(ds);
       // File lists can be large (2 M files are allowed): only on request, so that a listing
-      // stays far below gRPC's message limit.
-      if (!req.include_files()) info->mutable_spec()->mutable_files()->clear_files();
+      // stays far below gRPC's message limit — and is not copied under the lock otherwise.
+      *info = state_.DescribeDataset(ds, req.include_files());
     }
     resp->set_journal_seq(state_.last_seq());
     seq = state_.last_seq();

@@ -34,8 +34,8 @@ const char* LeaseEndReasonName(LeaseEndReason reason) {
 }
 
 bool ShardingState::Dataset::Finished() const {
-  return !is_stream() && open.empty() && spec.num_epochs() != 0 &&
-         next_epoch >= spec.num_epochs();
+  return !is_stream() && open.empty() && spec->num_epochs() != 0 &&
+         next_epoch >= spec->num_epochs();
 }
 
 absl::Status ShardingState::CheckWorker(const std::string& worker, uint64_t incarnation) const {
@@ -117,7 +117,7 @@ ShardingState::Epoch ShardingState::MakeEpoch(const Dataset& ds, uint32_t epoch)
   Epoch ep;
   ep.epoch = epoch;
   if (ds.is_stream()) {
-    for (const auto& p : ds.spec.stream().partitions()) {
+    for (const auto& p : ds.spec->stream().partitions()) {
       Partition d;
       d.start = d.frontier = p.start_offset();
       d.limit = kStreamLimit;
@@ -135,21 +135,21 @@ absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u)
   auto spec = NormalizeSpec(u.spec());
   if (!spec.ok()) return spec.status();
   if (auto it = datasets_.find(spec->name()); it != datasets_.end()) {
-    if (google::protobuf::util::MessageDifferencer::Equals(it->second.spec, *spec)) {
+    if (google::protobuf::util::MessageDifferencer::Equals(*it->second.spec, *spec)) {
       return absl::OkStatus();
     }
     return absl::AlreadyExistsError("dataset '" + spec->name() +
                                     "' already exists with a different spec");
   }
   Dataset ds;
-  ds.spec = *spec;
-  ds.records_per_epoch = RecordsPerEpoch(ds.spec);
-  ds.tail_backup = ds.spec.tail_backup();
+  ds.spec = std::make_shared<const DatasetSpec>(*std::move(spec));
+  ds.records_per_epoch = RecordsPerEpoch(*ds.spec);
+  ds.tail_backup = ds.spec->tail_backup();
   if (ds.is_stream()) {
     ds.open.push_back(MakeEpoch(ds, 0));
     ds.next_epoch = 1;
   }
-  datasets_.emplace(ds.spec.name(), std::move(ds));
+  datasets_.emplace(ds.spec->name(), std::move(ds));
   return absl::OkStatus();
 }
 
@@ -203,7 +203,7 @@ absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_
   lease.id = next_lease_id_++;
   lease.token = next_token_++;
   lease.worker = w.id;
-  lease.dataset = ds.spec.name();
+  lease.dataset = ds.spec->name();
   lease.epoch = u->epoch();
   lease.partition = u->partition();
   lease.begin = u->begin();
@@ -327,9 +327,9 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
     uint32_t attempts = lease.done == 0 ? lease.attempts : 0;
     if (IsFailure(reason)) attempts++;
     uint64_t rest = pos;
-    if (IsFailure(reason) && attempts >= ds.spec.max_attempts()) {
+    if (IsFailure(reason) && attempts >= ds.spec->max_attempts()) {
       // Poison: quarantine one batch at the failing position, report it, requeue the rest.
-      const uint64_t q_end = std::min(lease.end, pos + std::max<uint64_t>(ds.spec.batch_size(), 1));
+      const uint64_t q_end = std::min(lease.end, pos + std::max<uint64_t>(ds.spec->batch_size(), 1));
       QuarantinedRange q;
       q.set_epoch(lease.epoch);
       q.set_partition(lease.partition);
@@ -341,7 +341,7 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
       ds.quarantined.push_back(q);
       dom.quarantined += q_end - pos;
       ds.records_quarantined_total += q_end - pos;
-      if (ds.spec.on_poison() == POISON_FAIL && !ds.failed) {
+      if (ds.spec->on_poison() == POISON_FAIL && !ds.failed) {
         ds.failed = true;
         ds.failure = absl::StrCat("records [", pos, ", ", q_end, ") of epoch ", lease.epoch,
                                   " failed ", attempts, " times (", q.detail(),
@@ -403,7 +403,7 @@ void ShardingState::ForgetOldEnded(const Dataset& ds) {
   const uint32_t keep_from = oldest_open == 0 ? 0 : oldest_open - 1;
   for (auto& [id, w] : workers_) {
     for (auto it = w.ended.begin(); it != w.ended.end();) {
-      if (it->second.dataset() == ds.spec.name() && it->second.epoch() < keep_from) {
+      if (it->second.dataset() == ds.spec->name() && it->second.epoch() < keep_from) {
         it = w.ended.erase(it);
       } else {
         ++it;
@@ -427,7 +427,7 @@ void ShardingState::CloseFinishedEpochs(Dataset& ds) {
       continue;
     }
     PACER_CHECK(accounted == ds.records_per_epoch)
-        << "dataset " << ds.spec.name() << " epoch " << it->epoch << ": " << accounted
+        << "dataset " << ds.spec->name() << " epoch " << it->epoch << ": " << accounted
         << " records done or quarantined, expected " << ds.records_per_epoch;
     ds.completed_epochs++;
     it = ds.open.erase(it);

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -101,7 +102,9 @@ class ShardingState {
     uint32_t active_leases = 0;
   };
   struct Dataset {
-    DatasetSpec spec;  // normalised: defaults filled in
+    // Normalised (defaults filled in) and immutable once registered: shared, never copied — by
+    // copies of the state, by snapshots (ToJournalSnapshot) and by the journal's pinned entry.
+    std::shared_ptr<const DatasetSpec> spec;
     uint64_t records_per_epoch = 0;  // 0 for a stream
     std::deque<Epoch> open;          // ascending epoch numbers
     uint32_t next_epoch = 0;
@@ -113,7 +116,7 @@ class ShardingState {
     uint64_t records_done_total = 0;
     uint64_t requeues_total = 0;
     uint64_t records_quarantined_total = 0;  // sum over `quarantined`
-    bool is_stream() const { return spec.source_case() == DatasetSpec::kStream; }
+    bool is_stream() const { return spec->source_case() == DatasetSpec::kStream; }
     bool Finished() const;
   };
   struct LeaseRec {
@@ -186,11 +189,32 @@ class ShardingState {
 
   // Fills a Lease message for an active lease (record ids included).
   Lease DescribeLease(const LeaseRec& lease) const;
-  DatasetInfo DescribeDataset(const Dataset& ds) const;
+  // Without `include_files` a file dataset's spec comes without its file list (never copied).
+  DatasetInfo DescribeDataset(const Dataset& ds, bool include_files = true) const;
 
   // ---- Snapshots ----
+  // Formats (ShardingSnapshot.format): 0 — every spec inline (what v2/v3 journals hold; still
+  // read); 4 — "specs apart": a dataset names its spec by key (DatasetState.spec_key) and the
+  // journal keeps the spec as a pinned entry, written once.
+  static constexpr uint32_t kSnapshotFormatSpecsApart = 4;
+  using SpecsByKey = std::map<std::string, std::shared_ptr<const DatasetSpec>>;
+  struct JournalSnapshot {
+    ShardingSnapshot snapshot;  // format 4: only the dynamic state, small
+    SpecsByKey specs;           // every spec it names, shared with this state (not copied)
+  };
+  // What the service journals: copies no file list, whatever the datasets' size.
+  JournalSnapshot ToJournalSnapshot() const;
+  // The whole state in one message, specs inline (format 0): for comparing states (tests,
+  // SnapshotForTest) and for tools; copies every file list, so not for a hot path.
   ShardingSnapshot ToSnapshot() const;
-  static absl::StatusOr<ShardingState> FromSnapshot(const ShardingSnapshot& snapshot);
+  // Loads either format; format 4 finds each spec in `specs` (the journal's pinned entries).
+  static absl::StatusOr<ShardingState> FromSnapshot(const ShardingSnapshot& snapshot,
+                                                    const SpecsByKey& specs = {});
+  // The pinned entry key of a dataset's spec, and reading one back (a pinned entry that is
+  // not a spec is left alone: OK).
+  static std::string SpecKey(const std::string& dataset);
+  static absl::Status AddPinnedSpec(const std::string& key, const std::string& bytes,
+                                    SpecsByKey* specs);
 
  private:
   absl::Status ApplyRegisterDataset(const RegisterDatasetUpdate& u);

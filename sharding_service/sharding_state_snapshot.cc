@@ -1,5 +1,12 @@
 // ShardingState <-> ShardingSnapshot (the journal's snapshots). Repeated fields come out sorted
 // by key (the state's maps are ordered), so equal states serialize to equal bytes.
+//
+// Specs apart (format 4): a dataset's spec — its file list can be 1 M entries — is immutable
+// once registered, so a snapshot names it (DatasetState.spec_key) and the journal keeps it as a
+// pinned entry, written once in the batch of the first snapshot after the registration. The
+// state holds each spec behind a shared_ptr<const>, so capturing a snapshot copies no file list
+// and the journal's writer serializes only the new ones. Format 0 (specs inline, v2/v3) is
+// still read, and is what ToSnapshot() gives for comparing whole states.
 #include "absl/strings/str_cat.h"
 #include "sharding_service/permutation.h"
 #include "sharding_service/sharding_state.h"
@@ -37,15 +44,44 @@ ShardingState::Partition ShardingState::PartitionFromProto(const PartitionState&
   return dom;
 }
 
+std::string ShardingState::SpecKey(const std::string& dataset) { return "spec/" + dataset; }
+
+absl::Status ShardingState::AddPinnedSpec(const std::string& key, const std::string& bytes,
+                                          SpecsByKey* specs) {
+  if (key.rfind("spec/", 0) != 0) return absl::OkStatus();  // not ours to read
+  auto spec = std::make_shared<DatasetSpec>();
+  if (!spec->ParseFromString(bytes)) return absl::DataLossError("not a DatasetSpec");
+  if (SpecKey(spec->name()) != key) {
+    return absl::DataLossError("holds the spec of dataset '" + spec->name() + "'");
+  }
+  (*specs)[key] = std::move(spec);
+  return absl::OkStatus();
+}
+
 ShardingSnapshot ShardingState::ToSnapshot() const {
-  ShardingSnapshot snap;
+  JournalSnapshot js = ToJournalSnapshot();
+  ShardingSnapshot& snap = js.snapshot;
+  snap.clear_format();
+  for (DatasetState& d : *snap.mutable_datasets()) {
+    *d.mutable_spec() = *js.specs.at(d.spec_key());
+    d.clear_spec_key();
+  }
+  return std::move(snap);
+}
+
+ShardingState::JournalSnapshot ShardingState::ToJournalSnapshot() const {
+  JournalSnapshot js;
+  ShardingSnapshot& snap = js.snapshot;
+  snap.set_format(kSnapshotFormatSpecsApart);
   snap.set_seq(last_seq_);
   snap.set_next_lease_id(next_lease_id_);
   snap.set_next_token(next_token_);
   snap.set_next_incarnation(next_incarnation_);
   for (const auto& [name, ds] : datasets_) {
     DatasetState* out = snap.add_datasets();
-    *out->mutable_spec() = ds.spec;
+    const std::string key = SpecKey(name);
+    out->set_spec_key(key);
+    js.specs.emplace(key, ds.spec);
     out->set_next_epoch(ds.next_epoch);
     out->set_completed_epochs(ds.completed_epochs);
     out->set_tail_backup(ds.tail_backup);
@@ -91,21 +127,41 @@ ShardingSnapshot ShardingState::ToSnapshot() const {
     for (const auto& [lease_id, e] : w.ended) *out->add_recent_ended() = e;
   }
   for (const auto& [tag, cp] : checkpoints_) *snap.add_checkpoints() = cp;
-  return snap;
+  return js;
 }
 
-absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot& snap) {
+absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot& snap,
+                                                          const SpecsByKey& specs) {
+  if (snap.format() != 0 && snap.format() != kSnapshotFormatSpecsApart) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot format ", snap.format(), " is unknown to this pacerd (it reads 0 and ",
+        kSnapshotFormatSpecsApart, "; was it written by a newer pacerd?)"));
+  }
+  const bool apart = snap.format() == kSnapshotFormatSpecsApart;
   ShardingState st;
   st.last_seq_ = snap.seq();
   st.next_lease_id_ = snap.next_lease_id();
   st.next_token_ = snap.next_token();
   st.next_incarnation_ = snap.next_incarnation();
   for (const auto& in : snap.datasets()) {
-    auto spec = NormalizeSpec(in.spec());
-    if (!spec.ok()) return absl::DataLossError("snapshot: " + std::string(spec.status().message()));
     Dataset ds;
-    ds.spec = *spec;
-    ds.records_per_epoch = RecordsPerEpoch(ds.spec);
+    if (apart) {
+      auto it = specs.find(in.spec_key());
+      if (in.has_spec() || it == specs.end()) {
+        return absl::DataLossError("snapshot: the spec '" + in.spec_key() +
+                                   "' it names is not among the journal's pinned entries");
+      }
+      // Shared, not copied; validated (NormalizeSpec: a temporary copy, at load only).
+      if (auto s = NormalizeSpec(*it->second); !s.ok()) {
+        return absl::DataLossError("snapshot: " + std::string(s.status().message()));
+      }
+      ds.spec = it->second;
+    } else {
+      auto spec = NormalizeSpec(in.spec());
+      if (!spec.ok()) return absl::DataLossError("snapshot: " + std::string(spec.status().message()));
+      ds.spec = std::make_shared<const DatasetSpec>(*std::move(spec));
+    }
+    ds.records_per_epoch = RecordsPerEpoch(*ds.spec);
     ds.next_epoch = in.next_epoch();
     ds.completed_epochs = in.completed_epochs();
     ds.tail_backup = in.tail_backup();
@@ -123,7 +179,7 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
       }
       ds.open.push_back(std::move(ep));
     }
-    st.datasets_.emplace(ds.spec.name(), std::move(ds));
+    st.datasets_.emplace(ds.spec->name(), std::move(ds));
   }
   for (const auto& in : snap.workers()) {
     WorkerRec w;

@@ -55,17 +55,35 @@ Lease ShardingState::DescribeLease(const LeaseRec& l) const {
   out.set_worker_id(l.worker);
   out.set_shard_id(absl::StrCat(l.dataset, "/e", l.epoch, "/p", l.partition, "/", l.begin, "-",
                                 l.end));
-  auto records = MapPositionsToRecords(ds.spec, l.epoch, l.begin, l.end);
-  if (ds.spec.source_case() == DatasetSpec::kFiles) {
-    for (auto& seg : RecordsToFileSegments(ds.spec, records)) *out.add_segments() = std::move(seg);
+  auto records = MapPositionsToRecords(*ds.spec, l.epoch, l.begin, l.end);
+  if (ds.spec->source_case() == DatasetSpec::kFiles) {
+    for (auto& seg : RecordsToFileSegments(*ds.spec, records)) *out.add_segments() = std::move(seg);
   }
   for (auto& r : records) *out.add_records() = std::move(r);
   return out;
 }
 
-DatasetInfo ShardingState::DescribeDataset(const Dataset& ds) const {
+DatasetInfo ShardingState::DescribeDataset(const Dataset& ds, bool include_files) const {
   DatasetInfo info;
-  *info.mutable_spec() = ds.spec;
+  if (include_files || ds.spec->source_case() != DatasetSpec::kFiles) {
+    *info.mutable_spec() = *ds.spec;
+  } else {
+    // Every field but the file list (up to 1 M files: never copied for a listing). A field
+    // added to DatasetSpec must be added here; sharding_snapshot_test checks every field.
+    const DatasetSpec& in = *ds.spec;
+    DatasetSpec* out = info.mutable_spec();
+    out->set_name(in.name());
+    out->mutable_files();
+    out->set_shard_size(in.shard_size());
+    out->set_batch_size(in.batch_size());
+    out->set_num_epochs(in.num_epochs());
+    out->set_shuffle(in.shuffle());
+    out->set_seed(in.seed());
+    out->set_epoch_barrier(in.epoch_barrier());
+    out->set_max_attempts(in.max_attempts());
+    out->set_on_poison(in.on_poison());
+    out->set_tail_backup(in.tail_backup());
+  }
   info.set_current_epoch(ds.open.empty() ? ds.next_epoch : ds.open.front().epoch);
   info.set_completed_epochs(ds.completed_epochs);
   info.set_records_per_epoch(ds.records_per_epoch);
@@ -85,7 +103,7 @@ DatasetInfo ShardingState::DescribeDataset(const Dataset& ds) const {
   info.set_requeues_total(ds.requeues_total);
   for (const auto& q : ds.quarantined) *info.add_quarantined() = q;
   info.set_records_quarantined(ds.records_quarantined_total);
-  if (ds.spec.source_case() == DatasetSpec::kFiles) info.set_num_files(ds.spec.files().files_size());
+  if (ds.spec->source_case() == DatasetSpec::kFiles) info.set_num_files(ds.spec->files().files_size());
   info.set_failed(ds.failed);
   info.set_failure(ds.failure);
   info.set_finished(ds.Finished());

@@ -69,7 +69,7 @@ void SetFormat(const std::string& dir, const std::string& format) {
   delete db;
 }
 
-TEST(JournalFormatTest, NewDirsAreV3V2IsReadAndUpgradedAfterTheFirstCommitUnknownIsRefused) {
+TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommitUnknownIsRefused) {
   TempDir dir;
   JournalOptions o{dir.Sub("journal"), true};
   Replayed r;
@@ -79,7 +79,7 @@ TEST(JournalFormatTest, NewDirsAreV3V2IsReadAndUpgradedAfterTheFirstCommitUnknow
     EXPECT_TRUE((*j)->recovery().created);
     AppendAndFlush(**j, 1, 3);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV3);
+  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
 
   // A dir written as v2 (today's main): replayed; the key stays v2 until a group is written.
   SetFormat(o.dir, kJournalFormatV2);
@@ -89,18 +89,27 @@ TEST(JournalFormatTest, NewDirsAreV3V2IsReadAndUpgradedAfterTheFirstCommitUnknow
     EXPECT_EQ(r.updates, 3u);
     EXPECT_EQ((*j)->recovery().format, kJournalFormatV2);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV2) << "upgraded although nothing was written at v3";
+  EXPECT_EQ(Format(o.dir), kJournalFormatV2) << "upgraded although nothing was written at v4";
   {
     auto j = OpenCounting(o, &r);
     ASSERT_TRUE(j.ok()) << j.status();
     AppendAndFlush(**j, 4, 4);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV3);
+  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
   {
     auto j = OpenCounting(o, &r);
     ASSERT_TRUE(j.ok()) << j.status();
     EXPECT_EQ(r.updates, 4u);
   }
+  // And one written as v3 (the format before pinned entries) likewise.
+  SetFormat(o.dir, kJournalFormatV3);
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ((*j)->recovery().format, kJournalFormatV3);
+    AppendAndFlush(**j, 5, 5);
+  }
+  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
 
   // A newer binary's format: refused, naming both.
   SetFormat(o.dir, "pacer-journal-v9");
@@ -108,7 +117,7 @@ TEST(JournalFormatTest, NewDirsAreV3V2IsReadAndUpgradedAfterTheFirstCommitUnknow
   ASSERT_FALSE(j.ok());
   EXPECT_EQ(j.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(j.status().message().find("pacer-journal-v9"), std::string::npos) << j.status();
-  EXPECT_NE(j.status().message().find(kJournalFormatV3), std::string::npos) << j.status();
+  EXPECT_NE(j.status().message().find(kJournalFormatV4), std::string::npos) << j.status();
 }
 
 TEST(JournalHwmTest, TheMarkIsExactAtCloseAndFollowsWhileRunning) {
