@@ -11,12 +11,14 @@
 //   4. Recovery time after 1 M journaled updates (v3: decided leases), with snapshots (every
 //      10 000) and without.
 //   5. pacerd's resident memory serving a 10-billion-record dataset vs a 1-million one.
-// Usage: sharding_bench [--json] [--seconds S]
+// Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only]
+// (each gRPC figure: the median of R windows; echo, old and new alternate within a round)
 #include <grpcpp/grpcpp.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -286,7 +288,14 @@ struct RpcFigures {
   std::map<int, double> echo, durable, combined, fsyncs_per_1000, combined_fsyncs_per_1000;
 };
 
-RpcFigures MeasureRpc(double seconds) {
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Each figure is the median of `rounds` windows; in a round the echo, the old and the new path
+// run one after the other, so a neighbour's load on a shared machine falls on all three alike.
+RpcFigures MeasureRpc(double seconds, int rounds) {
   RpcFigures out;
   // The echo baseline.
   EchoServiceImpl echo;
@@ -327,44 +336,64 @@ RpcFigures MeasureRpc(double seconds) {
     if (!pacer_stubs[0]->RegisterDataset(&ctx, req, &resp).ok()) std::abort();
   }
   int next_worker = 0;
-  for (int clients : {1, 16, 256}) {
-    uint64_t errors = 0;
+  // One window of `clients` loops on the old or the new path, each a fresh worker; returns
+  // shards/s and the fsyncs per 1000 updates in the window.
+  auto durable_window = [&](int clients, bool combined) {
     std::vector<std::unique_ptr<PairLoop>> loops;
-    for (int i = 0; i < clients; ++i) loops.push_back(std::make_unique<EchoLoop>(echo_stubs[i % kChannels].get(), i));
-    out.echo[clients] = Measure(loops, seconds, &errors);
-    for (bool combined : {false, true}) {
-      loops.clear();
-      for (int i = 0; i < clients; ++i) {
-        grpc::ClientContext ctx;
-        AttachToken(&ctx, token);
-        RegisterWorkerRequest req;
-        req.set_worker_id("w" + std::to_string(next_worker++));
-        RegisterWorkerResponse resp;
-        if (!pacer_stubs[0]->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
-        ShardingService::Stub* stub = pacer_stubs[i % kChannels].get();
-        if (combined) {
-          loops.push_back(std::make_unique<CombinedLoop>(stub, token, req.worker_id(),
-                                                         resp.incarnation(), "train"));
-        } else {
-          loops.push_back(std::make_unique<ShardLoop>(stub, token, req.worker_id(),
-                                                      resp.incarnation(), "train"));
-        }
-      }
-      const JournalStats before = (*pacerd)->sharding()->stats().journal;
-      (combined ? out.combined : out.durable)[clients] = Measure(loops, seconds, &errors);
-      const JournalStats after = (*pacerd)->sharding()->stats().journal;
-      (combined ? out.combined_fsyncs_per_1000 : out.fsyncs_per_1000)[clients] =
-          1000.0 * (after.batches - before.batches) /
-          std::max<uint64_t>(1, after.appends - before.appends);
-      if (errors > 0) {
-        std::cerr << "warning: " << errors << " failed calls at " << clients << " clients ("
-                  << (combined ? "new" : "old") << " path)\n";
+    for (int i = 0; i < clients; ++i) {
+      grpc::ClientContext ctx;
+      AttachToken(&ctx, token);
+      RegisterWorkerRequest req;
+      req.set_worker_id("w" + std::to_string(next_worker++));
+      RegisterWorkerResponse resp;
+      if (!pacer_stubs[0]->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
+      ShardingService::Stub* stub = pacer_stubs[i % kChannels].get();
+      if (combined) {
+        loops.push_back(std::make_unique<CombinedLoop>(stub, token, req.worker_id(),
+                                                       resp.incarnation(), "train"));
+      } else {
+        loops.push_back(std::make_unique<ShardLoop>(stub, token, req.worker_id(),
+                                                    resp.incarnation(), "train"));
       }
     }
+    uint64_t errors = 0;
+    const JournalStats before = (*pacerd)->sharding()->stats().journal;
+    const double rate = Measure(loops, seconds, &errors);
+    const JournalStats after = (*pacerd)->sharding()->stats().journal;
+    if (errors > 0) {
+      std::cerr << "warning: " << errors << " failed calls at " << clients << " clients ("
+                << (combined ? "new" : "old") << " path)\n";
+    }
+    return std::make_pair(rate, 1000.0 * (after.batches - before.batches) /
+                                    std::max<uint64_t>(1, after.appends - before.appends));
+  };
+  for (int clients : {1, 16, 256}) {
+    std::map<std::string, std::vector<double>> runs;  // figure -> one value per round
+    for (int round = 0; round < rounds; ++round) {
+      uint64_t errors = 0;
+      std::vector<std::unique_ptr<PairLoop>> echo_loops;
+      for (int i = 0; i < clients; ++i) {
+        echo_loops.push_back(std::make_unique<EchoLoop>(echo_stubs[i % kChannels].get(), i));
+      }
+      runs["echo"].push_back(Measure(echo_loops, seconds, &errors));
+      const auto [old_rate, old_fsyncs] = durable_window(clients, false);
+      runs["old"].push_back(old_rate);
+      runs["old_fsyncs"].push_back(old_fsyncs);
+      const auto [new_rate, new_fsyncs] = durable_window(clients, true);
+      runs["new"].push_back(new_rate);
+      runs["new_fsyncs"].push_back(new_fsyncs);
+    }
+    out.echo[clients] = Median(runs["echo"]);
+    out.durable[clients] = Median(runs["old"]);
+    out.combined[clients] = Median(runs["new"]);
+    out.fsyncs_per_1000[clients] = Median(runs["old_fsyncs"]);
+    out.combined_fsyncs_per_1000[clients] = Median(runs["new_fsyncs"]);
   }
   (*pacerd)->Shutdown();
+  pacerd->reset();  // its journal threads end here; only then is the dir left alone
   echo_server->Shutdown();
-  std::filesystem::remove_all(dir);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
   return out;
 }
 
@@ -510,18 +539,41 @@ double PacerdRssServing(uint64_t records, double seconds, uint64_t* leases) {
   return rss;
 }
 
+void PrintRpcTable(const RpcFigures& rpc) {
+  std::cout << "Shards/s over gRPC on loopback (durable journal, fsync on); echo: pairs of calls/s\n"
+            << "  old: FetchShard + CompleteShard (two durable calls per shard)\n"
+            << "  new: CompleteShard that leases the next shard (one durable call per shard)\n";
+  std::cout << std::left << std::setw(9) << "clients" << std::setw(12) << "echo pairs"
+            << std::setw(12) << "old" << std::setw(12) << "new" << std::setw(9) << "new/old"
+            << std::setw(10) << "new/echo" << std::setw(10) << "old/echo"
+            << "fsyncs/1000 updates (old, new)\n";
+  for (int c : {1, 16, 256}) {
+    std::cout << std::setprecision(0) << std::setw(9) << c << std::setw(12) << rpc.echo.at(c)
+              << std::setw(12) << rpc.durable.at(c) << std::setw(12) << rpc.combined.at(c)
+              << std::setprecision(2) << std::setw(9) << rpc.combined.at(c) / rpc.durable.at(c)
+              << std::setw(10) << rpc.combined.at(c) / rpc.echo.at(c) << std::setw(10)
+              << rpc.durable.at(c) / rpc.echo.at(c) << std::setprecision(1)
+              << rpc.fsyncs_per_1000.at(c) << ", " << rpc.combined_fsyncs_per_1000.at(c) << "\n";
+  }
+}
+
 }  // namespace
 }  // namespace pacer::bench
 
 int main(int argc, char** argv) {
   using namespace pacer::bench;
-  bool json = false;
+  bool json = false, rpc_only = false;
   double seconds = 2.0;
+  int rounds = 3;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::stod(argv[++i]);
+    else if (!std::strcmp(argv[i], "--rpc-only")) rpc_only = true;
+    else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::stoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--help")) {
-      std::cout << "Usage: sharding_bench [--json] [--seconds S]\n";
+      std::cout << "Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only]\n"
+                   "  --seconds: each measurement window (default 2); --rounds: windows per gRPC\n"
+                   "  figure, the median is printed (default 3); --rpc-only: only the gRPC table\n";
       return 0;
     } else {
       std::cerr << "sharding_bench: unknown argument '" << argv[i] << "'\n";
@@ -530,10 +582,15 @@ int main(int argc, char** argv) {
   }
   setenv("PACER_LOG_LEVEL", "ERROR", 1);
   const auto t0 = std::chrono::steady_clock::now();
-  const double state_rate = StateUpdatesPerSecond();
+  const double state_rate = rpc_only ? 0 : StateUpdatesPerSecond();
   if (!json) std::cerr << "[1/4] state machine done\n";
-  const RpcFigures rpc = MeasureRpc(seconds);
+  const RpcFigures rpc = MeasureRpc(seconds, rounds);
   if (!json) std::cerr << "[2/4] gRPC pairs done\n";
+  if (rpc_only && !json) {
+    std::cout << std::fixed;
+    PrintRpcTable(rpc);
+    return 0;
+  }
   const std::string snap_dir = MakeTempDir(), nosnap_dir = MakeTempDir();
   WriteJournal(snap_dir, 1'000'000, 10'000);
   WriteJournal(nosnap_dir, 1'000'000, 0);
@@ -572,22 +629,7 @@ int main(int argc, char** argv) {
   }
   std::cout << std::fixed << std::setprecision(0);
   std::cout << "\nShardingState in process: " << state_rate << " updates/s\n\n";
-  std::cout << "Shards/s over gRPC on loopback (durable journal, fsync on); echo: pairs of calls/s\n"
-            << "  old: FetchShard + CompleteShard (two durable calls per shard)\n"
-            << "  new: CompleteShard that leases the next shard (one durable call per shard)\n";
-  std::cout << std::left << std::setw(9) << "clients" << std::setw(12) << "echo pairs"
-            << std::setw(12) << "old" << std::setw(12) << "new" << std::setw(9) << "new/old"
-            << std::setw(10) << "new/echo" << std::setw(10) << "old/echo"
-            << "fsyncs/1000 updates (old, new)\n";
-  for (int c : {1, 16, 256}) {
-    std::cout << std::setprecision(0) << std::setw(9) << c << std::setw(12) << rpc.echo.at(c)
-              << std::setw(12) << rpc.durable.at(c) << std::setw(12) << rpc.combined.at(c)
-              << std::setprecision(2) << std::setw(9) << rpc.combined.at(c) / rpc.durable.at(c)
-              << std::setw(10) << rpc.combined.at(c) / rpc.echo.at(c) << std::setw(10)
-              << rpc.durable.at(c) / rpc.echo.at(c) << std::setprecision(1)
-              << rpc.fsyncs_per_1000.at(c) << ", " << rpc.combined_fsyncs_per_1000.at(c) << "\n";
-  }
-  std::cout << std::setprecision(0);
+  PrintRpcTable(rpc);
   std::cout << std::setprecision(3);
   std::cout << "\nRecovery after 1 000 000 updates: " << rec_snap << " s with snapshots (every 10 000), "
             << rec_nosnap << " s without\n";
