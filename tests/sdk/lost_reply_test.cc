@@ -150,6 +150,16 @@ TEST_F(LostReplyTest, ACombinedCompletionRetriedGetsTheSameNextLease) {
   EXPECT_EQ(ds.records_done_current_epoch(), 10u);
   EXPECT_EQ((*w)->HeldLeases(), std::vector<uint64_t>{r->next().lease().lease_id()});
   EXPECT_GE((*w)->leasing_stats().retried_attempts, 2u);
+  // Near the end of a lease, a progress report leases the next shard in the same call.
+  const Lease b = r->next().lease();
+  auto p = (*w)->ReportProgressAndFetch(b, 8, "train");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->records_done(), 8u);
+  ASSERT_TRUE(p->has_next());
+  ASSERT_EQ(p->next().outcome(), FetchShardResponse::LEASED);
+  const std::vector<uint64_t> held{b.lease_id(), p->next().lease().lease_id()};
+  EXPECT_EQ((*w)->HeldLeases(), held);
+  EXPECT_EQ(Dataset().active_leases(), 2u);
 }
 
 // Issue 12, acceptance 3 (a): replies lost to a client deadline.
