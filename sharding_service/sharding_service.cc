@@ -42,9 +42,9 @@ ShardingServiceImpl::Metrics ShardingServiceImpl::MakeMetrics(MetricsRegistry* r
       r->Gauge("pacer_sharding_quarantined_ranges", "Poison ranges quarantined"),
       r->Gauge("pacer_sharding_quarantined_records",
                "Records quarantined as poison over every dataset (a hole in the data trained on)"),
-      r->Gauge("pacer_sharding_journal_fsyncs_total", "Journal write batches (one fsync each)"),
-      r->Gauge("pacer_sharding_journal_bytes_total", "Bytes written to the journal"),
-      r->Gauge("pacer_sharding_snapshots_total", "Snapshots written"),
+      r->Counter("pacer_sharding_journal_fsyncs_total", "Journal write batches (one fsync each)"),
+      r->Counter("pacer_sharding_journal_bytes_total", "Bytes written to the journal"),
+      r->Counter("pacer_sharding_snapshots_total", "Snapshots written"),
       r->Gauge("pacer_sharding_recovery_seconds", "Time the last start spent recovering state"),
   };
 }
@@ -200,9 +200,15 @@ void ShardingServiceImpl::UpdateGauges() {
   counted_done_ = done;
   counted_requeues_ = std::max(counted_requeues_, requeues);
   const JournalStats js = journal_->stats();
-  metrics_.journal_fsyncs.Set(static_cast<double>(js.batches));
-  metrics_.journal_bytes.Set(static_cast<double>(js.bytes));
-  metrics_.snapshots.Set(static_cast<double>(js.snapshots));
+  // Counters follow the journal's own totals (a counter never goes down: a journal reopened
+  // after a failure starts its totals again, and then only its new work is added).
+  auto follow = [](prometheus::Counter& c, uint64_t now, uint64_t& seen) {
+    c.Increment(static_cast<double>(now >= seen ? now - seen : now));
+    seen = now;
+  };
+  follow(metrics_.journal_fsyncs, js.batches, counted_journal_.batches);
+  follow(metrics_.journal_bytes, js.bytes, counted_journal_.bytes);
+  follow(metrics_.snapshots, js.snapshots, counted_journal_.snapshots);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -141,9 +141,9 @@ class ShardingServiceImpl {
     prometheus::Gauge& workers;
     prometheus::Gauge& quarantined_ranges;
     prometheus::Gauge& quarantined_records;
-    prometheus::Gauge& journal_fsyncs;
-    prometheus::Gauge& journal_bytes;
-    prometheus::Gauge& snapshots;
+    prometheus::Counter& journal_fsyncs;
+    prometheus::Counter& journal_bytes;
+    prometheus::Counter& snapshots;
     prometheus::Gauge& recovery_seconds;
   };
   static Metrics MakeMetrics(MetricsRegistry* registry);
@@ -162,6 +162,7 @@ class ShardingServiceImpl {
   std::map<std::string, std::vector<uint64_t>> cancelled_ ABSL_GUARDED_BY(mu_);
   uint64_t counted_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t counted_requeues_ ABSL_GUARDED_BY(mu_) = 0;
+  JournalStats counted_journal_ ABSL_GUARDED_BY(mu_);  // what the counters above already hold
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -234,9 +234,8 @@ absl::Status JobSimulation::Fetch(SimWorker& w) {
     w.retry_fetch_at = t_ + sc_.sim.report_interval_s;  // the SDK backs off until its next heartbeat
     return absl::OkStatus();
   }
-  Update u;
-  u.mutable_create_lease()->set_worker_id(w.id);
-  u.mutable_create_lease()->set_dataset(kDataset);
+  Update u;  // decided here, as the service decides (an update records the outcome)
+  *u.mutable_create_lease() = state_.DecideLease(*plan, w.id, kDataset, /*request_id=*/0);
   if (absl::Status s = Apply(u); !s.ok()) return s;
   const ShardingState::LeaseRec* l = state_.FindLease(state_.last_lease_id());
   w.lease = l->id;

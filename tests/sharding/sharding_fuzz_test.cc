@@ -57,10 +57,35 @@ Update RandomUpdate(std::mt19937_64& rng, const ShardingState& st) {
     }
     case 1: u.mutable_register_worker()->set_worker_id(rng() % 9 ? pick_worker() : ""); break;
     case 2:
-    case 3:
+      // A v2 update (decided again by the planner on apply).
       u.mutable_create_lease()->set_worker_id(pick_worker());
       u.mutable_create_lease()->set_dataset("d" + std::to_string(rng() % 4));
       break;
+    case 3: {
+      // A v3 update: the live decision, or one with an outcome mangled as a corrupt or foreign
+      // journal would carry it (refused, changes nothing).
+      const std::string worker = pick_worker(), dataset = "d" + std::to_string(rng() % 4);
+      auto plan = st.PlanFetch(worker, dataset);
+      if (plan.ok() && (plan->kind == FetchPlan::kLease || plan->kind == FetchPlan::kBackup)) {
+        *u.mutable_create_lease() = st.DecideLease(*plan, worker, dataset, rng() % 3);
+      } else {
+        u.mutable_create_lease()->set_worker_id(worker);
+        u.mutable_create_lease()->set_dataset(dataset);
+        u.mutable_create_lease()->set_decided(true);
+      }
+      if (rng() % 3 == 0) {
+        auto* c = u.mutable_create_lease();
+        switch (rng() % 6) {
+          case 0: c->set_lease_id(c->lease_id() + 1 + rng() % 3); break;
+          case 1: c->set_begin(big()); break;
+          case 2: c->set_end(big()); break;
+          case 3: c->set_epoch(c->epoch() + 1); break;
+          case 4: c->set_backup_of(pick_lease()); break;
+          default: c->set_opens_epoch(!c->opens_epoch()); break;
+        }
+      }
+      break;
+    }
     case 4:
       u.mutable_progress()->set_lease_id(pick_lease());
       u.mutable_progress()->set_records_done(big());

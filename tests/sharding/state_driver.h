@@ -56,8 +56,7 @@ class StateDriver {
     if (kind) *kind = plan->kind;
     if (plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) return std::nullopt;
     Update u;
-    u.mutable_create_lease()->set_worker_id(worker);
-    u.mutable_create_lease()->set_dataset(ds);
+    *u.mutable_create_lease() = state_.DecideLease(*plan, worker, ds, /*request_id=*/0);
     EXPECT_TRUE(Apply(u).ok());
     return *state_.FindLease(state_.last_lease_id());
   }
