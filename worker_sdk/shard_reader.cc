@@ -215,10 +215,11 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
     if (open_.empty() || open_.back().handed == open_.back().total) {
       if (TakeReady()) continue;
       std::unique_lock<std::mutex> l(q_mu_);
-      if (got == 0 && !starving_) {
-        // Nothing to return: every open lease is read to its end. Their completions (which
-        // would lease the next shards) wait for MarkConsumed, which a trainer reading ahead
-        // may not call first: let the prefetcher lease without them.
+      if (!starving_) {
+        // More is wanted and every open lease is read to its end. Their completions (which
+        // would lease the next shards) wait for MarkConsumed, which comes only after this
+        // batch — also when the batch is partly filled (a local batch larger than a shard, as
+        // batch plans make for fast workers): let the prefetcher lease without them.
         starving_ = true;
         q_cv_.notify_all();
       }

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <future>
 #include <set>
 
 #include "cmd/pacerd/pacerd.h"
@@ -123,6 +125,42 @@ TEST_F(SdkClientTest, UntilDataReturnsAShortBatchAtTheEndInsteadOfWaiting) {
   }
   EXPECT_EQ(total, 100u);
   EXPECT_EQ((*reader)->records_read(), 100u);
+}
+
+// Regression (the demo's mitigated run hung): a local batch larger than a shard — what a batch
+// plan gives a fast worker — spans several leases. The reader counted the leases it had read to
+// their end (not yet consumed: MarkConsumed comes after the batch) against its lease budget, so a
+// half-filled batch waited for a prefetch that never started. Each Next must return.
+TEST_F(SdkClientTest, ABatchLargerThanAShardIsFilledAcrossLeasesInLockstep) {
+  StartPacerd();
+  auto client = Connect("w0");
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->sharding().RegisterDataset(Spec(1'000, 30, 1)).ok());
+  auto reader = ShardReader::Create(client.get(), ShardReaderOptions{});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::set<uint64_t> seen;
+  uint64_t total = 0;
+  for (int calls = 0; calls < 1000; ++calls) {
+    std::vector<uint64_t> ids;
+    auto next = std::async(std::launch::async, [&] {
+      return (*reader)->Next(100, &ids, ShardReader::Blocking::kUntilPrefetched);
+    });
+    if (next.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      // The reader has no way to interrupt a blocked Next: fail now rather than hang in the
+      // future's destructor until ctest's timeout.
+      std::fprintf(stderr, "FAILED: Next(100) with 30-record shards hung after %llu records\n",
+                   static_cast<unsigned long long>(total));
+      std::_Exit(1);
+    }
+    auto got = next.get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (uint64_t id : ids) EXPECT_TRUE(seen.insert(id).second) << "record " << id << " twice";
+    total += ids.size();
+    (*reader)->MarkConsumed();
+    if (*got == ShardReader::Outcome::kEndOfData) break;
+  }
+  EXPECT_EQ(total, 1'000u);
+  EXPECT_EQ(seen.size(), 1'000u);
 }
 
 TEST_F(SdkClientTest, BatchPlanCommandsArriveOnHeartbeatsAndSwitchAtTheEffectiveStep) {
