@@ -124,6 +124,11 @@ class Journal {
 
   // Queues `update` (whose seq must be the previous append's + 1).
   virtual void Append(const Update& update) = 0;
+  // Queues consecutive updates at once, so that they are durable in one group: the updates of
+  // one request (a completion and the next lease) cost one fsync, not two.
+  virtual void AppendAll(const std::vector<Update>& updates) {
+    for (const Update& u : updates) Append(u);
+  }
   // Queues a snapshot; it is written after every update appended before it, with the pinned
   // entries it refers to (every one: those not listed are deleted with it).
   virtual void WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) = 0;

@@ -36,6 +36,7 @@ absl::Status ShardingServiceImpl::RecoverJournal() {
   state_.TakeCancelledLeases();  // history: nobody to notify
   last_snapshot_seq_ = state_.last_seq() - replayed;
   cancelled_.clear();  // may name leases whose ending was never written
+  pending_.clear();    // (empty: every request appends before it lets go of mu_)
   const int64_t now = clock_->NowMs();
   for (const auto& [id, w] : state_.workers()) last_seen_ms_[id] = now;  // a grace, as at a restart
   UpdateGauges();

@@ -470,6 +470,21 @@ void RocksJournal::Append(const Update& update) {
   cv_.notify_one();
 }
 
+void RocksJournal::AppendAll(const std::vector<Update>& updates) {
+  std::vector<std::string> bytes;
+  bytes.reserve(updates.size());
+  for (const Update& u : updates) bytes.push_back(u.SerializeAsString());
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    PACER_CHECK(updates[i].seq() == last_seq_ + 1)
+        << "journal append out of order: " << updates[i].seq() << " after " << last_seq_;
+    last_seq_ = updates[i].seq();
+    queue_.push_back(Entry{updates[i].seq(), std::move(bytes[i]), nullptr, {}});
+    stats_.appends++;
+  }
+  if (!updates.empty()) cv_.notify_one();  // one wake-up: the writer takes them as one group
+}
+
 void RocksJournal::WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) {
   // Serialized by the writer: the caller (the service, under its lock) only moves it here.
   auto snap = std::make_shared<ShardingSnapshot>(std::move(snapshot));

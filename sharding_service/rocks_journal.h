@@ -72,6 +72,7 @@ class RocksJournal final : public Journal {
   using Journal::Recover;
   using Journal::WriteSnapshot;
   void Append(const Update& update) override;
+  void AppendAll(const std::vector<Update>& updates) override;
   void WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) override;
   void WhenDurable(uint64_t seq, Done done) override;
   absl::Status Flush() override;

@@ -130,11 +130,12 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
                      << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
     return absl::InternalError(absl::StrCat("internal error: ", s.message()));
   }
-  journal_->Append(update);
+  pending_.push_back(update);  // appended when the request lets go of mu_ (AppendPending)
   stats_.updates++;
   metrics_.updates.Increment();
   DrainCancelled();
   if (update.seq() - last_snapshot_seq_ >= options_.snapshot_every) {
+    AppendPending();  // the snapshot follows the updates it holds
     // Specs apart: the snapshot holds the dynamic state and names each spec; the specs are
     // shared, never copied, and the journal writes each once (a pinned entry). Serializing
     // happens on the journal's writer, not under mu_.
@@ -148,12 +149,21 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   return update.seq();
 }
 
+void ShardingServiceImpl::AppendPending() {
+  if (pending_.empty()) return;
+  journal_->AppendAll(pending_);
+  pending_.clear();
+}
+
 void ShardingServiceImpl::Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
                                 const std::function<void()>& on_success) {
   absl::StatusOr<uint64_t> seq;
   {
     absl::MutexLock l(&mu_);
     seq = body();
+    // Every update the request made goes to the journal together (one group commit), also
+    // when a later step of the request failed: what was applied must be written.
+    AppendPending();
   }
   if (seq.ok() && on_success) on_success();
   Reply(std::move(seq), std::move(done));
@@ -332,6 +342,21 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
   return s;
 }
 
+uint64_t ShardingServiceImpl::FetchNext(uint64_t reported_seq, const std::string& worker,
+                                        uint64_t incarnation, const std::string& dataset,
+                                        uint64_t request_id, FetchShardResponse* next) {
+  absl::StatusOr<uint64_t> s = DoFetch(worker, incarnation, dataset, request_id, next);
+  if (s.ok()) return std::max(reported_seq, *s);
+  // The report was counted: say so (the call succeeds) and answer the lease part with WAIT and
+  // the reason, so that a client fetching on its own meets the error itself — a failed call
+  // would read as "not counted".
+  next->Clear();
+  next->set_outcome(FetchShardResponse::WAIT);
+  next->set_retry_after_ms(0);
+  next->set_reason("no next lease: " + s.status().ToString());
+  return reported_seq;
+}
+
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
                                      Done done) {
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
@@ -398,8 +423,8 @@ void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressRes
     ASSIGN_OR_RETURN(uint64_t s, DoProgress(req, resp));
     if (req.next_dataset().empty()) return s;
     // The next lease in the same durable commit: its seq is later, so waiting for it covers both.
-    return DoFetch(req.worker_id(), req.incarnation(), req.next_dataset(), req.next_request_id(),
-                   resp->mutable_next());
+    return FetchNext(s, req.worker_id(), req.incarnation(), req.next_dataset(),
+                     req.next_request_id(), resp->mutable_next());
   });
 }
 
@@ -425,8 +450,8 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
     if (!completed.ok() || req.next_dataset().empty()) return completed;
     // One durable call per shard: the next lease is committed right after the completion, in
     // the same group commit, and the reply waits for the later of the two.
-    return DoFetch(req.worker_id(), req.incarnation(), req.next_dataset(), req.next_request_id(),
-                   resp->mutable_next());
+    return FetchNext(*completed, req.worker_id(), req.incarnation(), req.next_dataset(),
+                     req.next_request_id(), resp->mutable_next());
   });
 }
 
@@ -653,6 +678,7 @@ int ShardingServiceImpl::ExpireOverdue() {
       PACER_LOG(WARNING) << "worker '" << id << "' lost: silent for " << silent << " ms";
     }
   }
+  AppendPending();
   if (expired > 0) PACER_LOG(INFO) << "expired " << expired << " leases";
   UpdateGauges();  // gauges are refreshed on this periodic tick, not on every request
   return expired;

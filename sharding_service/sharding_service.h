@@ -104,6 +104,8 @@ class ShardingServiceImpl {
   // Applies `update` (stamped with seq and time) and queues it. Returns the seq to wait for.
   absl::StatusOr<uint64_t> Commit(Update update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the updates Commit() applied during this request to the journal, in one append.
+  void AppendPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainCancelled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shape of every request: runs `body` under mu_ (validate, Commit), then `on_success`
@@ -118,6 +120,11 @@ class ShardingServiceImpl {
   absl::StatusOr<uint64_t> DoFetch(const std::string& worker, uint64_t incarnation,
                                    const std::string& dataset, uint64_t request_id,
                                    FetchShardResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next-lease part of a combined call: DoFetch, whose failure becomes WAIT with the
+  // reason (the report it rides on was counted). Returns the seq to wait for.
+  uint64_t FetchNext(uint64_t reported_seq, const std::string& worker, uint64_t incarnation,
+                     const std::string& dataset, uint64_t request_id, FetchShardResponse* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The truthful answer to a report on a lease that is no longer active (see the .cc).
   absl::StatusOr<uint64_t> AnswerEnded(const std::string& worker, uint64_t lease_id,
                                        uint64_t records_done, bool completing,
@@ -157,6 +164,7 @@ class ShardingServiceImpl {
 
   mutable absl::Mutex mu_;
   ShardingState state_ ABSL_GUARDED_BY(mu_);
+  std::vector<Update> pending_ ABSL_GUARDED_BY(mu_);  // applied, not yet handed to the journal
   uint64_t last_snapshot_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> last_seen_ms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<uint64_t>> cancelled_ ABSL_GUARDED_BY(mu_);

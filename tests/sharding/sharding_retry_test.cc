@@ -266,9 +266,14 @@ TEST_F(ShardingRetryTest, CompleteAndFetchNextIsOneIdempotentCall) {
   Lease l = Fetch("w", inc, 1).lease();
   uint64_t request = 1;
   std::set<uint64_t> begins{l.begin()};
+  const uint64_t batches_before = svc_->stats().journal.batches;
+  uint64_t calls = 0;
   for (;;) {
     CompleteShardResponse resp;
     ASSERT_TRUE(Complete("w", inc, l, &resp, ++request).ok());
+    ++calls;
+    // The completion and the next lease went to the journal as one group (one fsync).
+    EXPECT_EQ(svc_->stats().journal.batches - batches_before, calls);
     CompleteShardResponse retried;
     ASSERT_TRUE(Complete("w", inc, l, &retried, request).ok());
     EXPECT_EQ(retried.next().lease().lease_id(), resp.next().lease().lease_id());
