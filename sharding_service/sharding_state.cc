@@ -175,7 +175,6 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
     for (auto eit = w.ended.begin(); eit != w.ended.end();) {
       eit = eit->second.incarnation() < previous ? w.ended.erase(eit) : std::next(eit);
     }
-    std::erase_if(w.stream_ended, [&](uint64_t id) { return w.ended.count(id) == 0; });
   }
   w.node = u.node();
   w.incarnation = next_incarnation_++;
@@ -383,17 +382,11 @@ void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) 
   e.set_begin(lease.begin);
   e.set_end(lease.end);
   e.set_incarnation(lease.incarnation);
-  w.ended[lease.id] = std::move(e);
-  auto dit = datasets_.find(lease.dataset);
-  if (dit != datasets_.end() && dit->second.is_stream()) {
-    // A stream's epoch never closes: keep its last kMaxEndedPerStreamWorker per worker.
-    // The smallest ids go first (not the first ended), so a replay forgets the same ones.
-    w.stream_ended.insert(lease.id);
-    while (w.stream_ended.size() > kMaxEndedPerStreamWorker) {
-      w.ended.erase(*w.stream_ended.begin());
-      w.stream_ended.erase(w.stream_ended.begin());
-    }
-  }
+  w.ended.emplace(lease.id, std::move(e));
+  // At most kMaxEndedPerWorker per worker (a stream's epoch never closes, and one epoch of a
+  // huge dataset holds millions of leases). The smallest ids go first — not the first ended —
+  // so a replay forgets exactly the same ones.
+  while (w.ended.size() > kMaxEndedPerWorker) w.ended.erase(w.ended.begin());
 }
 
 void ShardingState::ForgetOldEnded(const Dataset& ds) {

@@ -17,8 +17,9 @@
 // Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
 // truthful retries), independent of the number of records: pending work is ranges, never one
 // object per shard. Ended leases are kept per worker for the dataset's open epochs and the epoch
-// just before them (so at most ~2 epochs' worth of leases), and at most kMaxEndedPerStreamWorker
-// per worker for a stream, whose single epoch never closes.
+// just before them, and at most kMaxEndedPerWorker (4 096) per worker, the newest: so at most
+// min(~2 epochs of leases, 4 096 x workers) EndedLease records of ~100 bytes (a stream's single
+// epoch never closes; one epoch of a huge dataset holds millions of leases).
 //
 // Journal formats (what an Update means):
 //  * v3 (this code): CreateLeaseUpdate carries the decided outcome (`decided`: ids, range,
@@ -58,7 +59,7 @@ inline constexpr size_t kMaxWorkerIdLength = 256;
 inline constexpr uint32_t kDefaultMaxAttempts = 3;
 inline constexpr uint32_t kDefaultMaxLeasesPerWorker = 4;  // per worker and dataset
 inline constexpr size_t kMaxOpenEpochs = 2;                // without a barrier
-inline constexpr size_t kMaxEndedPerStreamWorker = 1024;   // ended leases kept per stream worker
+inline constexpr size_t kMaxEndedPerWorker = 4096;  // ended leases kept per worker, at most
 inline constexpr size_t kMaxCheckpoints = 64;
 inline constexpr uint64_t kDefaultShardSize = 1024;
 // Quotas a client can reach (RESOURCE_EXHAUSTED), so no client can make the state unbounded.
@@ -141,7 +142,6 @@ class ShardingState {
     bool lost = false;
     std::set<uint64_t> leases;
     std::map<uint64_t, EndedLease> ended;  // by lease id; see "Memory" above
-    std::set<uint64_t> stream_ended;  // ids in `ended` of stream leases (the smallest go first)
   };
 
   ShardingState() = default;

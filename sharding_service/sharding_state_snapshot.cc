@@ -232,13 +232,6 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
     st.leases_.emplace(l.id, std::move(l));
   }
   for (const auto& cp : snap.checkpoints()) st.checkpoints_[cp.tag()] = cp;
-  // Which remembered leases are stream leases (kept to a bound).
-  for (auto& [id, w] : st.workers_) {
-    for (const auto& [lease_id, e] : w.ended) {
-      auto dit = st.datasets_.find(e.dataset());
-      if (dit != st.datasets_.end() && dit->second.is_stream()) w.stream_ended.insert(lease_id);
-    }
-  }
   return st;
 }
 

@@ -33,11 +33,13 @@ std::string ShardingState::ExplainUnknownLease(const std::string& worker,
   if (lease_id == 0 || lease_id >= next_lease_id_) {
     return absl::StrCat("lease ", lease_id, " was never granted");
   }
-  // Ended leases are kept for the open epochs and the one before; anything older (or another
-  // worker's lease) is not known to this worker any more, so whether it was counted is unknown.
+  // Ended leases are kept for the open epochs and the one before, the newest kMaxEndedPerWorker
+  // of each worker; anything older (or another worker's lease) is not known to this worker any
+  // more, so whether it was counted is unknown.
   return absl::StrCat("lease ", lease_id, " is not an active or remembered lease of worker '",
-                      worker, "' (leases of epochs finished before the previous one are "
-                      "forgotten); its outcome is unknown");
+                      worker, "' (a worker's leases of epochs finished before the previous one, "
+                      "and all but its newest ", kMaxEndedPerWorker,
+                      ", are forgotten); its outcome is unknown");
 }
 
 Lease ShardingState::DescribeLease(const LeaseRec& l) const {

@@ -234,6 +234,27 @@ TEST_F(ShardingRetryTest, LateRetriesAreAnsweredTruthfully) {
   EXPECT_EQ(Complete("w", inc, bogus).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// What a worker's retries are answered from is bounded: at most kMaxEndedPerWorker ended leases
+// per worker even within one huge epoch; a forgotten one is answered "unknown", never OK.
+TEST_F(ShardingRetryTest, RememberedLeasesAreBoundedAndForgottenOnesAreNotAnsweredOk) {
+  Open();
+  Dataset(1'000'000, 10);
+  const uint64_t inc = Register("w");
+  std::vector<Lease> leases;
+  for (size_t i = 0; i < kMaxEndedPerWorker + 100; ++i) {
+    leases.push_back(Fetch("w", inc).lease());
+    ASSERT_TRUE(Complete("w", inc, leases.back()).ok());
+  }
+  const auto snap = svc_->SnapshotForTest();
+  ASSERT_EQ(snap.workers_size(), 1);
+  EXPECT_EQ(snap.workers(0).recent_ended_size(), static_cast<int>(kMaxEndedPerWorker));
+  const absl::Status oldest = Complete("w", inc, leases.front());
+  EXPECT_EQ(oldest.code(), absl::StatusCode::kFailedPrecondition) << oldest;
+  EXPECT_NE(oldest.message().find("outcome is unknown"), std::string::npos) << oldest;
+  EXPECT_TRUE(Complete("w", inc, leases[leases.size() - kMaxEndedPerWorker]).ok());
+  Reopen();
+}
+
 // A restarted worker learns the final prefix of every lease of its last incarnation, not only
 // the last 8.
 TEST_F(ShardingRetryTest, ReRegistrationListsEveryLeaseOfThePreviousIncarnation) {
