@@ -15,22 +15,11 @@ absl::Status ShardingServiceImpl::RecoverJournal() {
   // Under mu_ nothing is appended, so the journal can drop its queue and reopen. What the
   // memory holds beyond the durable seq was applied but never acknowledged: rebuilt by replay,
   // exactly as at a restart.
-  ShardingState state;
-  ShardingState::SpecsByKey specs;  // the journal's pinned entries (format 4 snapshots)
-  uint64_t replayed = 0;
-  absl::Status s = journal_->Recover(
-      [&](const ShardingSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
-        return absl::OkStatus();
-      },
-      [&](const Update& u) {
-        ++replayed;
-        return state.Apply(u);
-      },
-      [&](const std::string& key, const std::string& bytes) {
-        return ShardingState::AddPinnedSpec(key, bytes, &specs);
-      });
+  StateReplay replay;
+  absl::Status s = journal_->Recover(replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
   if (!s.ok()) return s;
+  ShardingState& state = replay.state;
+  const uint64_t replayed = replay.replayed;
   const uint64_t dropped = state_.last_seq() - std::min(state_.last_seq(), state.last_seq());
   state_ = std::move(state);
   state_.TakeCancelledLeases();  // history: nobody to notify

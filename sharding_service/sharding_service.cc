@@ -72,33 +72,19 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::unique_ptr<ShardingServiceImpl> svc(new ShardingServiceImpl(options, clock, metrics));
   Stopwatch watch(RealClock::Get());
-  ShardingState state;
-  ShardingState::SpecsByKey specs;  // the journal's pinned entries (format 4 snapshots)
-  uint64_t replayed = 0;
+  StateReplay replay;
   JournalOptions jo = options.journal;
   jo.dir = options.data_dir;
   jo.sync = options.sync;
-  auto journal = Journal::Open(
-      jo,
-      [&](const ShardingSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
-        return absl::OkStatus();
-      },
-      [&](const Update& u) {
-        ++replayed;
-        return state.Apply(u);
-      },
-      [&](const std::string& key, const std::string& bytes) {
-        return ShardingState::AddPinnedSpec(key, bytes, &specs);
-      });
+  auto journal = Journal::Open(jo, replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
   if (!journal.ok()) return journal.status();
   svc->journal_ = std::move(*journal);
   absl::MutexLock l(&svc->mu_);
-  svc->state_ = std::move(state);
+  svc->state_ = std::move(replay.state);
   svc->state_.TakeCancelledLeases();  // history: nobody to notify
-  svc->last_snapshot_seq_ = svc->state_.last_seq() - replayed;
+  svc->last_snapshot_seq_ = svc->state_.last_seq() - replay.replayed;
   svc->stats_.recovery_seconds = watch.ElapsedSeconds();
-  svc->stats_.recovered_updates = replayed;
+  svc->stats_.recovered_updates = replay.replayed;
   svc->metrics_.recovery_seconds.Set(svc->stats_.recovery_seconds);
   const int64_t now = clock->NowMs();
   for (const auto& [id, w] : svc->state_.workers()) svc->last_seen_ms_[id] = now;  // grace
@@ -110,10 +96,30 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   if (svc->state_.last_seq() > 0) {
     PACER_LOG(INFO) << "sharding: recovered " << svc->state_.datasets().size() << " datasets, "
                     << svc->state_.leases().size() << " leases at seq " << svc->state_.last_seq()
-                    << " (" << replayed << " updates replayed) in "
+                    << " (" << replay.replayed << " updates replayed) in "
                     << svc->stats_.recovery_seconds << " s";
   }
   return svc;
+}
+
+Journal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
+  return [this](const ShardingSnapshot& snap) -> absl::Status {
+    ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
+    return absl::OkStatus();
+  };
+}
+
+Journal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
+  return [this](const Update& u) {
+    ++replayed;
+    return state.Apply(u);
+  };
+}
+
+Journal::PinnedFn ShardingServiceImpl::StateReplay::OnPinned() {
+  return [this](const std::string& key, const std::string& bytes) {
+    return ShardingState::AddPinnedSpec(key, bytes, &specs);
+  };
 }
 
 absl::Status ShardingServiceImpl::Ready() const {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -101,6 +102,16 @@ class ShardingServiceImpl {
  private:
   ShardingServiceImpl(const ShardingServiceOptions& options, const Clock* clock,
                       MetricsRegistry* metrics);
+  // Rebuilds a state from what a journal replays (pinned specs, the snapshot, the updates
+  // after it): at Open and at RecoverJournal.
+  struct StateReplay {
+    ShardingState state;
+    ShardingState::SpecsByKey specs;
+    uint64_t replayed = 0;
+    Journal::SnapshotFn OnSnapshot();
+    Journal::UpdateFn OnUpdate();
+    Journal::PinnedFn OnPinned();
+  };
   // Applies `update` (stamped with seq and time) and queues it. Returns the seq to wait for.
   absl::StatusOr<uint64_t> Commit(Update update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,5 +184,17 @@ class ShardingServiceImpl {
   JournalStats counted_journal_ ABSL_GUARDED_BY(mu_);  // what the counters above already hold
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
 };
+
+// Runs one service method and waits for its reply: for in-process callers (tests, benchmarks)
+// that want the synchronous form of the callback API.
+template <typename Req, typename Resp>
+absl::Status CallAndWait(ShardingServiceImpl& svc,
+                         void (ShardingServiceImpl::*method)(const Req&, Resp*,
+                                                             ShardingServiceImpl::Done),
+                         const Req& req, Resp* resp) {
+  std::promise<absl::Status> replied;
+  (svc.*method)(req, resp, [&](absl::Status s) { replied.set_value(std::move(s)); });
+  return replied.get_future().get();
+}
 
 }  // namespace pacer

@@ -181,6 +181,10 @@ void pacer_reader_resume(pacer_reader* reader) {
   if (reader != nullptr) reader->reader->Resume();
 }
 
+uint64_t pacer_reader_records_quarantined(const pacer_reader* reader) {
+  return reader != nullptr ? reader->reader->records_quarantined() : 0;
+}
+
 int pacer_reader_holding_off(const pacer_reader* reader) {
   return reader != nullptr && reader->reader->holding_off() ? 1 : 0;
 }

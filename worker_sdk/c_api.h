@@ -114,6 +114,9 @@ pacer_code pacer_reader_release_all(pacer_reader* reader, int64_t timeout_ms, in
 void pacer_reader_resume(pacer_reader* reader);
 /* 1 between pacer_reader_release_all and pacer_reader_resume, else 0 (also for NULL). */
 int pacer_reader_holding_off(const pacer_reader* reader);
+/* After PACER_END_OF_DATA: records of the dataset quarantined as poison (on_poison: continue),
+ * never trained on; 0 when the data ended without a hole (also for NULL). */
+uint64_t pacer_reader_records_quarantined(const pacer_reader* reader);
 
 /* ---- step timer ---- */
 pacer_code pacer_step_timer_create(pacer_client* client, pacer_step_timer** out, pacer_error* err);

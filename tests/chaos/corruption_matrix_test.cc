@@ -24,14 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-template <typename Req, typename Resp>
-absl::Status Call(ShardingServiceImpl& svc,
-                  void (ShardingServiceImpl::*method)(const Req&, Resp*, ShardingServiceImpl::Done),
-                  const Req& req, Resp* resp) {
-  std::promise<absl::Status> p;
-  (svc.*method)(req, resp, [&](absl::Status s) { p.set_value(s); });
-  return p.get_future().get();
-}
+constexpr auto Call = [](auto&&... a) { return CallAndWait(a...); };
 
 constexpr char kMarker[] = "corruption-matrix marker";
 

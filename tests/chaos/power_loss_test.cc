@@ -36,14 +36,7 @@ constexpr uint32_t kEpochs = 2;
 constexpr int kConsumers = 4;
 constexpr int kMinCycles = 50;
 
-template <typename Req, typename Resp>
-absl::Status Call(ShardingServiceImpl& svc,
-                  void (ShardingServiceImpl::*method)(const Req&, Resp*, ShardingServiceImpl::Done),
-                  const Req& req, Resp* resp) {
-  std::promise<absl::Status> p;
-  (svc.*method)(req, resp, [&](absl::Status s) { p.set_value(s); });
-  return p.get_future().get();
-}
+constexpr auto Call = [](auto&&... a) { return CallAndWait(a...); };
 
 // What the consumers were told, shared by all of them.
 class Ledger {

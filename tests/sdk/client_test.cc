@@ -163,6 +163,32 @@ TEST_F(SdkClientTest, ABatchLargerThanAShardIsFilledAcrossLeasesInLockstep) {
   EXPECT_EQ(seen.size(), 1'000u);
 }
 
+// With on_poison: continue the data ends with a hole, and the reader says so at its end.
+TEST_F(SdkClientTest, TheReaderReportsAPoisonHoleAtTheEndOfData) {
+  StartPacerd();
+  auto client = Connect("w0");
+  ASSERT_TRUE(client);
+  DatasetSpec spec = Spec(200, 20, 1);
+  spec.set_max_attempts(1);  // the first failure quarantines (one batch: batch_size 1)
+  ASSERT_TRUE(client->sharding().RegisterDataset(spec).ok());
+  auto first = client->sharding().Fetch("train");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(client->sharding().Release(first->lease(), 5, /*failed=*/true, "decode error").ok());
+  auto reader = ShardReader::Create(client.get(), ShardReaderOptions{});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  uint64_t total = 5;  // the failed lease's done prefix
+  for (int calls = 0; calls < 1000; ++calls) {
+    std::vector<uint64_t> ids;
+    auto got = (*reader)->Next(64, &ids, ShardReader::Blocking::kUntilData);
+    ASSERT_TRUE(got.ok()) << got.status();
+    total += ids.size();
+    (*reader)->MarkConsumed();
+    if (*got == ShardReader::Outcome::kEndOfData) break;
+  }
+  EXPECT_EQ(total, 199u);
+  EXPECT_EQ((*reader)->records_quarantined(), 1u);
+}
+
 TEST_F(SdkClientTest, BatchPlanCommandsArriveOnHeartbeatsAndSwitchAtTheEffectiveStep) {
   StartPacerd();
   std::atomic<int> hooked{0};

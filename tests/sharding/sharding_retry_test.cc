@@ -37,13 +37,9 @@ class ShardingRetryTest : public ::testing::Test {
         << "replay differs from the live state";
   }
   // Calls one service method synchronously.
-  template <typename Req, typename Resp>
-  absl::Status Call(void (ShardingServiceImpl::*method)(const Req&, Resp*,
-                                                         ShardingServiceImpl::Done),
-                    const Req& req, Resp* resp) {
-    std::promise<absl::Status> p;
-    (svc_.get()->*method)(req, resp, [&](absl::Status s) { p.set_value(s); });
-    return p.get_future().get();
+  template <typename Method, typename Req, typename Resp>
+  absl::Status Call(Method method, const Req& req, Resp* resp) {
+    return CallAndWait(*svc_, method, req, resp);
   }
   uint64_t Register(const std::string& worker) {
     RegisterWorkerRequest req;

@@ -143,14 +143,7 @@ TEST(SnapshotFormatTest, ADatasetDescribedWithoutFilesKeepsEveryOtherFieldOfItsS
   EXPECT_TRUE(without.spec().has_files());
 }
 
-template <typename Req, typename Resp>
-absl::Status Call(ShardingServiceImpl& svc,
-                  void (ShardingServiceImpl::*method)(const Req&, Resp*, ShardingServiceImpl::Done),
-                  const Req& req, Resp* resp) {
-  std::promise<absl::Status> p;
-  (svc.*method)(req, resp, [&](absl::Status s) { p.set_value(s); });
-  return p.get_future().get();
-}
+constexpr auto Call = [](auto&&... a) { return CallAndWait(a...); };
 
 TEST(SnapshotFormatTest, ThroughTheServiceEachSpecIsWrittenOnceAndARestartRebuildsTheSameState) {
   testing::TempDir dir;

@@ -473,6 +473,10 @@ PYBIND11_MODULE(_pacer, m) {
       .def_property_readonly("holding_off", [](PyShardReader& r) { return r.get().holding_off(); },
                              "True between release_all() and resume().")
       .def_property_readonly("records_read", [](PyShardReader& r) { return r.get().records_read(); })
+      .def_property_readonly(
+          "records_quarantined", [](PyShardReader& r) { return r.get().records_quarantined(); },
+          "After END_OF_DATA: records quarantined as poison (on_poison: continue) and never "
+          "trained on; 0 when the data ended without a hole.")
       .def_property_readonly("leases_read", [](PyShardReader& r) { return r.get().leases_read(); })
       .def("records",
            [](PyShardReader& r, size_t chunk, bool mark_consumed) {
