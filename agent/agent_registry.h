@@ -1,4 +1,4 @@
-// AgentRegistry: pacerd's side of the node agents (DESIGN.md §5), the service layer behind the
+// AgentRegistry: pacerd's side of the node agents (docs/design.md §5), the service layer behind the
 // thin gRPC adapter (grpc_agent_service.h).
 //
 // Owns, in memory: every agent incarnation that has sent a heartbeat, the worker processes each

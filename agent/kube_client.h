@@ -1,4 +1,4 @@
-// KubeClient: the agent's one call to the Kubernetes API, "delete my own pod" (DESIGN.md §5,
+// KubeClient: the agent's one call to the Kubernetes API, "delete my own pod" (docs/design.md §5,
 // Kubernetes mode of the migrate command), plus the in-cluster configuration it needs.
 //
 // Configuration (ResolveKubeClientOptions), each item from the first source that has it:

@@ -1,4 +1,4 @@
-// pacer-agent: the node agent (DESIGN.md §5). Launches and supervises the worker processes of
+// pacer-agent: the node agent (docs/design.md §5). Launches and supervises the worker processes of
 // one node, reports node metrics and worker states to pacerd, and carries out its commands.
 //
 //   pacer-agent --addr HOST:PORT --token-file F --node N --workers 2 -- python train.py

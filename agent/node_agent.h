@@ -1,4 +1,4 @@
-// NodeAgent: the body of `pacer-agent` (DESIGN.md §5). One Boost.Asio event loop, run by the
+// NodeAgent: the body of `pacer-agent` (docs/design.md §5). One Boost.Asio event loop, run by the
 // thread that calls Run(), owns all of the agent's state: the WorkerSupervisor (worker
 // processes), the NodeMetricsCollector, the ContentionInjector, the outboxes of exits and
 // command acks, and the heartbeat to pacerd. The only other threads are gRPC's: a heartbeat's

@@ -1,4 +1,4 @@
-// Authentication and roles for every Pacer RPC (DESIGN.md §8).
+// Authentication and roles for every Pacer RPC (docs/design.md §8).
 //
 // A job has two secrets: the job token (workers and agents) and the admin token (pacerctl and
 // the controller's operators). Clients send `authorization: Bearer <token>` metadata; servers

@@ -1,4 +1,4 @@
-// Time for Pacer: every component reads time through an injected Clock (STYLE.md §5).
+// Time for Pacer: every component reads time through an injected Clock (docs/style.md §5).
 //
 // RealClock is the only place that reads the system clock. SimulatedClock advances only when
 // told, so tests and the simulator run the real components on a logical timeline.

@@ -1,4 +1,4 @@
-// Command-line parsing on boost::program_options with Pacer's conventions (DESIGN.md §9):
+// Command-line parsing on boost::program_options with Pacer's conventions (docs/design.md §9):
 // every binary prints --help, and exits 2 with a one-line reason on a bad flag.
 #pragma once
 

@@ -3,7 +3,7 @@
 // Lines look like `I1130 10:41:17.123 pacerd sharding_service.cc:120] text`. The level comes
 // from PACER_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR; default INFO). Each line is written with
 // one write(2), so lines from threads do not interleave. FATAL logs and aborts: use it only for
-// broken invariants (STYLE.md §3).
+// broken invariants (docs/style.md §3).
 #pragma once
 
 #include <sstream>

@@ -1,7 +1,7 @@
 // Metrics: a prometheus-cpp registry per process, optionally served on /metrics.
 //
 // Components declare their metrics once (a struct of references built from this registry) and
-// update them lock-free. Names follow `pacer_<component>_<what>_<unit>` (DESIGN.md §9).
+// update them lock-free. Names follow `pacer_<component>_<what>_<unit>` (docs/design.md §9).
 // Thread-safe: prometheus-cpp metrics are atomic; the registry is shared.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Status helpers on absl::Status, shared by every Pacer module.
 //
 // Pacer reports errors as absl::Status / absl::StatusOr across module boundaries, never as
-// exceptions (see STYLE.md §3). Codes carry meaning:
+// exceptions (see docs/style.md §3). Codes carry meaning:
 //   UNAVAILABLE          transient; the caller retries with backoff
 //   FAILED_PRECONDITION  stale fencing token, lease ended, wrong state; retrying the same call is useless
 //   INVALID_ARGUMENT     malformed input; names the field

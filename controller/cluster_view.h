@@ -4,7 +4,7 @@
 // a snapshot, built by whoever drives the controller (pacerd from the monitor, the simulator
 // from its model, tests by hand) and passed by const reference; the controller keeps no
 // pointer into it. Time is a field (`now_ms`), so a decision is a pure function of
-// (view, history, policy) and replays exactly (STYLE.md §5).
+// (view, history, policy) and replays exactly (docs/style.md §5).
 //
 // Units: speeds in samples per compute-second, times in seconds unless the name says _ms.
 // Plain structs, no invariants enforced here; ValidateClusterView() checks the ones the

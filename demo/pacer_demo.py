@@ -514,7 +514,7 @@ class Run:
         def sync_seconds(start):
             # The all-reduce itself: in each window, the worker that reached the collective last
             # waited for nobody, so its communication time is the collective's cost (the sync
-            # cost of the balanced bound in the simulator's sense, DESIGN.md §7).
+            # cost of the balanced bound in the simulator's sense, docs/design.md §7).
             win = [s for i, s in enumerate(self.samples)
                    if start is not None and s["t"] >= start and i <= end_i and s["workers"]]
             per = [min(w["comm_s"] for w in s["workers"].values()) for s in win]

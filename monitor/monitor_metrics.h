@@ -1,4 +1,4 @@
-// MonitorMetrics: the monitor's Prometheus series, declared once (DESIGN.md §9 naming):
+// MonitorMetrics: the monitor's Prometheus series, declared once (docs/design.md §9 naming):
 //
 //   pacer_monitor_reports_accepted_total                 counter
 //   pacer_monitor_reports_rejected_total{reason}         counter (repairs use clamped_* reasons)

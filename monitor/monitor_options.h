@@ -1,6 +1,6 @@
 // MonitorOptions: every threshold and window of the monitor, as plain data.
 //
-// A policy file (controller, DESIGN.md §4) fills this struct; the defaults are the tuned values
+// A policy file (controller, docs/design.md §4) fills this struct; the defaults are the tuned values
 // the bench (bench/monitor_bench.cc) measures against. Validate() checks ranges and
 // relations and names the offending field; the monitor refuses options that fail it.
 #pragma once

@@ -1,4 +1,4 @@
-// MonitorServiceImpl: the service layer of the monitor (DESIGN.md §3), between the thin gRPC
+// MonitorServiceImpl: the service layer of the monitor (docs/design.md §3), between the thin gRPC
 // adapter (grpc_monitor_service.h) and the pure MonitorState.
 //
 // Each call: closes the windows that have ended (so a report lands in the right window and

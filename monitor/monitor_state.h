@@ -1,4 +1,4 @@
-// MonitorState: everything the monitor knows, driven by an injected Clock (DESIGN.md §3).
+// MonitorState: everything the monitor knows, driven by an injected Clock (docs/design.md §3).
 //
 // Owns the roster (workers and their nodes, PS servers, nodes), the per-worker step
 // de-duplication and step-time models, the SpeedEstimator (windows and history), NodeSignals,

@@ -2,7 +2,7 @@
 // clock-aligned windows, the job median and relative speeds r_i = v_i / median(v).
 //
 // Why compute time: in synchronous all-reduce every worker's wall step time equals the slowest
-// one's, so only the compute part tells who is slow (DESIGN.md §3).
+// one's, so only the compute part tells who is slow (docs/design.md §3).
 //
 // Per window each worker keeps its last `samples_kept_per_window` per-step speeds; at close the
 // window speed is their median (robust to outlier steps), and with fewer than 3 steps the ratio

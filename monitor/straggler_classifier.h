@@ -1,5 +1,5 @@
 // StragglerClassifier: turns each closed window's relative speeds into a classification per
-// entity (worker or PS server), following AntDT (DESIGN.md §3):
+// entity (worker or PS server), following AntDT (docs/design.md §3):
 //
 //   class        straggler when r < straggler_threshold, leader when r > leader_threshold,
 //                else normal; a flagged entity clears only once r is `hysteresis` past the

@@ -1,4 +1,4 @@
-// ShardingServiceImpl: the service layer of the sharding service (DESIGN.md §2).
+// ShardingServiceImpl: the service layer of the sharding service (docs/design.md §2).
 //
 // Between the thin gRPC adapter (grpc_sharding_service.h) and the pure ShardingState. For each
 // request it: authenticates nothing (the adapter did), validates against the state under mu_,

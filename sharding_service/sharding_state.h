@@ -3,7 +3,7 @@
 // Owns: datasets (spec, open epochs, pending position ranges, done/quarantined counters),
 // leases, workers and checkpoints. Changed only by Apply(const Update&), which does no I/O,
 // reads no clock and draws no random numbers: ids and tokens come from counters in the state
-// and time from the update, so replaying the journal rebuilds the exact state (STYLE.md §1).
+// and time from the update, so replaying the journal rebuilds the exact state (docs/style.md §1).
 //
 // Invariants (checked by the tests after every update):
 //  * Within an epoch, the positions of a partition are split into: done, quarantined, pending

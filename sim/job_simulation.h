@@ -1,4 +1,4 @@
-// JobSimulation: one training job under one policy, on the simulated clock (DESIGN.md §7).
+// JobSimulation: one training job under one policy, on the simulated clock (docs/design.md §7).
 //
 // What is real and what is modelled:
 //   real      MonitorState (speed windows, straggler classification), Controller (policy,

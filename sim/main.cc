@@ -1,5 +1,5 @@
 // pacer-sim: runs the real monitor, controller and sharding state against modelled workers
-// and compares policies with the balanced bound (DESIGN.md §7, docs/simulator.md).
+// and compares policies with the balanced bound (docs/design.md §7, docs/simulator.md).
 #include <fstream>
 #include <iostream>
 #include <thread>

@@ -1,5 +1,5 @@
 // Scenario: one simulated training job and what happens to its cluster, as read from a
-// sim/scenarios/*.yaml file (DESIGN.md §7, issue 6).
+// sim/scenarios/*.yaml file (docs/design.md §7, issue 6).
 //
 // Shape (keys beyond the issue's are marked "ext"; every key is checked, an unknown one is an
 // error naming file, line and field):

@@ -1,4 +1,4 @@
-// The modelled cluster's speeds over time: who runs how fast, when (DESIGN.md §7).
+// The modelled cluster's speeds over time: who runs how fast, when (docs/design.md §7).
 //
 // SpeedModel (immutable, built once per scenario from its seed) holds each worker's base speed
 // (median × lognormal(sigma)), each node's hardware factor (scenario groups are drawn over the

@@ -1,5 +1,5 @@
 // LocalBatchPlan (the SDK's BatchPlan; the controller's BatchPlan is the job-wide plan it
-// derives commands from): this worker's local batch for the current step (DESIGN.md §4).
+// derives commands from): this worker's local batch for the current step (docs/design.md §4).
 //
 // The controller sends plans on heartbeat replies (BatchPlanCommand: version, effective_step,
 // micro_batch, accumulation_steps, samples). A plan takes effect at its effective step: the

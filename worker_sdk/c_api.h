@@ -1,4 +1,4 @@
-/* Pacer worker SDK, C API (DESIGN.md §6): for trainers in languages other than C++/Python.
+/* Pacer worker SDK, C API (docs/design.md §6): for trainers in languages other than C++/Python.
  *
  * Opaque handles wrap the C++ Client, ShardReader and StepTimer (worker_sdk/client.h,
  * shard_reader.h, step_timer.h; their semantics and thread-safety apply unchanged). Every call

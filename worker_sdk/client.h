@@ -1,4 +1,4 @@
-// Client: a worker's connection to its job's pacerd (DESIGN.md §1, §6).
+// Client: a worker's connection to its job's pacerd (docs/design.md §1, §6).
 //
 // Connect() registers the worker with the sharding service (a new incarnation; the reply lists
 // the leases the previous incarnation held, with their final done prefix) and with the

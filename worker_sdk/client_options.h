@@ -1,5 +1,5 @@
 // ClientOptions: how a worker finds its job's pacerd, from flags or the environment the node
-// agent sets (DESIGN.md §5): PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE.
+// agent sets (docs/design.md §5): PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE.
 //
 // Precedence: an explicit field (a flag) wins over the environment, which wins over defaults.
 // A token may come from a file (`token_file`, 0600, as pacerd writes <data_dir>/job.token).

@@ -1,4 +1,4 @@
-// Collective: the all-reduce backend interface of the worker SDK (DESIGN.md §6), and the
+// Collective: the all-reduce backend interface of the worker SDK (docs/design.md §6), and the
 // weighted gradient averaging that makes uneven per-worker batches correct.
 //
 // With local batches b_i and local mean gradients g_i, the full-batch mean gradient over all

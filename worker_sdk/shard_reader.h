@@ -1,5 +1,5 @@
 // ShardReader: the records of a dataset, read through leases of the sharding service
-// (DESIGN.md §2, §6).
+// (docs/design.md §2, §6).
 //
 // Keeps up to `prefetch_leases` leases ready beyond the one being read, so the next shard is
 // leased before the current one ends and training never waits on the control plane (it waits

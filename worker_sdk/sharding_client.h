@@ -7,7 +7,7 @@
 // answers a retried report or completion of an already-ended lease with success when the
 // records were counted (and FAILED_PRECONDITION when they were not).
 //
-// Lost replies (DESIGN.md §2): a call that leases (FetchShard, or a CompleteShard /
+// Lost replies (docs/design.md §2): a call that leases (FetchShard, or a CompleteShard /
 // ReportProgress that also leases the next shard) carries a request id, increasing within this
 // client and the same on every retry of that call, so a retry whose first reply was lost gets
 // the same lease back. The client keeps the set of leases it holds (added when a reply grants

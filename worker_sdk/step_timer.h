@@ -1,4 +1,4 @@
-// StepTimer: per-step time split into data wait, communication and compute (DESIGN.md §3).
+// StepTimer: per-step time split into data wait, communication and compute (docs/design.md §3).
 //
 // The monitor needs compute time, not wall time: in synchronous all-reduce every worker's wall
 // step equals the slowest one's. The trainer brackets input waits and collective / PS calls

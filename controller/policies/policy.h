@@ -1,4 +1,4 @@
-// Policies: pure decision functions (STYLE.md §2).
+// Policies: pure decision functions (docs/style.md §2).
 //
 //   std::vector<Action> Decide(const ClusterView&, const History&, const PolicyConfig&)
 //

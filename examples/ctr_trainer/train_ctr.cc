@@ -1,5 +1,5 @@
 // pacer-train-ctr: example (b) of the worker SDK — an asynchronous parameter-server trainer of
-// a sparse click-through-rate model (DESIGN.md §6; the AntDT use case).
+// a sparse click-through-rate model (docs/design.md §6; the AntDT use case).
 //
 // Task (generated, the same in every process): record i has kFields categorical features,
 // field f taking a skewed value in [0, kVocab); the click probability is

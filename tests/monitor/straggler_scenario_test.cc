@@ -1,4 +1,4 @@
-// Scripted scenarios on the simulated clock, one per class of DESIGN.md §3. Each asserts the
+// Scripted scenarios on the simulated clock, one per class of docs/design.md §3. Each asserts the
 // property that matters: the right worker is flagged with the right class within a few
 // windows, and nobody else is flagged. Seeds are fixed; nothing sleeps.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Lost replies against a real in-process pacerd (gRPC on loopback, port from the OS, RocksDB
-// journal with fsync), over the public contract as the SDK speaks it (DESIGN.md §2: "a lost
+// journal with fsync), over the public contract as the SDK speaks it (docs/design.md §2: "a lost
 // reply costs nothing"):
 //   - a retried FetchShard (same request id) gets the same lease; a fetch given up is released
 //     by pacerd at the next heartbeat, which lists the leases the worker holds;

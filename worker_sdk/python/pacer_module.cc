@@ -1,4 +1,4 @@
-// pacer._pacer: the Python binding of the worker SDK (DESIGN.md §6), imported as `pacer`.
+// pacer._pacer: the Python binding of the worker SDK (docs/design.md §6), imported as `pacer`.
 //
 // Wraps Client, ShardReader, StepTimer and the batch plan (LocalBatchPlan). The pure-Python
 // package part (pacer/__init__.py, pacer/torch.py) re-exports these and adds PyTorch helpers.

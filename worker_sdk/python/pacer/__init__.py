@@ -1,4 +1,4 @@
-"""Pacer worker SDK for Python (DESIGN.md §6).
+"""Pacer worker SDK for Python (docs/design.md §6).
 
 The classes come from the C++ core (pacer._pacer, pybind11):
 

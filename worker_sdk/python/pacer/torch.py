@@ -1,4 +1,4 @@
-"""PyTorch helpers for the Pacer worker SDK (DESIGN.md §6).
+"""PyTorch helpers for the Pacer worker SDK (docs/design.md §6).
 
 - ``LeasedShardDataset``: an ``IterableDataset`` of batches read from leased shards through a
   ``pacer.ShardReader`` (the reader prefetches leases itself; use it in the training process,
