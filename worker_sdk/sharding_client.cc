@@ -223,11 +223,7 @@ absl::StatusOr<FetchShardResponse> ShardingClient::Fetch(const std::string& data
 }
 
 absl::StatusOr<uint64_t> ShardingClient::ReportProgress(const Lease& lease, uint64_t records_done) {
-  ProgressRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_incarnation(incarnation());
-  req.set_lease_id(lease.lease_id());
-  req.set_fencing_token(lease.fencing_token());
+  ProgressRequest req = AboutLease<ProgressRequest>(lease);
   req.set_records_done(records_done);
   ProgressResponse resp;
   RETURN_IF_ERROR(Retry("ReportProgress", [&](grpc::ClientContext* ctx) {
@@ -238,11 +234,7 @@ absl::StatusOr<uint64_t> ShardingClient::ReportProgress(const Lease& lease, uint
 
 absl::StatusOr<ProgressResponse> ShardingClient::ReportProgressAndFetch(
     const Lease& lease, uint64_t records_done, const std::string& next_dataset) {
-  ProgressRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_incarnation(incarnation());
-  req.set_lease_id(lease.lease_id());
-  req.set_fencing_token(lease.fencing_token());
+  ProgressRequest req = AboutLease<ProgressRequest>(lease);
   req.set_records_done(records_done);
   req.set_next_dataset(next_dataset);
   req.set_next_request_id(BeginLeasing(/*combined=*/true));
@@ -258,11 +250,7 @@ absl::StatusOr<ProgressResponse> ShardingClient::ReportProgressAndFetch(
 }
 
 absl::Status ShardingClient::Complete(const Lease& lease) {
-  CompleteShardRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_incarnation(incarnation());
-  req.set_lease_id(lease.lease_id());
-  req.set_fencing_token(lease.fencing_token());
+  CompleteShardRequest req = AboutLease<CompleteShardRequest>(lease);
   CompleteShardResponse resp;
   absl::Status s = Retry("CompleteShard", [&](grpc::ClientContext* ctx) {
     return stub_->CompleteShard(ctx, req, &resp);
@@ -273,11 +261,7 @@ absl::Status ShardingClient::Complete(const Lease& lease) {
 
 absl::StatusOr<CompleteShardResponse> ShardingClient::CompleteAndFetch(
     const Lease& lease, const std::string& next_dataset) {
-  CompleteShardRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_incarnation(incarnation());
-  req.set_lease_id(lease.lease_id());
-  req.set_fencing_token(lease.fencing_token());
+  CompleteShardRequest req = AboutLease<CompleteShardRequest>(lease);
   req.set_next_dataset(next_dataset);
   req.set_next_request_id(BeginLeasing(/*combined=*/true));
   CompleteShardResponse resp;
@@ -296,11 +280,7 @@ absl::StatusOr<CompleteShardResponse> ShardingClient::CompleteAndFetch(
 
 absl::Status ShardingClient::Release(const Lease& lease, uint64_t records_done, bool failed,
                                      const std::string& detail) {
-  ReleaseShardRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_incarnation(incarnation());
-  req.set_lease_id(lease.lease_id());
-  req.set_fencing_token(lease.fencing_token());
+  ReleaseShardRequest req = AboutLease<ReleaseShardRequest>(lease);
   req.set_records_done(records_done);
   req.set_failed(failed);
   req.set_detail(detail);

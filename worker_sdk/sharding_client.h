@@ -127,6 +127,16 @@ class ShardingClient {
 
  private:
   explicit ShardingClient(ShardingClientOptions options);
+  // A request about `lease` from this worker's incarnation (worker, incarnation, lease, token).
+  template <typename Req>
+  Req AboutLease(const Lease& lease) const {
+    Req req;
+    req.set_worker_id(options_.worker_id);
+    req.set_incarnation(incarnation());
+    req.set_lease_id(lease.lease_id());
+    req.set_fencing_token(lease.fencing_token());
+    return req;
+  }
   // Runs `call` with a fresh context until it succeeds, fails permanently or the budget ends.
   // `lease_request_id` (non-zero for a leasing call) is what the test hook is asked about.
   absl::Status Retry(const char* what, const std::function<grpc::Status(grpc::ClientContext*)>& call,
