@@ -304,6 +304,12 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
                                                       FetchShardResponse* resp) {
   RETURN_IF_ERROR(state_.CheckWorker(worker, incarnation));
   Touch(worker);
+  auto leased = [&](const ShardingState::LeaseRec& lease) {
+    resp->set_outcome(FetchShardResponse::LEASED);
+    *resp->mutable_lease() = state_.DescribeLease(lease);
+    resp->mutable_lease()->set_request_id(request_id);
+    resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+  };
   if (const auto* again = state_.FindLeaseByRequest(worker, request_id)) {
     // A retry whose first reply was lost (or arrived after the client's deadline): the lease
     // that request already got. Waiting for last_seq covers the first attempt's commit.
@@ -312,10 +318,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
                                                      " was already used for dataset '",
                                                      again->dataset, "'"));
     }
-    resp->set_outcome(FetchShardResponse::LEASED);
-    *resp->mutable_lease() = state_.DescribeLease(*again);
-    resp->mutable_lease()->set_request_id(request_id);
-    resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+    leased(*again);
     return state_.last_seq();
   }
   ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(worker, dataset));
@@ -339,10 +342,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
   *u.mutable_create_lease() = state_.DecideLease(plan, worker, dataset, request_id);
   ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
   const auto* lease = state_.FindLease(state_.last_lease_id());
-  resp->set_outcome(FetchShardResponse::LEASED);
-  *resp->mutable_lease() = state_.DescribeLease(*lease);
-  resp->mutable_lease()->set_request_id(request_id);
-  resp->mutable_lease()->set_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
+  leased(*lease);
   metrics_.leases_granted.Increment();
   if (lease->backup) metrics_.backups_granted.Increment();
   return s;
