@@ -14,6 +14,7 @@
 
 #include "common/auth.h"
 #include "examples/consumer/ledger.h"
+#include "tests/testing/pacerd_process.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
 
@@ -21,6 +22,7 @@ namespace pacer {
 namespace {
 
 using testing::BinaryPath;
+using testing::PacerdProcess;
 using testing::ReadFileOrEmpty;
 using testing::Subprocess;
 using testing::TempDir;
@@ -31,41 +33,6 @@ constexpr uint32_t kEpochs = 2;
 constexpr int kWorkers = 4;
 constexpr int kMinPacerdKills = 20;
 
-class PacerdProcess {
- public:
-  explicit PacerdProcess(const TempDir& dir) : dir_(dir) {}
-
-  // Starts pacerd (on the previous port after the first start) and waits until it serves.
-  void Start() {
-    const std::string port_file = dir_.Sub("port.json");
-    std::filesystem::remove(port_file);
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      proc_ = Subprocess::Start(
-          {BinaryPath("pacerd"), "--data-dir", dir_.Sub("data"), "--listen",
-           "127.0.0.1:" + std::to_string(port_), "--metrics-listen", "", "--port-file", port_file,
-           "--lease-timeout-ms", "2000", "--worker-timeout-ms", "6000", "--snapshot-every", "300"},
-          {}, dir_.Sub("pacerd.log"));
-      if (WaitFor([&] { return std::filesystem::exists(port_file) || !proc_.running(); },
-                  std::chrono::seconds(20))) {
-        if (std::filesystem::exists(port_file)) {
-          const std::string s = ReadFileOrEmpty(port_file);
-          port_ = std::stoi(s.substr(s.find(':') + 1));
-          return;
-        }
-      }
-      proc_.Kill();  // the port was not free yet, or it failed: try again
-    }
-    FAIL() << "pacerd did not start; log:\n" << ReadFileOrEmpty(dir_.Sub("pacerd.log"));
-  }
-  void Kill9() { proc_.Kill(); }
-  int port() const { return port_; }
-  bool running() { return proc_.running(); }
-
- private:
-  const TempDir& dir_;
-  Subprocess proc_;
-  int port_ = 0;
-};
 
 TEST(CrashTest, KillNinePacerdAndWorkersEveryRecordCountedExactlyOnce) {
   TempDir dir;
@@ -74,7 +41,8 @@ TEST(CrashTest, KillNinePacerdAndWorkersEveryRecordCountedExactlyOnce) {
   std::cout << "chaos seed " << seed << " (rerun with PACER_CHAOS_SEED=" << seed << ")" << std::endl;
   std::mt19937_64 rng(seed);
 
-  PacerdProcess pacerd(dir);
+  PacerdProcess pacerd(dir, {"--lease-timeout-ms", "2000", "--worker-timeout-ms", "6000",
+                             "--snapshot-every", "300"});
   pacerd.Start();
   ASSERT_FALSE(HasFatalFailure());
 

@@ -19,6 +19,7 @@
 
 #include "common/auth.h"
 #include "tests/sdk/ledger_consumer.h"
+#include "tests/testing/pacerd_process.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
 
@@ -26,6 +27,7 @@ namespace pacer {
 namespace {
 
 using testing::BinaryPath;
+using testing::PacerdProcess;
 using testing::ReadFileOrEmpty;
 using testing::Subprocess;
 using testing::TempDir;
@@ -36,39 +38,6 @@ constexpr uint32_t kEpochs = 2;
 constexpr int kWorkers = 4;
 constexpr int kMinKills = 25;
 
-// pacerd as a child process, restarted on its first port.
-class PacerdProcess {
- public:
-  explicit PacerdProcess(const TempDir& dir) : dir_(dir) {}
-
-  void Start() {
-    const std::string port_file = dir_.Sub("port.json");
-    std::filesystem::remove(port_file);
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      proc_ = Subprocess::Start(
-          {BinaryPath("pacerd"), "--data-dir", dir_.Sub("data"), "--listen",
-           "127.0.0.1:" + std::to_string(port_), "--metrics-listen", "", "--port-file", port_file,
-           "--heartbeat-interval-ms", "100", "--snapshot-every", "200"},
-          {}, dir_.Sub("pacerd.log"));
-      if (WaitFor([&] { return std::filesystem::exists(port_file) || !proc_.running(); },
-                  std::chrono::seconds(20)) &&
-          std::filesystem::exists(port_file)) {
-        const std::string s = ReadFileOrEmpty(port_file);
-        port_ = std::stoi(s.substr(s.find(':') + 1));
-        return;
-      }
-      proc_.Kill();  // the port was not free yet, or it failed: try again
-    }
-    FAIL() << "pacerd did not start; log:\n" << ReadFileOrEmpty(dir_.Sub("pacerd.log"));
-  }
-  void Kill9() { proc_.Kill(); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
- private:
-  const TempDir& dir_;
-  Subprocess proc_;
-  int port_ = 0;
-};
 
 TEST(LostReplyKillTest, PacerdKilledBetweenCommitAndReplyEveryRecordOnceAndTheEpochsFinish) {
   TempDir dir;
@@ -77,7 +46,7 @@ TEST(LostReplyKillTest, PacerdKilledBetweenCommitAndReplyEveryRecordOnceAndTheEp
   std::cout << "chaos seed " << seed << " (rerun with PACER_CHAOS_SEED=" << seed << ")" << std::endl;
   std::mt19937_64 rng(seed);
 
-  PacerdProcess pacerd(dir);
+  PacerdProcess pacerd(dir, {"--heartbeat-interval-ms", "100", "--snapshot-every", "200"});
   pacerd.Start();
   ASSERT_FALSE(HasFatalFailure());
   auto token = LoadToken(dir.Sub("data/job.token"), false);
