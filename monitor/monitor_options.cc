@@ -30,6 +30,8 @@ absl::Status MonitorOptions::Validate() const {
   if (stale_after_windows < 1) return Bad("stale_after_windows", "must be >= 1");
   if (smoothed_windows < 1 || smoothed_windows > history_ms / window_ms)
     return Bad("smoothed_windows", "must be in [1, history windows]");
+  if (stable_smoothed_windows < smoothed_windows || stable_smoothed_windows > 1024)
+    return Bad("stable_smoothed_windows", "must be in [smoothed_windows, 1024]");
   if (!Finite(straggler_threshold) || straggler_threshold <= 0 || straggler_threshold >= 1)
     return Bad("straggler_threshold", "must be in (0, 1)");
   if (!Finite(leader_threshold) || leader_threshold <= 1)

@@ -16,9 +16,25 @@ struct MonitorOptions {
   int64_t window_ms = 10'000;        // one estimation/classification window
   int64_t history_ms = 3'600'000;    // per-worker window history kept (for the controller)
   uint32_t min_reports_per_window = 1;  // a worker with fewer reports has no estimate that window
-  uint32_t min_workers = 3;          // fewer workers with an estimate: nobody is classified
+  // How many workers a window needs, per rule (docs/design.md §3, "How many workers"):
+  //  * median rule, >= min_workers with an estimate: r_i = v_i / median(v), robust to a
+  //    hostile minority (one worker moves the median by at most one rank);
+  //  * pair rule, exactly 2 with an estimate and pair_detection: r_i = v_i / v_faster (the
+  //    faster has r = 1, so a pair has no leaders and the slower is flagged by the same
+  //    straggler_threshold). With two workers the median is their mean, which halves the
+  //    signal (a 3x straggler would read 0.5 and its partner 1.5); the faster is the reference.
+  //    A pair cannot outvote a worker that lies about its speed (report validation bounds it);
+  //  * fewer (one worker): nobody is classified — a job of one waits for nobody.
+  uint32_t min_workers = 3;          // median rule from this many workers with an estimate
+  bool pair_detection = true;        // exactly 2 workers with an estimate: the pair rule
   uint32_t stale_after_windows = 3;  // no report for this long: class UNKNOWN
   uint32_t smoothed_windows = 3;     // WorkerStatus.smoothed_speed: median of this many windows
+  // ... growing, while the worker's classification holds (class, persistence, cause, scope
+  // unchanged), by one window per window held up to this many: a persistent straggler's or a
+  // steady worker's speed comes from a long, steady history (the batch planner plans from
+  // it), and a change of class starts again from smoothed_windows (a new regime is followed
+  // quickly). Clamped to the history kept.
+  uint32_t stable_smoothed_windows = 10;
 
   // ---- straggler / leader ----
   double straggler_threshold = 0.85;  // r_i below: straggler

@@ -67,6 +67,7 @@ absl::Status MonitorState::UpdateDetection(const MonitorOptions& o) {
   next.persistent_w = o.persistent_w;
   next.stale_after_windows = o.stale_after_windows;
   next.smoothed_windows = o.smoothed_windows;
+  next.stable_smoothed_windows = o.stable_smoothed_windows;
   next.steal_threshold = o.steal_threshold;
   next.throttle_threshold = o.throttle_threshold;
   next.other_cpu_threshold = o.other_cpu_threshold;
@@ -286,6 +287,7 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
   const int64_t end_ms = (window + 1) * options_.window_ms;
   SpeedEstimator::Closed closed = speed_.CloseWindow(window);
   median_speed_ = closed.median_speed;
+  reference_speed_ = closed.reference_speed;
   last_closed_ = window;
 
   // Evidence text only for contended nodes: the classifier quotes it for their stragglers.
@@ -297,7 +299,7 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
   }
 
   std::vector<StragglerClassifier::Observation> observed;
-  if (closed.median_speed > 0) {
+  if (closed.reference_speed > 0) {
     observed.reserve(closed.estimated.size());
     for (uint32_t w : closed.estimated) observed.push_back({w, speed_.Last(w)->relative});
   }
@@ -349,6 +351,15 @@ void MonitorState::Emit(int64_t window, EntityKind kind, const std::string& id,
   while (events_.size() > options_.events_kept) events_.pop_front();
 }
 
+uint32_t MonitorState::SmoothingWindows(uint32_t w) const {
+  // Windows closed since the classification last changed (class_since_ms is a window's end).
+  const int64_t closed_end_ms = (last_closed_ + 1) * options_.window_ms;
+  const int64_t held = std::max<int64_t>(0, closed_end_ms - workers_[w].class_since_ms) /
+                       options_.window_ms;
+  return static_cast<uint32_t>(std::clamp<int64_t>(held, options_.smoothed_windows,
+                                                   options_.stable_smoothed_windows));
+}
+
 WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
   const WorkerRecord& rec = workers_[w];
   WorkerStatus st;
@@ -364,7 +375,7 @@ WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
     st.set_comm_s(s->comm_s);
     st.set_data_wait_s(s->data_wait_s);
     st.set_wall_s(s->wall_s);
-    st.set_smoothed_speed(speed_.SmoothedSpeed(w, options_.smoothed_windows));
+    st.set_smoothed_speed(speed_.SmoothedSpeed(w, SmoothingWindows(w)));
   }
   st.set_windows_flagged(worker_classifier_.WindowsFlagged(w));
   st.set_local_batch(rec.last_batch);

@@ -97,6 +97,9 @@ class MonitorState {
   uint64_t accepted() const { return accepted_; }
   int64_t last_closed_window() const { return last_closed_; }
   double median_speed() const { return median_speed_; }
+  // What the last window's r_i were relative to: the median (>= min_workers workers), the
+  // faster worker of a pair, or 0 (nobody compared). See MonitorOptions::min_workers.
+  double reference_speed() const { return reference_speed_; }
   const MonitorOptions& options() const { return options_; }
   // Hot reload of the detection settings (policy apply): thresholds, K-of-W, cause and scope
   // settings take effect from the next window closed. FAILED_PRECONDITION when `options`
@@ -140,6 +143,9 @@ class MonitorState {
   void Emit(int64_t window, EntityKind kind, const std::string& id,
             const StragglerClassifier::Change& change, std::vector<ClassificationEvent>* events);
   WorkerStatus StatusOf(uint32_t worker, bool with_evidence = true) const;
+  // Windows WorkerStatus.smoothed_speed is the median of: smoothed_windows, growing while the
+  // worker's classification holds up to stable_smoothed_windows (MonitorOptions).
+  uint32_t SmoothingWindows(uint32_t worker) const;
   ReportIssue Accept(uint32_t worker, const StepSample& report, const RejectionCounts& repairs,
                      int64_t now_ms);
 
@@ -148,6 +154,7 @@ class MonitorState {
   int64_t open_window_;
   int64_t last_closed_ = -1;
   double median_speed_ = 0;
+  double reference_speed_ = 0;
 
   absl::flat_hash_map<std::string, uint32_t> worker_index_;
   std::vector<WorkerRecord> workers_;

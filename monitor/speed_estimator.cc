@@ -72,12 +72,26 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window) {
     o.samples = o.compute = o.comm = o.data_wait = o.wall = 0;
     o.speeds.clear();
   }
-  if (closed.estimated.size() >= options_.min_workers) {
+  const size_t n = closed.estimated.size();
+  if (n == 2 && options_.pair_detection) {
+    closed.reference_speed = std::max(medians_scratch_[0], medians_scratch_[1]);
+    closed.rule = Closed::Rule::kPair;
+  }
+  if (n >= options_.min_workers) {
     closed.median_speed = MedianInPlace(medians_scratch_);
+    if (closed.rule == Closed::Rule::kNone) {
+      closed.reference_speed = closed.median_speed;
+      closed.rule = Closed::Rule::kMedian;
+    }
+  }
+  if (!(closed.reference_speed > 0)) {
+    closed.reference_speed = 0;
+    closed.rule = Closed::Rule::kNone;
   }
   for (uint32_t w : closed.estimated) {
     WindowSummary* s = Last(w);
-    s->relative = closed.median_speed > 0 ? static_cast<float>(s->speed / closed.median_speed) : 0;
+    s->relative =
+        closed.reference_speed > 0 ? static_cast<float>(s->speed / closed.reference_speed) : 0;
   }
   return closed;
 }

@@ -1,8 +1,15 @@
 // SpeedEstimator: per-worker training speed v_i (samples per *compute* second) over fixed,
-// clock-aligned windows, the job median and relative speeds r_i = v_i / median(v).
+// clock-aligned windows, the job median and relative speeds r_i = v_i / reference, where the
+// reference is median(v) from min_workers workers with an estimate up (the median rule) and,
+// for exactly two (pair_detection), the faster worker's speed (the pair rule: the median of
+// two is their mean, under which neither reads as what it is). See MonitorOptions::min_workers.
 //
 // Why compute time: in synchronous all-reduce every worker's wall step time equals the slowest
-// one's, so only the compute part tells who is slow (docs/design.md §3).
+// one's, so only the compute part tells who is slow (docs/design.md §3). The compute time of a
+// report is the step's wall time minus the time blocked waiting for the others (so it includes
+// data loading); the batch planner's step-time predictions use the same quantity (the
+// per-worker StepTimeModel is fitted on it), so a predicted gain and the speeds measured after
+// a plan speak of the same seconds.
 //
 // Per window each worker keeps its last `samples_kept_per_window` per-step speeds; at close the
 // window speed is their median (robust to outlier steps), and with fewer than 3 steps the ratio
@@ -57,7 +64,10 @@ class SpeedEstimator {
   // Result of closing one window.
   struct Closed {
     int64_t window = -1;
+    enum class Rule { kNone, kPair, kMedian };
     double median_speed = 0;          // 0 when fewer than min_workers had an estimate
+    double reference_speed = 0;       // r_i = v_i / this; 0 when nobody can be compared
+    Rule rule = Rule::kNone;
     std::vector<uint32_t> estimated;  // workers with an estimate this window
   };
   // Summarises the open window as `window`, appends each estimated worker's summary to its

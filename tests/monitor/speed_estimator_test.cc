@@ -43,6 +43,7 @@ TEST(SpeedEstimatorTest, WindowSpeedIsTheMedianOfStepsSoOutliersDoNotMoveIt) {
 
 TEST(SpeedEstimatorTest, TooFewWorkersMeansNoMedianAndNoRelativeSpeed) {
   MonitorOptions o;
+  o.pair_detection = false;
   SpeedEstimator est(o);
   est.AddWorker();
   est.AddWorker();
@@ -50,7 +51,35 @@ TEST(SpeedEstimatorTest, TooFewWorkersMeansNoMedianAndNoRelativeSpeed) {
   est.Add(1, 10, 1, 0, 0, 1);
   auto closed = est.CloseWindow(0);
   EXPECT_EQ(closed.median_speed, 0);
+  EXPECT_EQ(closed.reference_speed, 0);
   EXPECT_EQ(est.Last(0)->relative, 0);
+  // One worker: nobody to compare with, whatever the options.
+  SpeedEstimator one(MonitorOptions{});
+  one.AddWorker();
+  one.Add(0, 10, 1, 0, 0, 1);
+  EXPECT_EQ(one.CloseWindow(0).reference_speed, 0);
+  EXPECT_EQ(one.Last(0)->relative, 0);
+}
+
+TEST(SpeedEstimatorTest, PairIsComparedWithTheFasterWorker) {
+  SpeedEstimator est(MonitorOptions{});  // min_workers 3, pair_detection on
+  est.AddWorker();
+  est.AddWorker();
+  est.Add(0, 30, 1, 0, 0, 1);  // 30 samples/s
+  est.Add(1, 10, 1, 0, 0, 1);  // 10 samples/s: 3x slower
+  auto closed = est.CloseWindow(0);
+  EXPECT_EQ(closed.rule, SpeedEstimator::Closed::Rule::kPair);
+  EXPECT_EQ(closed.median_speed, 0);  // the median rule needs min_workers
+  EXPECT_NEAR(closed.reference_speed, 30, 1e-6);
+  EXPECT_NEAR(est.Last(0)->relative, 1.0, 1e-6);
+  EXPECT_NEAR(est.Last(1)->relative, 1.0 / 3, 1e-6);
+  // Three: the median again.
+  est.AddWorker();
+  for (uint32_t w = 0; w < 3; ++w) est.Add(w, 10 * (w + 1), 1, 0, 0, 1);
+  closed = est.CloseWindow(1);
+  EXPECT_EQ(closed.rule, SpeedEstimator::Closed::Rule::kMedian);
+  EXPECT_NEAR(closed.reference_speed, 20, 1e-6);
+  EXPECT_NEAR(est.Last(0)->relative, 0.5, 1e-6);
 }
 
 TEST(SpeedEstimatorTest, HistoryIsABoundedRingOldestFirst) {

@@ -172,6 +172,121 @@ TEST(StragglerScenarioTest, NoiseOnlyRaisesNoFlagsOverAnHour) {
   }
 }
 
+// ---- How many workers each rule needs (docs/design.md §3) ----
+
+// A pair is the smallest job: the slower of two is compared with the faster (the median of two
+// is their mean, under which a 3x straggler reads 0.5 and its partner 1.5 — a "leader").
+TEST(StragglerScenarioTest, PairThreeXStragglerIsFlaggedWithinThreeWindowsAndThePartnerIsNot) {
+  ScenarioDriver d(Cluster(2));
+  d.RunForMs(4 * kWindow);
+  EXPECT_EQ(d.Class("w0"), WORKER_CLASS_NORMAL) << d.Of("w0").evidence();
+  EXPECT_EQ(d.Class("w1"), WORKER_CLASS_NORMAL) << d.Of("w1").evidence();
+  const uint64_t seq = d.last_seq();
+  d.trace().AddSlowdown({Kind::kHardware, "w1", 3.0, d.now_ms()});
+  const int persistent = d.RunUntil(
+      [&] {
+        const Classification c = d.Of("w1");
+        return c.worker_class() == WORKER_CLASS_STRAGGLER &&
+               c.persistence() == PERSISTENCE_PERSISTENT;
+      },
+      10);
+  EXPECT_GE(persistent, 1);
+  EXPECT_LE(persistent, 3) << "windows until a persistent straggler";
+  d.RunForMs(3 * kWindow);
+  EXPECT_NEAR(d.state().Worker("w1")->relative_speed(), 1 / 3.0, 0.05);
+  EXPECT_NEAR(d.state().Worker("w0")->relative_speed(), 1.0, 1e-6);  // the reference
+  EXPECT_EQ(d.Class("w0"), WORKER_CLASS_NORMAL) << "no leaders in a pair";
+  EXPECT_NEAR(d.state().reference_speed(), d.state().Worker("w0")->speed(), 1e-3);
+  EXPECT_TRUE(d.FlaggedSince(seq, {"w1"}).empty());
+}
+
+TEST(StragglerScenarioTest, PairThirtyPercentSlowdownIsFlagged) {
+  ScenarioDriver d(Cluster(2, 3));
+  d.RunForMs(4 * kWindow);
+  d.trace().AddSlowdown({Kind::kHardware, "w0", 1.3, d.now_ms()});
+  const int flagged = d.RunUntil([&] { return d.Class("w0") == WORKER_CLASS_STRAGGLER; }, 10);
+  EXPECT_GE(flagged, 1);
+  EXPECT_LE(flagged, 3);
+  EXPECT_EQ(d.Class("w1"), WORKER_CLASS_NORMAL);
+}
+
+TEST(StragglerScenarioTest, PairNoiseOnlyRaisesNoFlagsOverAnHour) {
+  for (uint64_t seed : {1, 2, 3}) {
+    ScenarioDriver d(Cluster(2, seed));
+    d.RunForMs(3'600'000);
+    EXPECT_TRUE(d.FlaggedSince(0, {}).empty()) << "seed " << seed << ": " << d.FlaggedSince(0, {}).front();
+  }
+}
+
+// Short windows (the demo's 1 s, about one step per window per worker): the ratio of two noisy
+// speeds is noisier than a speed against a median, but a persistent flag still needs K of W.
+TEST(StragglerScenarioTest, PairNoiseWithShortWindowsRaisesNoPersistentFlag) {
+  MonitorOptions mo;
+  mo.window_ms = 2'000;
+  mo.history_ms = 600'000;
+  for (uint64_t seed : {1, 2, 3}) {
+    ScenarioDriver d(Cluster(2, seed), mo);
+    d.RunForMs(1'800'000);
+    int persistent = 0, transient = 0;
+    for (const ClassificationEvent& e : d.events()) {
+      if (e.current().worker_class() != WORKER_CLASS_STRAGGLER) continue;
+      (e.current().persistence() == PERSISTENCE_PERSISTENT ? persistent : transient)++;
+    }
+    EXPECT_EQ(persistent, 0) << "seed " << seed << ", " << transient << " transient flags";
+  }
+}
+
+TEST(StragglerScenarioTest, PairRuleOffOrOneWorkerClassifiesNobody) {
+  MonitorOptions off;
+  off.pair_detection = false;
+  ScenarioDriver pair(Cluster(2), off);
+  pair.trace().AddSlowdown({Kind::kHardware, "w1", 3.0, 0});
+  pair.RunForMs(8 * kWindow);
+  EXPECT_EQ(pair.Class("w1"), WORKER_CLASS_UNKNOWN);
+  EXPECT_EQ(pair.state().reference_speed(), 0);
+
+  ScenarioDriver one(Cluster(1));
+  one.trace().AddSlowdown({Kind::kHardware, "w0", 3.0, 2 * kWindow});
+  one.RunForMs(8 * kWindow);
+  EXPECT_EQ(one.Class("w0"), WORKER_CLASS_UNKNOWN);
+  EXPECT_GT(one.state().Worker("w0")->speed(), 0);  // measured, only not compared
+}
+
+// With three or more the median stays the reference: one hostile worker claiming a huge speed
+// moves it by one rank and flags nobody honest (the pair rule does not apply).
+TEST(StragglerScenarioTest, ThreeWorkersOneLiarFlagsNobodyHonest) {
+  ScenarioDriver d(Cluster(3));
+  d.trace().AddSlowdown({Kind::kHardware, "w2", 0.2, 0});  // reports 5x the speed
+  d.RunForMs(8 * kWindow);
+  EXPECT_EQ(d.Class("w0"), WORKER_CLASS_NORMAL) << d.Of("w0").evidence();
+  EXPECT_EQ(d.Class("w1"), WORKER_CLASS_NORMAL) << d.Of("w1").evidence();
+  EXPECT_EQ(d.Class("w2"), WORKER_CLASS_LEADER);
+}
+
+// Once a straggler is persistent its smoothed speed (what the planner plans from) is the median
+// of a growing history: stable_smoothed_windows once its class held that long.
+TEST(StragglerScenarioTest, PersistentStragglerSmoothedSpeedUsesALongHistory) {
+  MonitorOptions mo;
+  mo.smoothed_windows = 3;
+  mo.stable_smoothed_windows = 10;
+  ScenarioDriver d(Cluster(4, 5), mo);
+  d.RunForMs(4 * kWindow);
+  d.trace().AddSlowdown({Kind::kHardware, "w1", 3.0, d.now_ms()});
+  ASSERT_GE(d.RunUntil([&] { return d.Of("w1").persistence() == PERSISTENCE_PERSISTENT; }, 10), 1);
+  d.RunForMs(20 * kWindow);
+  const auto history = d.state().History("w1").value();
+  ASSERT_GE(history.size(), 10u);
+  std::vector<double> last10;
+  for (size_t i = history.size() - 10; i < history.size(); ++i) last10.push_back(history[i].speed);
+  std::sort(last10.begin(), last10.end());
+  EXPECT_NEAR(d.state().Worker("w1")->smoothed_speed(), 0.5 * (last10[4] + last10[5]), 1e-3);
+  // A new regime starts from the short median again: the straggler recovers.
+  d.trace().AddSlowdown({Kind::kHardware, "w1", 1.0 / 3.0, d.now_ms()});  // cancels the 3x
+  ASSERT_GE(d.RunUntil([&] { return d.Class("w1") == WORKER_CLASS_NORMAL; }, 10), 1);
+  d.RunForMs(3 * kWindow);
+  EXPECT_NEAR(d.state().Worker("w1")->smoothed_speed() / d.state().median_speed(), 1.0, 0.1);
+}
+
 TEST(StragglerScenarioTest, SilentWorkerBecomesUnknown) {
   MonitorOptions mo;
   ScenarioDriver d(Cluster(8), mo);
