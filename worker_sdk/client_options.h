@@ -1,8 +1,21 @@
 // ClientOptions: how a worker finds its job's pacerd, from flags or the environment the node
-// agent sets (docs/design.md §5): PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE.
+// agent sets (docs/design.md §5): PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE,
+// PACER_RUN_ID.
 //
 // Precedence: an explicit field (a flag) wins over the environment, which wins over defaults.
 // A token may come from a file (`token_file`, 0600, as pacerd writes <data_dir>/job.token).
+//
+// torchrun's environment is the fallback for the identity (the same for every SDK language,
+// since the Python and C bindings resolve through here):
+//   worker_id  PACER_WORKER_ID, else "w<RANK>" from torchrun's global RANK. "w<rank>" is the
+//              name pacer-agent gives rank <rank> by default (--worker-id-prefix w), so a script
+//              has the same worker ids (pacerctl contention w1 ...) under torchrun and the agent.
+//              RANK must be a non-negative integer; LOCAL_RANK / GROUP_RANK are not used.
+//   job        PACER_JOB, else TORCHELASTIC_RUN_ID (only names the job in log lines).
+//   run_id     PACER_RUN_ID, else TORCHELASTIC_RUN_ID. torchrun's default run id "none" (no
+//              --rdzv-id and no --standalone) names no run and is ignored.
+// The token has no torchrun counterpart: without PACER_TOKEN / a token file Resolve() refuses,
+// also for a pacerd on loopback (pacerd checks the token on every call; nothing is weakened).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +49,7 @@ struct ClientOptions {
   std::string token;       // PACER_TOKEN; required (or token_file)
   std::string token_file;  // read when `token` is empty
   std::string node;        // PACER_NODE; the node (host, pod) this worker runs on
+  std::string run_id;      // PACER_RUN_ID or TORCHELASTIC_RUN_ID; empty when neither is set
 
   int64_t rpc_timeout_ms = 10'000;      // one attempt of one RPC
   int64_t connect_budget_ms = 60'000;   // Connect retries an unreachable pacerd this long
@@ -54,8 +68,10 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback only)
   LoseReplyHook test_lose_lease_reply;  // tests only (above)
 
-  // Fills empty fields from the environment, then reads token_file when the token is still
-  // empty. INVALID_ARGUMENT names what is missing or unreadable.
+  // Fills empty fields from the environment (PACER_*, then torchrun's, above), then reads
+  // token_file when the token is still empty. INVALID_ARGUMENT names what is missing or
+  // unreadable, by its environment variable (what every SDK language reads) and, after it,
+  // the C++ tools' flag.
   absl::Status Resolve();
 };
 

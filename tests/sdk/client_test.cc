@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <optional>
 #include <set>
 
 #include "cmd/pacerd/pacerd.h"
@@ -307,6 +308,108 @@ TEST_F(SdkClientTest, AReaderOfAnUnknownDatasetReportsNotFound) {
   auto got = (*reader)->Next(10, &ids);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+}
+
+// Sets (or, for nullptr, unsets) environment variables for one test and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<std::string, const char*>> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      if (v) {
+        ::setenv(k.c_str(), v, 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v) {
+        ::setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        ::unsetenv(k.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// torchrun's environment (issue 13): without PACER_WORKER_ID the id is "w<RANK>", the job and
+// run id come from TORCHELASTIC_RUN_ID; PACER_* and explicit fields win.
+TEST(ClientOptionsTest, IdentityComesFromTorchrunsEnvironmentWhenPacerVariablesAreAbsent) {
+  ScopedEnv env({{"PACER_WORKER_ID", nullptr}, {"PACER_JOB", nullptr}, {"PACER_RUN_ID", nullptr},
+                 {"PACER_ADDR", nullptr}, {"PACER_TOKEN", "t"}, {"RANK", "3"}, {"LOCAL_RANK", "1"},
+                 {"GROUP_RANK", "1"}, {"TORCHELASTIC_RUN_ID", "run-42"}});
+  ClientOptions o;
+  ASSERT_TRUE(o.Resolve().ok());
+  EXPECT_EQ(o.worker_id, "w3");
+  EXPECT_EQ(o.job, "run-42");
+  EXPECT_EQ(o.run_id, "run-42");
+  EXPECT_EQ(o.address, "127.0.0.1:7070");
+  {
+    ScopedEnv pacer({{"PACER_WORKER_ID", "trainer-a"}, {"PACER_JOB", "j"}, {"PACER_RUN_ID", "r7"}});
+    ClientOptions p;
+    ASSERT_TRUE(p.Resolve().ok());
+    EXPECT_EQ(p.worker_id, "trainer-a");
+    EXPECT_EQ(p.job, "j");
+    EXPECT_EQ(p.run_id, "r7");
+    ClientOptions explicit_id;
+    explicit_id.worker_id = "flag-id";
+    ASSERT_TRUE(explicit_id.Resolve().ok());
+    EXPECT_EQ(explicit_id.worker_id, "flag-id");
+  }
+  {
+    ScopedEnv leading_zero({{"RANK", "007"}, {"TORCHELASTIC_RUN_ID", "none"}});
+    ClientOptions z;
+    ASSERT_TRUE(z.Resolve().ok());
+    EXPECT_EQ(z.worker_id, "w7");
+    EXPECT_EQ(z.run_id, "");  // torchrun's default "none" names no run
+    EXPECT_EQ(z.job, "");
+  }
+  for (const char* bad : {"-1", "abc", "1.5", "99999999999"}) {
+    ScopedEnv b({{"RANK", bad}});
+    ClientOptions x;
+    absl::Status s = x.Resolve();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("RANK='" + std::string(bad) + "'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("PACER_WORKER_ID"), std::string::npos) << s;
+  }
+}
+
+TEST(ClientOptionsTest, MissingIdentityNamesTheVariablesOfEverySdkLanguage) {
+  ScopedEnv env({{"PACER_WORKER_ID", nullptr}, {"RANK", nullptr}, {"PACER_TOKEN", "t"}});
+  ClientOptions o;
+  absl::Status s = o.Resolve();
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(s.message());
+  // The variables first (what a Python or C user sets), the C++ flag only as an aside.
+  EXPECT_EQ(m.rfind("worker id missing: set PACER_WORKER_ID", 0), 0u) << m;
+  EXPECT_NE(m.find("torchrun"), std::string::npos) << m;
+  EXPECT_NE(m.find("RANK"), std::string::npos) << m;
+  ScopedEnv no_token({{"RANK", "0"}, {"PACER_TOKEN", nullptr}});
+  ClientOptions t;
+  s = t.Resolve();  // torchrun gives no token, and none is invented (loopback or not)
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()).rfind("job token missing: set PACER_TOKEN", 0), 0u) << s;
+}
+
+// End to end: a worker started the torchrun way registers with pacerd as w<RANK>.
+TEST_F(SdkClientTest, AWorkerUnderTorchrunRegistersAsWRank) {
+  StartPacerd();
+  ScopedEnv env({{"PACER_WORKER_ID", nullptr}, {"RANK", "2"}, {"TORCHELASTIC_RUN_ID", "run-e2e"}});
+  ClientOptions o;
+  o.address = pacerd_->address();
+  o.token = pacerd_->job_token();
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->worker_id(), "w2");
+  EXPECT_EQ((*c)->options().run_id, "run-e2e");
 }
 
 }  // namespace
