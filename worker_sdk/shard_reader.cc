@@ -166,7 +166,8 @@ bool ShardReader::TakeReady() {
   }
   OpenLease o;
   o.total = lease.end() - lease.begin();
-  o.handed = o.reported = std::min(lease.records_done(), o.total);
+  o.handed = o.reported = o.first_handed = std::min(lease.records_done(), o.total);
+  o.first_position = records_read_;  // read to its end before the next lease: positions are contiguous
   // Skip the done prefix (a lease handed out again after a restore keeps its prefix).
   uint64_t skip = o.handed;
   while (o.range < static_cast<size_t>(lease.records_size())) {
@@ -257,11 +258,16 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
   return Outcome::kRecords;
 }
 
-void ShardReader::MarkConsumed() {
+void ShardReader::MarkConsumed() { MarkConsumedThrough(records_read_); }
+
+void ShardReader::MarkConsumedThrough(uint64_t position) {
   DropCancelled();
   for (auto it = open_.begin(); it != open_.end();) {
     OpenLease& o = *it;
-    if (o.handed == o.total) {
+    if (position <= o.first_position) break;  // this lease and the later ones: not yet trained
+    // The lease's records were handed out as positions first_position, first_position + 1, ...
+    const uint64_t prefix = std::min(o.handed, o.first_handed + (position - o.first_position));
+    if (prefix == o.total) {
       if (options_.on_report) options_.on_report(o.lease.lease_id(), o.total);
       bool lease_next;
       {
@@ -278,10 +284,10 @@ void ShardReader::MarkConsumed() {
       it = open_.erase(it);
       continue;
     }
-    if (o.handed > o.reported) {
-      if (options_.on_report) options_.on_report(o.lease.lease_id(), o.handed);
-      client_->EnqueueProgress(o.lease, o.handed);
-      o.reported = o.handed;
+    if (prefix > o.reported) {
+      if (options_.on_report) options_.on_report(o.lease.lease_id(), prefix);
+      client_->EnqueueProgress(o.lease, prefix);
+      o.reported = prefix;
     }
     ++it;
   }

@@ -95,6 +95,12 @@ class ShardReader : public ReportListener {
                                Blocking blocking = Blocking::kUntilData);
   // Queues progress for every record handed out so far (see the protocol above).
   void MarkConsumed();
+  // Queues progress for the records handed out at positions below `position`, where the n-th
+  // record Next() ever handed out has position n - 1 (records_read() after a Next() is the
+  // position just past its batch). For trainers that read ahead (a loader prefetching batches):
+  // only what was trained is declared. Records of a lease dropped meanwhile (cancelled by pacerd)
+  // keep their positions, so the later leases' positions do not shift.
+  void MarkConsumedThrough(uint64_t position);
   absl::Status SaveCheckpoint(const std::string& tag, int64_t flush_timeout_ms = 30'000);
   absl::Status RestoreCheckpoint(const std::string& tag);
 
@@ -128,6 +134,8 @@ class ShardReader : public ReportListener {
     uint64_t total = 0;     // records in the lease
     uint64_t handed = 0;    // prefix handed out by Next
     uint64_t reported = 0;  // prefix queued as done
+    uint64_t first_handed = 0;    // done prefix when the lease was taken (skipped)
+    uint64_t first_position = 0;  // records_read_ when it was taken: position of record first_handed
     size_t range = 0;       // cursor: index into lease.records and offset within it
     uint64_t offset = 0;
     bool cancelled = false;

@@ -247,6 +247,14 @@ class PyShardReader {
     return {Value(std::move(got)), std::move(ids)};
   }
   void MarkConsumed() { reader_->MarkConsumed(); }  // queues only: no network, keeps the GIL
+  void MarkConsumedThrough(uint64_t position) {
+    if (position > reader_->records_read()) {
+      Raise(absl::InvalidArgumentError("mark_consumed(through=" + std::to_string(position) +
+                                       "): only " + std::to_string(reader_->records_read()) +
+                                       " records were handed out"));
+    }
+    reader_->MarkConsumedThrough(position);
+  }
   void Save(const std::string& tag, int64_t flush_timeout_ms) {
     absl::Status s;
     {
@@ -436,6 +444,34 @@ PYBIND11_MODULE(_pacer, m) {
              Check(s);
            },
            py::arg("timeout_ms") = 30'000, "Waits until everything queued is acknowledged by pacerd.")
+      .def("save_checkpoint",
+           [](PyClient& c, const std::string& tag, int64_t flush_timeout_ms) {
+             Client& client = c.get();
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = client.Flush(flush_timeout_ms);
+               if (s.ok()) s = client.sharding().SaveCheckpoint(tag);
+             }
+             Check(s);
+           },
+           py::arg("tag"), py::arg("flush_timeout_ms") = 30'000,
+           "Waits until this worker's queued progress is acknowledged, then pins the job's data "
+           "position (every dataset) as checkpoint `tag` on pacerd. Call it on one worker after "
+           "every worker flushed (a barrier); pacer.torch.DataLoader.state_dict() does all that.")
+      .def("restore_checkpoint",
+           [](PyClient& c, const std::string& tag) {
+             Client& client = c.get();
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = client.sharding().RestoreCheckpoint(tag);
+             }
+             Check(s);
+           },
+           py::arg("tag"),
+           "Moves the job's data position back to checkpoint `tag` (every lease is fenced; what was "
+           "consumed after it is delivered again). Call it on one worker while no worker reads.")
       .def("check_health", [](PyClient& c) { Check(c.get().health()); },
            "Raises the reporter's latched permanent failure, if any.")
       .def("stats", &Stats)
@@ -460,8 +496,18 @@ PYBIND11_MODULE(_pacer, m) {
            py::arg("prefetch_leases") = 1, py::keep_alive<1, 2>())
       .def("next", &PyShardReader::Next, py::arg("n"), py::arg("blocking") = ShardReader::Blocking::kUntilData,
            "Up to n record ids: returns (Outcome, [ids]).")
-      .def("mark_consumed", &PyShardReader::MarkConsumed,
-           "Every record handed out so far is trained: queue its progress (never blocks).")
+      .def("mark_consumed",
+           [](PyShardReader& r, std::optional<uint64_t> through) {
+             if (through) {
+               r.MarkConsumedThrough(*through);
+             } else {
+               r.MarkConsumed();
+             }
+           },
+           py::arg("through") = py::none(),
+           "Every record handed out so far is trained: queue its progress (never blocks). With "
+           "through=P only the records handed out before position P (records_read after the "
+           "batch's next()) count, for trainers that read ahead.")
       .def("save_checkpoint", &PyShardReader::Save, py::arg("tag"), py::arg("flush_timeout_ms") = 30'000)
       .def("restore_checkpoint", &PyShardReader::Restore, py::arg("tag"))
       .def("release_all", &PyShardReader::ReleaseAll, py::arg("timeout_ms") = 10'000,

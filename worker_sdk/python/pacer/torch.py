@@ -225,3 +225,451 @@ def all_ranks_done(local_done, process_group=None):
     running = torch.tensor([0.0 if local_done else 1.0])
     dist.all_reduce(running, group=process_group)
     return running.item() == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The conventional API (docs/pytorch.md): pacer.torch.DataLoader + pacer.torch.DistributedDataParallel.
+#
+# What the two do together, per step t of a synchronous job:
+#   - the loader's batch sampler runs in the trainer process: it leases shards (ShardReader),
+#     cuts batches of the planned size (at least ``min_batch``) and hands their indices to the
+#     torch DataLoader, whose worker processes call ``dataset[i]`` and collate;
+#   - handing out batch t+1 declares batch t trained (its records' progress is queued: only
+#     what was trained, never what is prefetched), reports step t's time (from handing out t
+#     to handing out t+1, minus the time the step's all-reduce kept this rank waiting) and its
+#     samples, and applies a new batch plan;
+#   - the comm hook averages gradients weighted by each rank's batch and, in the same
+#     all-reduce, counts the ranks whose data has ended; when all have, the loop ends on every
+#     rank after the same step. A rank with nothing to train on at a step (the others hold the
+#     rest of the epoch) gets its previous batch again with weight 0.
+# ---------------------------------------------------------------------------------------------
+
+import atexit
+import math
+import os
+import secrets
+import threading
+from collections import deque
+
+CHECKPOINT_FORMAT = "pacer.torch.data/1"
+
+
+def _dist_world(process_group=None):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(process_group), dist.get_rank(process_group)
+    return 1, 0
+
+
+class _HookState:
+    """State of ``_pacer_hook`` for the step in flight (set by the loader at hand-out)."""
+
+    def __init__(self):
+        self.weight = 0           # samples of this rank's batch that count (0: a repeat)
+        self.ended = False        # this rank has no batch after this one
+        self.last_total = None    # sum of the weights over the group, after backward
+        self.all_ended = False    # every rank's data has ended after this step
+        self.max_launch_ns = 0
+        self.max_finish_ns = 0
+        self.steps_reduced = 0    # buckets reduced (the loader checks that the hook runs)
+        self.lock = threading.Lock()
+
+    def begin_step(self, weight, ended):
+        self.weight = weight
+        self.ended = ended
+        self.max_launch_ns = self.max_finish_ns = 0
+
+    def wait_ns(self):
+        """How long this rank waited for the others at the end of the step's backward: from
+        launching the last bucket's all-reduce (its own gradients were all computed) to the
+        last bucket's result."""
+        with self.lock:
+            if self.max_finish_ns > self.max_launch_ns > 0:
+                return self.max_finish_ns - self.max_launch_ns
+        return 0
+
+
+class _Session:
+    """Per process: the Pacer client, the step timer and the hook state shared by the loader and
+    the model wrapper."""
+
+    def __init__(self):
+        self.client = None
+        self.timer = None
+        self.hook = _HookState()
+        self.loader = None
+        self.model_attached = False
+        self.process_group = None
+
+    def connect(self, client=None, batch_size=32):
+        if self.client is None:
+            self.client = client if client is not None else pacer.Client(initial_micro_batch=batch_size)
+            self.timer = pacer.StepTimer(self.client)
+        return self.client
+
+    def close(self):
+        if self.client is not None and not self.client.closed:
+            self.client.close()
+
+
+_SESSION = _Session()
+
+
+@atexit.register
+def _close_session():
+    try:
+        _SESSION.close()
+    except Exception:  # noqa: BLE001  (interpreter exit: nothing left to report to)
+        pass
+
+
+def _pacer_hook(state, bucket):
+    """DDP comm hook of ``DistributedDataParallel``: one all-reduce of [w_i g_i, w_i, ended_i]
+    per bucket; the gradient becomes sum_i w_i g_i / sum_i w_i."""
+    grad = bucket.buffer()
+    w = float(state.weight)
+    packed = torch.empty(grad.numel() + 2, dtype=grad.dtype, device=grad.device)
+    if w > 0:
+        torch.mul(grad.reshape(-1), w, out=packed[:-2])
+    else:
+        packed[:-2].zero_()  # a repeat batch (or a NaN mean over nothing) contributes nothing
+    packed[-2] = w
+    packed[-1] = 1.0 if state.ended else 0.0
+    group = _SESSION.process_group
+    world = dist.get_world_size(group)
+    launched = time.monotonic_ns()
+    with state.lock:
+        state.max_launch_ns = max(state.max_launch_ns, launched)
+    fut = dist.all_reduce(packed, group=group, async_op=True).get_future()
+
+    def finish(f):
+        reduced = f.value()[0]
+        total = float(reduced[-2].item())
+        ended = float(reduced[-1].item())
+        with state.lock:
+            state.max_finish_ns = max(state.max_finish_ns, time.monotonic_ns())
+            state.last_total = total
+            state.all_ended = ended >= world - 0.5
+            state.steps_reduced += 1
+        if total > 0:
+            grad.copy_(reduced[:-2].view_as(grad).div_(total))
+        else:
+            grad.zero_()
+        return grad
+
+    return fut.then(finish)
+
+
+def DistributedDataParallel(module, *args, **kwargs):
+    """``torch.nn.parallel.DistributedDataParallel`` with Pacer's gradient averaging: each
+    rank's gradient counts by the samples it trained on this step, so the ranks may train on
+    different batch sizes (the controller's plan) and the update still equals the full-batch
+    gradient of the step's union of batches; the same all-reduce tells every rank when the
+    data of all has ended. Takes DDP's arguments; returns the DDP module. The loss must be the
+    mean over the local batch (as ``F.cross_entropy`` gives by default). One model per process."""
+    if _SESSION.model_attached:
+        raise RuntimeError("pacer.torch.DistributedDataParallel: one wrapped model per process")
+    ddp = torch.nn.parallel.DistributedDataParallel(module, *args, **kwargs)
+    _SESSION.process_group = kwargs.get("process_group")
+    ddp.register_comm_hook(_SESSION.hook, _pacer_hook)
+    _SESSION.model_attached = True
+    return ddp
+
+
+class _Empty:
+    """What the collate wrapper makes of a batch without indices (a step with nothing to train)."""
+
+
+_EMPTY = _Empty()
+
+
+class _Collate:
+    def __init__(self, collate_fn):
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples):
+        if not samples:
+            return _EMPTY
+        return self.collate_fn(samples)
+
+
+class _Item:
+    """One batch handed to the torch DataLoader: its weight (distinct records; 0 for a step
+    without data) and the reader position just past its records."""
+
+    __slots__ = ("weight", "end_pos")
+
+    def __init__(self, weight, end_pos):
+        self.weight = weight
+        self.end_pos = end_pos
+
+
+class _LeaseBatchSampler:
+    """The torch DataLoader's batch sampler: runs in the trainer process and cuts batches from
+    the leased records. Every yielded index list is recorded in ``loader._pipeline``."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.ended = False
+        self.stash = None  # (item, ids) computed ahead by peek()
+
+    def _take(self):
+        ld = self.loader
+        if self.ended:
+            return _Item(0, ld._reader.records_read), []
+        n = max(ld._batch, ld.min_batch)
+        blocking = pacer.Blocking.UNTIL_PREFETCHED if ld._lockstep else pacer.Blocking.UNTIL_DATA
+        outcome, ids = ld._reader.next(n, blocking)
+        if outcome == pacer.Outcome.END_OF_DATA:
+            self.ended = True
+        elif 0 < len(ids) < ld.min_batch:
+            # A lease boundary cut the batch short: top it up from what is prefetched.
+            outcome, more = ld._reader.next(n - len(ids), pacer.Blocking.UNTIL_PREFETCHED)
+            ids += more
+            if outcome == pacer.Outcome.END_OF_DATA:
+                self.ended = True
+        item = _Item(len(ids), ld._reader.records_read)
+        if 0 < len(ids) < ld.min_batch:
+            # Still short (the rank's last records): repeat every record the same number of
+            # times, so that the batch mean equals the mean over the distinct records and
+            # BatchNorm sees at least min_batch samples; the weight stays the distinct count.
+            ids = ids * math.ceil(ld.min_batch / len(ids))
+        return item, ids
+
+    def peek(self):
+        if self.stash is None:
+            self.stash = self._take()
+        return self.stash[0]
+
+    def __iter__(self):
+        ld = self.loader
+        while True:
+            if self.stash is not None:
+                (item, ids), self.stash = self.stash, None
+            else:
+                item, ids = self._take()
+            if not ids and not ld._lockstep:
+                if self.ended:
+                    return
+                continue  # UNTIL_DATA returned nothing without the end: ask again
+            ld._pipeline.append(item)
+            yield ids
+
+
+class DataLoader:
+    """A ``torch.utils.data.DataLoader`` for a map-style dataset (``dataset[i]``, ``len``) whose
+    indices come from Pacer's sharding service instead of a ``DistributedSampler``: every record
+    is trained on once per epoch across all ranks, faster ranks train on more, and a rank that
+    restarts goes on where the job was.
+
+    ``batch_size`` is this rank's starting batch; the controller's plan changes it (never below
+    ``min_batch``, default 2, so BatchNorm works). ``num_workers``, ``collate_fn``,
+    ``pin_memory``, ``prefetch_factor``, ``worker_init_fn``, ``multiprocessing_context`` and
+    ``timeout`` mean what they mean for torch's DataLoader (decoding runs in the worker
+    processes; the leases are kept in the trainer process). One pass over the loader covers all
+    ``epochs`` epochs and ends on every rank after the same step, when the data of every rank
+    has ended. ``state_dict()`` / ``load_state_dict()`` pin the data position to a model
+    checkpoint (collective calls: every rank, at the same step). The dataset is registered with
+    pacerd under ``name`` (the same arguments on every rank); the client connects with the
+    identity the environment gives (``pacer-agent``'s PACER_* variables, or torchrun's RANK).
+
+    Under ``torch.distributed`` with more than one rank, the model must be wrapped with
+    ``pacer.torch.DistributedDataParallel`` and the loop must run forward and backward on every
+    batch the loader yields (no ``no_sync``, no skipped batches)."""
+
+    def __init__(self, dataset, batch_size=32, *, shuffle=True, num_workers=0, collate_fn=None,
+                 pin_memory=False, prefetch_factor=2, worker_init_fn=None,
+                 multiprocessing_context=None, timeout=0, epochs=1, seed=0, name="train",
+                 shard_size=0, min_batch=2, client=None, process_group=None):
+        if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+            raise TypeError("pacer.torch.DataLoader needs a map-style dataset (dataset[i] and len(dataset))")
+        num_records = len(dataset)
+        if num_records <= 0:
+            raise ValueError("pacer.torch.DataLoader: the dataset is empty")
+        if batch_size is None or batch_size <= 0:
+            raise ValueError("batch_size must be > 0")
+        if min_batch <= 0:
+            raise ValueError("min_batch must be > 0")
+        if epochs <= 0:
+            raise ValueError("epochs must be > 0")
+        if _SESSION.loader is not None:
+            raise RuntimeError("pacer.torch.DataLoader: one training loader per process")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.min_batch = min_batch
+        self.epochs = epochs
+        self.name = name
+        self.num_workers = num_workers
+        self._torch_kwargs = dict(num_workers=num_workers, pin_memory=pin_memory, timeout=timeout,
+                                  worker_init_fn=worker_init_fn,
+                                  multiprocessing_context=multiprocessing_context)
+        if num_workers > 0:
+            self._torch_kwargs["prefetch_factor"] = prefetch_factor
+        self._collate = collate_fn if collate_fn is not None else torch.utils.data.default_collate
+        self.client = _SESSION.connect(client, batch_size)
+        _SESSION.process_group = process_group or _SESSION.process_group
+        self.client.register_dataset(name, num_records=num_records, shard_size=shard_size,
+                                     num_epochs=epochs, shuffle="records" if shuffle else "none",
+                                     seed=seed, batch_size=batch_size)
+        _SESSION.loader = self
+        self._reader = None
+        self._pipeline = deque()
+        self._batch = batch_size
+        self._step = 0              # steps handed out (the next step's number)
+        self._handed = None         # _Item of the batch handed out last
+        self._last_real = None      # the data of the last batch with weight > 0
+        self._finished = False
+        self._lockstep = False
+        self.weight = 0             # samples of the batch handed out last that count
+        self.plans_applied = 0
+        self.repeats = 0            # steps this rank trained with weight 0
+
+    # -- what users read --------------------------------------------------------------------
+    def __len__(self):
+        """An estimate of this rank's steps (the plan moves batches between ranks)."""
+        world, _ = _dist_world(_SESSION.process_group)
+        return max(1, math.ceil(len(self.dataset) * self.epochs / (world * self.batch_size)))
+
+    @property
+    def step(self):
+        """Steps handed out so far (the number the next batch's step will have)."""
+        return self._step
+
+    @property
+    def local_batch(self):
+        """This rank's planned batch now."""
+        return self._batch
+
+    # -- iteration ---------------------------------------------------------------------------
+    def __iter__(self):
+        if self._finished:
+            raise RuntimeError(
+                "pacer.torch.DataLoader: the data has ended (one pass over the loader covers all "
+                f"{self.epochs} epoch(s); see docs/pytorch.md)")
+        world, _ = _dist_world(_SESSION.process_group)
+        self._lockstep = world > 1
+        if self._lockstep and not _SESSION.model_attached:
+            raise RuntimeError(
+                "pacer.torch.DataLoader with torch.distributed (world size > 1) needs the model "
+                "wrapped with pacer.torch.DistributedDataParallel: it weights each rank's gradient "
+                "by its batch and agrees on the end of the data")
+        if self._reader is None:
+            self._reader = pacer.ShardReader(self.client, dataset=self.name)
+        sampler = _LeaseBatchSampler(self)
+        torch_loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler,
+                                                   collate_fn=_Collate(self._collate),
+                                                   **self._torch_kwargs)
+        it = iter(torch_loader)
+        hook = _SESSION.hook
+        try:
+            while True:
+                stepped = self._end_step()
+                if stepped and self._lockstep:
+                    if hook.last_total is None:
+                        raise RuntimeError(
+                            "pacer.torch.DataLoader: the step ran no backward through the "
+                            "pacer.torch.DistributedDataParallel model (every batch needs forward "
+                            "and backward on every rank)")
+                    if hook.all_ended:
+                        break
+                data = next(it)
+                item = self._pipeline.popleft()
+                if isinstance(data, _Empty) or item.weight == 0:
+                    data = self._repeat_batch()
+                    self.repeats += 1
+                else:
+                    self._last_real = data
+                if not self._real_ahead(sampler) and not sampler.ended:
+                    # Nothing real queued after this batch: look ahead so that the end of the
+                    # data is known at this step, not one all-empty step later.
+                    sampler.peek()
+                self._begin_step(item, sampler.ended and not self._real_ahead(sampler))
+                yield data
+        except StopIteration:
+            self._end_step()  # not lockstep: the sampler ended
+        finally:
+            del it
+        self._finished = True
+        self.client.flush(30_000)
+
+    def _real_ahead(self, sampler):
+        """Whether a batch with records follows the one being handed out."""
+        return (any(p.weight for p in self._pipeline) or
+                (sampler.stash is not None and sampler.stash[0].weight > 0))
+
+    def _repeat_batch(self):
+        if self._last_real is None:
+            self._last_real = self._collate([self.dataset[0]] * self.min_batch)
+        return self._last_real
+
+    def _begin_step(self, item, ended):
+        hook = _SESSION.hook
+        hook.begin_step(item.weight, ended)
+        hook.last_total = None
+        self._handed = item
+        self.weight = item.weight
+        self.client.set_step(self._step)
+        plan = self.client.batch_plan(self._step)
+        batch = max(plan.micro_batch * plan.accumulation_steps, self.min_batch)
+        if batch != self._batch:
+            self._batch = batch
+            self.plans_applied += 1
+        _SESSION.timer.begin_step(self._step)
+        self._step += 1
+
+    def _end_step(self):
+        """The batch handed out last is trained: declare its records, report the step."""
+        item = self._handed
+        if item is None:
+            return False
+        self._handed = None
+        self._reader.mark_consumed(through=item.end_pos)
+        if item.weight > 0:
+            wait = _SESSION.hook.wait_ns() if self._lockstep else 0
+            if wait:
+                _SESSION.timer.add(pacer.Phase.COMMUNICATION, wait)
+            _SESSION.timer.end_step(self._batch, item.weight)
+        self._done_pos = item.end_pos
+        return True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _barrier(self):
+        if _dist_world(_SESSION.process_group)[0] > 1:
+            dist.barrier(group=_SESSION.process_group)
+
+    def state_dict(self):
+        """The data position of the model as it is now (after ``optimizer.step()`` on the batch
+        handed out last), for ``torch.save({"model": ..., "data": loader.state_dict()})``.
+        Collective: every rank calls it at the same step; one rank saves the file."""
+        if self._reader is not None:
+            pos = self._handed.end_pos if self._handed is not None else getattr(self, "_done_pos", None)
+            if pos is not None:
+                self._reader.mark_consumed(through=pos)
+        self.client.flush(30_000)
+        world, rank = _dist_world(_SESSION.process_group)
+        nonce = [secrets.token_hex(4)]
+        if world > 1:
+            dist.broadcast_object_list(nonce, src=0, group=_SESSION.process_group)
+        tag = f"{self.name}:step-{self._step}.{nonce[0]}"
+        self._barrier()  # every rank's progress through this step is acknowledged
+        if rank == 0:
+            self.client.save_checkpoint(tag)
+        self._barrier()  # nobody reports past this step before the pin is taken
+        return {"format": CHECKPOINT_FORMAT, "tag": tag, "dataset": self.name, "step": self._step}
+
+    def load_state_dict(self, state):
+        """Moves the job's data back to the position of ``state`` (from ``state_dict()``), so the
+        records trained after it are delivered again and no others. Collective: every rank calls
+        it before iterating (after ``init_process_group``)."""
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"load_state_dict: not a {CHECKPOINT_FORMAT} state (from DataLoader.state_dict())")
+        if state.get("dataset") != self.name:
+            raise ValueError(f"load_state_dict: the state is of dataset '{state.get('dataset')}', "
+                             f"this loader reads '{self.name}'")
+        if self._reader is not None:
+            raise RuntimeError("load_state_dict: call it before iterating the loader")
+        _, rank = _dist_world(_SESSION.process_group)
+        self._barrier()  # no rank reads yet
+        if rank == 0:
+            self.client.restore_checkpoint(state["tag"])
+        self._barrier()
+        self._step = int(state["step"])

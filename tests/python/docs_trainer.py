@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""A user's DDP trainer written only from docs/pytorch.md (no example code, no StepTimer): a
+map-style dataset whose __getitem__ costs real CPU, num_workers=2, a BatchNorm MLP, checkpoint
+and resume per the recipe. Used by the PyTorch acceptance tests and bench/torch_straggler_bench.py.
+
+For the tests it also writes a ledger: one line per step with the indices that counted
+(loader.weight > 0) as JSON {"attempt", "step", "ids"}, and one "start" line per attempt naming
+the checkpoint it resumed from. Prints one JSON result line on rank 0.
+
+    RECORDS, EPOCHS, BATCH, CKPT_EVERY, COST (per-sample work), OUT (a folder) come from flags.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import pacer.torch as pt
+
+DIMS, CLASSES = 16, 4
+
+
+def teacher():
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(DIMS, CLASSES, generator=g), torch.randn(DIMS, CLASSES, generator=g)
+
+
+class SyntheticDataset(torch.utils.data.Dataset):
+    """Record i: a point drawn from seed i, labelled by a fixed teacher; `cost` rounds of extra
+    CPU work per sample stand in for decoding and augmentation."""
+
+    def __init__(self, n, cost, seed_base=0):
+        self.n, self.cost, self.seed_base = n, cost, seed_base
+        self.linear, self.quadratic = teacher()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.seed_base + int(i))
+        x = torch.randn(DIMS, generator=g)
+        y = int((x @ self.linear + 0.25 * (x * x) @ self.quadratic).argmax())
+        acc = x
+        for _ in range(self.cost):  # the "decoding": real work, result discarded
+            acc = torch.tanh(acc * 1.0001 + 0.001)
+        return x + 0.0 * acc[0], y, int(i)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=20000)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--cost", type=int, default=40)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--die-at-step", type=int, default=-1, help="rank 1 of attempt 0 kills itself at this step")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dataset = SyntheticDataset(args.records, args.cost)
+    loader = pt.DataLoader(dataset, batch_size=args.batch, num_workers=args.num_workers,
+                           epochs=args.epochs, seed=3)
+    model = pt.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(DIMS, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    ckpt_path = os.path.join(args.out, "ckpt.pt")
+    ledger = open(os.path.join(args.out, f"ledger-{rank}.jsonl"), "a")
+    resumed = None
+    if os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        loader.load_state_dict(ckpt["data"])
+        resumed = {"attempt": ckpt["attempt"], "step": ckpt["data"]["step"]}
+    ledger.write(json.dumps({"start": attempt, "resumed": resumed}) + "\n")
+    ledger.flush()
+
+    start = time.monotonic()
+    samples = 0
+    for x, y, ids in loader:
+        step = loader.step - 1  # the step of this batch
+        if rank == 1 and attempt == 0 and step == args.die_at_step:
+            os.kill(os.getpid(), 9)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loader.weight > 0:
+            samples += loader.weight
+            ledger.write(json.dumps({"attempt": attempt, "step": step,
+                                     "ids": sorted(set(ids.tolist()))}) + "\n")
+        if args.ckpt_every and loader.step % args.ckpt_every == 0:
+            ledger.flush()
+            state = {"model": model.state_dict(), "opt": opt.state_dict(),
+                     "data": loader.state_dict(), "attempt": attempt}
+            if rank == 0:
+                torch.save(state, ckpt_path + ".tmp")
+                os.replace(ckpt_path + ".tmp", ckpt_path)
+    seconds = time.monotonic() - start
+    ledger.close()
+
+    test = SyntheticDataset(2000, 0, seed_base=10**9)
+    xs = torch.stack([test[i][0] for i in range(len(test))])
+    ys = torch.tensor([test[i][1] for i in range(len(test))])
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(xs).argmax(dim=1) == ys).float().mean().item()
+    result = {"rank": rank, "attempt": attempt, "accuracy": round(accuracy, 4), "steps": loader.step,
+              "samples": samples, "seconds": round(seconds, 2), "repeats": loader.repeats,
+              "plans_applied": loader.plans_applied,
+              "checksum": float(sum(p.double().sum() for p in model.parameters()))}
+    with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
