@@ -235,6 +235,12 @@ absl::StatusOr<BatchPlan> BatchPlanner::Target(const ClusterView& view,
   return *best;
 }
 
+double BatchPlanner::CollectiveSeconds(const ClusterView& view, double predicted_compute_s) {
+  const double wall = view.job.step_time_s;
+  if (!(wall > 0) || !(predicted_compute_s > 0) || !std::isfinite(wall)) return 0;
+  return std::max(0.0, wall - predicted_compute_s);
+}
+
 double BatchPlanner::PredictStepSeconds(const ClusterView& view, const BatchPlan& plan,
                                         bool use_last_window) {
   const std::vector<LiveWorker> live = LiveWorkers(view, use_last_window);
@@ -288,6 +294,13 @@ BatchPlan BatchPlanner::InForce(const ClusterView& view, const AdjustBatchConfig
 absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const ClusterView& view,
                                                                    const BatchPlan* current,
                                                                    const AdjustBatchConfig& cfg) {
+  // A plan balances workers against each other: with one live worker there is nothing to
+  // balance, and a "plan" for it would only hand it the whole global batch while the others
+  // (quiet, finishing, or restarting) may still be in the collective.
+  if (view.LiveWorkers() < 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a batch plan needs 2 live workers, ", view.LiveWorkers(), " live"));
+  }
   absl::StatusOr<BatchPlan> target = Target(view, cfg);
   if (!target.ok()) return target.status();
   BatchProposal p;
@@ -302,9 +315,18 @@ absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const Cluster
   p.membership_changed =
       current && (now_ids != plan_ids || current->global_batch != view.job.global_batch);
 
+  // Step 5a, the gain in the quantity the rollback measures. Speeds and the step-time models
+  // are in compute seconds (wall minus the time blocked in the collective); the job's
+  // throughput, which the gain is measured by, is in wall seconds. A step's wall time is the
+  // slowest compute plus the collective's own cost, which no batch plan changes: it is what
+  // the measured step time (job.step_time_s, under the plan in force) has beyond the predicted
+  // slowest compute. Left out, a plan for a job whose step is half communication would predict
+  // twice the gain it can measure.
   const double before = PredictStepSeconds(view, baseline, cfg.use_last_window);
   const double after = p.plan.predicted_step_s;
-  p.predicted_gain = (after > 0 && before > 0) ? before / after - 1 : 0;
+  const double collective_s = CollectiveSeconds(view, before);
+  p.predicted_gain =
+      (after > 0 && before > 0) ? (before + collective_s) / (after + collective_s) - 1 : 0;
 
   if (!p.membership_changed) {
     double drift = 0;
@@ -319,8 +341,11 @@ absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const Cluster
       }
     }
     if (drift <= cfg.hysteresis) return std::optional<BatchProposal>();
+    // Step 5b: with a plan in force, a new one must also pay for the switch — shares that
+    // drifted on noise, or a slightly different optimum, are not worth another plan.
+    if (current && p.predicted_gain < cfg.min_replan_gain) return std::optional<BatchProposal>();
     p.reason = absl::StrFormat("speed shares moved %.0f%% (%s); predicted step %.3fs → %.3fs",
-                               100 * drift, who, before, after);
+                               100 * drift, who, before + collective_s, after + collective_s);
   } else {
     p.reason = absl::StrFormat("workers or global batch changed (%zu → %zu workers)",
                                plan_ids.size(), now_ids.size());

@@ -15,8 +15,13 @@
 //     exactly and every bound still holds.
 //  5. Hysteresis: when a current plan covers the same workers and B, propose nothing unless
 //     some worker's speed share v_i/Σv moved by more than `hysteresis` (relative) from the
-//     share the current plan was built on. Plans therefore do not flap on noise: ±5 % noise
-//     moves a share by at most 1.05/0.95 − 1 ≈ 10.5 %, under the 15 % default.
+//     share the current plan was built on, AND the new plan's predicted gain over the plan in
+//     force, both on today's speeds, is at least `min_replan_gain`. Plans therefore do not
+//     flap on noise: ±5 % noise moves a share by at most 1.05/0.95 − 1 ≈ 10.5 %, under the
+//     15 % default, and a share that did drift but leaves the plan in force near-balanced
+//     (the step-time models say so) changes nothing. The predicted gain counts the
+//     collective's own cost (CollectiveSeconds), as the measured throughput does.
+//     Fewer than 2 live workers: no plan (nothing to balance).
 //  6. Version = current + 1; effective step = current step + max(min_steps_ahead,
 //     ceil(lead_heartbeats × heartbeat interval / step time)), so that every worker, picking
 //     commands up once per heartbeat, holds the plan before the step it applies to.
@@ -81,6 +86,11 @@ class BatchPlanner {
   // Predicted step time of the slowest worker if `plan` ran on `view`'s speeds.
   static double PredictStepSeconds(const ClusterView& view, const BatchPlan& plan,
                                    bool use_last_window = false);
+
+  // The part of the measured step (job.step_time_s, wall) that is not the slowest worker's
+  // compute under the plan in force (`predicted_compute_s`): the collective's own cost, the same
+  // under any batch plan. 0 when the view has no step time.
+  static double CollectiveSeconds(const ClusterView& view, double predicted_compute_s);
 
   // The first step at which a plan made now can take effect (step 6).
   static int64_t EffectiveStep(const ClusterView& view, const AdjustBatchConfig& cfg,

@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -81,6 +82,17 @@ bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain,
 // as the measured gain, for the audit.
 bool JudgedByThroughput(ActionKind kind) { return kind != ActionKind::kReallocate; }
 
+// Whether a batch plan has had the chance to show its effect: the workers switch at its
+// effective step, and the throughput the gain is measured by is the last window's, so a plan
+// is judged only once the job ran rollback.evaluate_after_steps steps past that step (as well
+// as evaluate_after_s after the decision). Judged earlier — a slow step before the switch, a
+// plan scheduled at a step this run never reaches — it would be measured on the plan it
+// replaced. Other actions are judged by time alone.
+bool RanLongEnough(const AuditRecord& r, const ClusterView& view, const RollbackConfig& rb) {
+  if (r.action.kind != ActionKind::kAdjustBatch || !r.action.plan) return true;
+  return view.job.current_step >= r.action.plan->effective_step + rb.evaluate_after_steps;
+}
+
 bool SameAllocations(const std::vector<WorkerAllocation>& a,
                      const std::vector<WorkerAllocation>& b) {
   if (a.size() != b.size()) return false;
@@ -145,6 +157,7 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   const std::string inputs = SummarizeView(view);
   MeasureAndRollBack(view, inputs, result);
 
+  NoteQuietWorkers(view);
   std::vector<Action> proposals = decide_(view, history_, config_);
   // Exclusions inherited from an earlier policy end with it: only these two manage them.
   if (config_.policy != "non-dedicated" && config_.policy != "backup-workers") {
@@ -158,8 +171,9 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   // not, so the gate is told about them to apply the same limits within this reconcile.
   std::vector<Action> dry_run_admitted;
   for (Action& action : proposals) {
-    const SafetyVerdict verdict =
-        ReviewAction(action, view, history_, config_.safety, dry_run_admitted);
+    SafetyVerdict verdict = KeepsQuietMembers(action, view);
+    if (verdict.admitted)
+      verdict = ReviewAction(action, view, history_, config_.safety, dry_run_admitted);
     if (verdict.admitted && !config_.dry_run) {
       Execute(std::move(action), view, inputs, result);
       continue;
@@ -176,6 +190,35 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
     result.audit_ids.push_back(history_.Record(std::move(r), config_.audit.max_records));
   }
   return result;
+}
+
+void Controller::NoteQuietWorkers(const ClusterView& view) {
+  for (const auto& w : view.workers) {
+    if (w.alive || w.restarting) quiet_since_ms_.erase(w.id);
+    else quiet_since_ms_.emplace(w.id, view.now_ms);  // keeps the first time seen quiet
+  }
+  for (auto it = quiet_since_ms_.begin(); it != quiet_since_ms_.end();) {
+    it = view.FindWorker(it->first) ? std::next(it) : quiet_since_ms_.erase(it);
+  }
+}
+
+SafetyVerdict Controller::KeepsQuietMembers(const Action& action, const ClusterView& view) const {
+  if (action.kind != ActionKind::kAdjustBatch || action.rollback_of != 0 || !action.plan ||
+      !history_.plan())
+    return {true, ""};
+  const int64_t grace_ms = static_cast<int64_t>(config_.adjust_batch.member_grace_s * 1000);
+  for (const auto& wb : history_.plan()->workers) {
+    if (action.plan->Find(wb.worker_id)) continue;
+    auto quiet = quiet_since_ms_.find(wb.worker_id);
+    if (quiet == quiet_since_ms_.end()) continue;  // gone from the view, or restarting: left
+    const int64_t quiet_ms = view.now_ms - quiet->second;
+    if (quiet_ms < grace_ms)
+      return {false, absl::StrFormat("%s, in the plan in force, quiet for %.0fs (< "
+                                     "member_grace_s %.0fs): not planned without it yet",
+                                     wb.worker_id, quiet_ms / 1000.0,
+                                     config_.adjust_batch.member_grace_s)};
+  }
+  return {true, ""};
 }
 
 void Controller::Execute(Action action, const ClusterView& view, const std::string& inputs,
@@ -224,7 +267,7 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
   for (const auto& r : history_.audit()) {
     if (r.outcome == AuditRecord::Outcome::kExecuted && !r.measured_gain &&
         view.now_ms - r.time_ms >= after_ms && r.baseline_throughput > 0 &&
-        view.job.throughput > 0)
+        view.job.throughput > 0 && RanLongEnough(r, view, rb))
       due.push_back(r.id);
   }
   for (uint64_t id : due) {

@@ -4,14 +4,21 @@
 // One Reconcile(view), in order:
 //  1. validate the view;
 //  2. measure: for each executed action older than rollback.evaluate_after_s without a
-//     measurement, measured gain = job throughput now / throughput when it acted − 1; when a
+//     measurement (a batch plan also only once the job ran rollback.evaluate_after_steps steps
+//     past its effective step: before that the throughput is the old plan's), measured gain = job throughput now / throughput when it acted − 1; when a
 //     reversible action (ADJUST_BS, EXCLUDE_WORKERS) fell short of
 //     min_fraction_of_predicted × its predicted gain and is still in force, issue its rollback
 //     (restores the plan / exclusion in force before it). REALLOCATE's gain is the epoch tail,
 //     which an async job's throughput does not show: it is measured but never rolled back on
 //     that (JudgedByThroughput in controller.cc); the policy's hysteresis keeps it current;
 //  3. run the policy (a pure function, policies/policy.h) on (view, history, config);
-//  4. review each proposal with the SafetyGate (safety_gate.h);
+//  4. review each proposal with the SafetyGate (safety_gate.h); before it, a batch plan that
+//     leaves out a worker of the plan in force which only went quiet (not alive, not
+//     restarting) less than adjust_batch.member_grace_s ago is vetoed — such a plan is
+//     "mandatory" (membership changed) and the gate would wave it through, yet a synchronous
+//     job whose worker paused (or whose ranks reach the end of the data one after another)
+//     still has that worker in its collective: this is how a "3 → 1 workers" plan was made
+//     at the end of a run;
 //  5. audit every proposal — executed, dry-run or vetoed (identical repeats fold into one
 //     record) — and, for executed ones, update the history (plan / allocation in force, node
 //     incidents for bad-node memory);
@@ -26,6 +33,7 @@
 // thread (or under its mutex); it does no I/O and never blocks.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +44,7 @@
 #include "controller/history.h"
 #include "controller/policies/policy.h"
 #include "controller/policy_config.h"
+#include "controller/safety_gate.h"
 
 namespace pacer {
 
@@ -68,10 +77,17 @@ class Controller {
                           ReconcileResult& result);
   void Execute(Action action, const ClusterView& view, const std::string& inputs,
                ReconcileResult& result);
+  // Step 4's membership check (member_grace_s); quiet_since_ms_ is updated first.
+  void NoteQuietWorkers(const ClusterView& view);
+  SafetyVerdict KeepsQuietMembers(const Action& action, const ClusterView& view) const;
 
   PolicyConfig config_;
   DecideFn decide_;
   History history_;
+  // Worker id → when it was first seen quiet (in the view, not alive, not restarting). Not
+  // durable: after a restart of pacerd the grace counts from the first view it sees, which
+  // only delays a plan without the worker.
+  std::map<std::string, int64_t> quiet_since_ms_;
 };
 
 // One line summarising what a decision saw (live workers, B, throughput, flagged workers).

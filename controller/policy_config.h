@@ -26,6 +26,13 @@ struct AdjustBatchConfig {
   bool enabled = true;
   bool accumulation = false;    // allow m_i × k_i when a memory cap is below a worker's share
   double hysteresis = 0.15;     // replan only when some worker's speed share drifted this much
+  // ... and the new plan's predicted gain over the plan in force (on the same speeds) is at
+  // least this: a plan that would change little is not worth a switch (no flip-flopping).
+  double min_replan_gain = 0.05;
+  // A worker of the plan in force that went quiet (not alive: no report for a while) keeps its
+  // place this long before a plan is made without it: a pause (GC, checkpoint, a slow report
+  // path, the end of the data on some ranks first) does not shrink a synchronous job's plan.
+  double member_grace_s = 30;
   int64_t min_local_batch = 1;  // no live worker gets fewer samples per step
   int64_t lead_heartbeats = 3;  // effective step ≥ this many heartbeat intervals ahead
   int64_t min_steps_ahead = 2;  // and at least this many steps ahead
@@ -71,7 +78,8 @@ struct TimeoutRelaunchConfig {
 
 struct RollbackConfig {
   bool enabled = true;
-  double evaluate_after_s = 30;           // measure the gain this long after acting
+  double evaluate_after_s = 30;           // measure the gain this long after acting ...
+  int64_t evaluate_after_steps = 10;      // ... and (ADJUST_BS) once the plan ran this many steps
   double min_fraction_of_predicted = 0.5;  // roll back below this share of the predicted gain
 };
 

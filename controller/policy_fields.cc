@@ -48,6 +48,8 @@ std::vector<PolicyField> BuildFields() {
       PF_BOOL("actions.adjust_batch.enabled", adjust_batch.enabled),
       PF_BOOL("actions.adjust_batch.accumulation", adjust_batch.accumulation),
       PF_REAL("actions.adjust_batch.hysteresis", adjust_batch.hysteresis, 0, 1),
+      PF_REAL("actions.adjust_batch.min_replan_gain", adjust_batch.min_replan_gain, 0, 10),
+      PF_REAL("actions.adjust_batch.member_grace_s", adjust_batch.member_grace_s, 0, 86400),
       PF_INT("actions.adjust_batch.min_local_batch", adjust_batch.min_local_batch, 0, 1 << 20),
       PF_INT("actions.adjust_batch.lead_heartbeats", adjust_batch.lead_heartbeats, 1, 100),
       PF_INT("actions.adjust_batch.min_steps_ahead", adjust_batch.min_steps_ahead, 1, 1000000),
@@ -83,6 +85,8 @@ std::vector<PolicyField> BuildFields() {
       PF_INT("safety.min_live_workers", safety.min_live_workers, 1, 1000000),
       PF_BOOL("safety.rollback.enabled", safety.rollback.enabled),
       PF_REAL("safety.rollback.evaluate_after_s", safety.rollback.evaluate_after_s, 0, 86400),
+      PF_INT("safety.rollback.evaluate_after_steps", safety.rollback.evaluate_after_steps, 0,
+             1000000),
       PF_REAL("safety.rollback.min_fraction_of_predicted",
               safety.rollback.min_fraction_of_predicted, 0, 1),
 

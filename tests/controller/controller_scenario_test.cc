@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "common/clock.h"
 #include "tests/controller/view_builder.h"
 
@@ -84,6 +86,7 @@ TEST_F(ScenarioTest, PersistentStragglerGetsASmallerBatchButNoRestartWithoutACos
   // The next windows: the same speeds, the plan in force — nothing more to do.
   for (int i = 0; i < 10; ++i) {
     clock_.AdvanceMs(10'000);
+    v.job.current_step += 20;  // the job runs on (a plan is judged after it ran some steps)
     v.job.throughput = 350;
     auto again = ctl->Reconcile(At(v));
     ASSERT_TRUE(again.ok());
@@ -299,11 +302,13 @@ TEST_F(ScenarioTest, RollbackFiresWhenTheActionDoesNotHelp) {
 
   // Before evaluate_after_s nothing is judged.
   clock_.AdvanceMs(30'000);
+  v.job.current_step += 100;
   ASSERT_TRUE(ctl->Reconcile(At(v))->dispatch.empty());
   EXPECT_FALSE(ctl->history().FindRecord(id)->measured_gain);
 
   // 60 s on, throughput has not moved (the slowdown was not where the monitor thought).
   clock_.AdvanceMs(30'000);
+  v.job.current_step += 100;
   v.job.throughput = 205;
   auto later = ctl->Reconcile(At(v));
   ASSERT_TRUE(later.ok());
@@ -337,6 +342,7 @@ TEST_F(ScenarioTest, NoRollbackWhenTheActionHelped) {
   auto r = ctl->Reconcile(At(v));
   const uint64_t id = Find(*r, ActionKind::kAdjustBatch)->id;
   clock_.AdvanceMs(61'000);
+  v.job.current_step += 100;
   v.job.throughput = 345;
   auto later = ctl->Reconcile(At(v));
   ASSERT_TRUE(later.ok());
@@ -546,6 +552,154 @@ TEST_F(ScenarioTest, DedicatedPresetUsesAccumulationAndNeverRestarts) {
   EXPECT_EQ(a->plan->Find("w0")->samples, 800);
   EXPECT_EQ(a->plan->Find("w0")->accumulation, 2);
   EXPECT_EQ(Count(*r, ActionKind::kRestart) + Count(*r, ActionKind::kMigrate), 0);
+}
+
+// A plan is judged by the throughput only once it ran: rollback.evaluate_after_steps steps past
+// its effective step, as well as evaluate_after_s after the decision. A job whose steps stall
+// (or a plan scheduled at a step this run does not reach) is not judged on the old plan.
+TEST_F(ScenarioTest, RollbackNotBeforeThePlanRanEvaluateAfterSteps) {
+  PolicyConfig c = NonDedicated();
+  c.safety.rollback.evaluate_after_steps = 10;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  v.job.throughput = 200;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr);
+  const uint64_t id = a->id;
+  const int64_t effective = a->plan->effective_step;
+  // Long past evaluate_after_s, the throughput unchanged, but the job only reached the step
+  // before the switch + 9: nothing measured, nothing rolled back.
+  v.job.throughput = 205;
+  for (int64_t step : {v.job.current_step, effective - 1, effective + 9}) {
+    clock_.AdvanceMs(60'000);
+    v.job.current_step = step;
+    auto later = ctl->Reconcile(At(v));
+    ASSERT_TRUE(later.ok());
+    EXPECT_TRUE(later->dispatch.empty()) << "step " << step;
+    EXPECT_FALSE(ctl->history().FindRecord(id)->measured_gain) << "step " << step;
+  }
+  // Ten steps under the plan: judged, and rolled back (it did not help).
+  v.job.current_step = effective + 10;
+  clock_.AdvanceMs(1'000);
+  auto judged = ctl->Reconcile(At(v));
+  ASSERT_TRUE(judged.ok());
+  ASSERT_EQ(judged->dispatch.size(), 1u);
+  EXPECT_EQ(judged->dispatch[0].rollback_of, id);
+  EXPECT_NEAR(*ctl->history().FindRecord(id)->measured_gain, 0.025, 1e-9);
+}
+
+// "3 → 1 workers": a worker of the plan in force that only went quiet (no report for a few
+// windows: a pause, or ranks reaching the end of the data one after another) keeps its place
+// for member_grace_s; with one live worker no plan is made at all.
+TEST_F(ScenarioTest, PlanNeverDropsQuietWorkersWithinTheGraceNorPlansForOne) {
+  PolicyConfig c = NonDedicated();
+  c.adjust_batch.member_grace_s = 30;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(3, 900);
+  MakeStraggler(v, 1, 0.4, true);
+  v.job.throughput = 120;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  ASSERT_EQ(ctl->history().plan()->workers.size(), 3u);
+
+  // w2 goes quiet: for 25 s no plan without it (vetoed, audited once, folded).
+  v.workers[2].alive = false;
+  for (int i = 0; i < 5; ++i) {
+    clock_.AdvanceMs(5'000);
+    v.job.current_step += 10;
+    auto q = ctl->Reconcile(At(v));
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(Count(*q, ActionKind::kAdjustBatch), 0) << i;
+  }
+  ASSERT_EQ(ctl->history().plan()->workers.size(), 3u);
+  const AuditRecord& veto = ctl->history().audit().back();
+  EXPECT_EQ(veto.outcome, AuditRecord::Outcome::kVetoed);
+  EXPECT_NE(veto.veto_reason.find("w2, in the plan in force, quiet for"), std::string::npos)
+      << veto.veto_reason;
+  // Back before the grace ran out: nothing changed, nothing to do.
+  v.workers[2].alive = true;
+  clock_.AdvanceMs(5'000);
+  ASSERT_TRUE(ctl->Reconcile(At(v)).ok());
+  ASSERT_EQ(ctl->history().plan()->workers.size(), 3u);
+
+  // Gone for longer than the grace: a plan for the two still live (membership changed).
+  v.workers[2].alive = false;
+  std::optional<BatchPlan> two;
+  for (int i = 0; i < 8 && !two; ++i) {
+    clock_.AdvanceMs(5'000);
+    auto q = ctl->Reconcile(At(v));
+    ASSERT_TRUE(q.ok());
+    if (const Action* a = Find(*q, ActionKind::kAdjustBatch)) two = a->plan;
+  }
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->workers.size(), 2u);
+  EXPECT_EQ(two->TotalSamples(), 900);
+  EXPECT_LT(two->Find("w1")->samples, two->Find("w0")->samples);
+
+  // Then w0 quiet too, for good: one live worker — never a plan for one.
+  v.workers[0].alive = false;
+  for (int i = 0; i < 20; ++i) {
+    clock_.AdvanceMs(5'000);
+    auto q = ctl->Reconcile(At(v));
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(Count(*q, ActionKind::kAdjustBatch), 0) << i;
+  }
+  EXPECT_EQ(ctl->history().plan()->workers.size(), 2u);
+}
+
+// With a plan in force, a share that drifted past `hysteresis` does not make a new plan when the
+// new one would gain less than min_replan_gain over it.
+TEST_F(ScenarioTest, NoReplanBelowMinReplanGain) {
+  PolicyConfig c = NonDedicated();
+  c.adjust_batch.hysteresis = 0.05;
+  c.adjust_batch.min_replan_gain = 0.10;
+  c.safety.adjust_batch_cooldown_s = 0;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  ASSERT_EQ(Count(*ctl->Reconcile(At(v)), ActionKind::kAdjustBatch), 1);
+  // The straggler reads 4 % slower: its share moves 3.5 %, under the hysteresis. Then 8 %
+  // slower: its share moves 7 %, past the hysteresis, but a new plan would gain only 7.6 %.
+  // Then it reads 20 % faster: its share moves 16 %, yet it is no longer the slowest under
+  // the plan in force, and the others' step shrinks by only 2.5 %.
+  for (double rel : {0.48, 0.46, 0.6}) {
+    clock_.AdvanceMs(10'000);
+    v.job.current_step += 20;
+    MakeStraggler(v, 2, rel, true);
+    auto r = ctl->Reconcile(At(v));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kAdjustBatch), 0) << rel;
+  }
+  // 30 % slower than planned for: worth a new plan.
+  clock_.AdvanceMs(10'000);
+  v.job.current_step += 20;
+  MakeStraggler(v, 2, 0.35, true);
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(Count(*r, ActionKind::kAdjustBatch), 1);
+  EXPECT_GE(Find(*r, ActionKind::kAdjustBatch)->predicted_gain, 0.05);
+}
+
+// The predicted gain counts the collective's own cost, as the throughput it is measured by does:
+// a step that is half all-reduce gains half as much from balancing the compute.
+TEST_F(ScenarioTest, PredictedGainCountsTheCollective) {
+  auto ctl = Make(NonDedicated());
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  // Even split: the straggler computes 250 / 50 = 5 s; the measured step is 10 s (5 s in the
+  // collective itself). Balanced: 1000 / 350 = 2.857 s of compute + 5 s.
+  v.job.step_time_s = 10;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr);
+  const double compute_after = a->plan->predicted_step_s;
+  EXPECT_NEAR(a->predicted_gain, 10.0 / (compute_after + 5) - 1, 1e-9);
+  EXPECT_LT(a->predicted_gain, 0.35);  // compute only would say 5 / 2.857 − 1 = 0.75
 }
 
 TEST_F(ScenarioTest, HotReloadKeepsTheRunningPolicyOnABadConfig) {
