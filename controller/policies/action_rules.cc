@@ -29,7 +29,20 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   const ClusterView* planning = &view;
   ClusterView filtered;
   if (detection) {
-    const double median = MedianLiveSpeed(view);
+    // A worker flagged but not (yet, or not surely) persistent is planned at the speed of the
+    // unflagged live workers: the median of all would be the mean of a pair (the monitor's
+    // pair rule, docs/design.md §3), under which a pair's transient straggler already shifts
+    // the shares — a plan made on a transient.
+    std::vector<double> unflagged;
+    for (const auto& w : view.workers)
+      if (w.alive && !w.restarting && !w.straggler && !w.leader && w.speed > 0)
+        unflagged.push_back(w.speed);
+    double median = MedianLiveSpeed(view);
+    if (!unflagged.empty()) {
+      std::sort(unflagged.begin(), unflagged.end());
+      const size_t n = unflagged.size();
+      median = n % 2 ? unflagged[n / 2] : 0.5 * (unflagged[n / 2 - 1] + unflagged[n / 2]);
+    }
     for (const auto& w : view.workers) {
       const bool flagged = w.straggler || w.leader;
       if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
