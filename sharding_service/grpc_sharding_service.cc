@@ -29,6 +29,8 @@ PACER_SHARDING_HANDLER(RestoreCheckpoint, CheckpointRequest, CheckpointResponse,
 PACER_SHARDING_HANDLER(ListDatasets, ListDatasetsRequest, ListDatasetsResponse, Role::kWorker)
 PACER_SHARDING_HANDLER(SetAllocation, SetAllocationRequest, SetAllocationResponse, Role::kAdmin)
 PACER_SHARDING_HANDLER(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse, Role::kAdmin)
+PACER_SHARDING_HANDLER(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse, Role::kAdmin)
+PACER_SHARDING_HANDLER(ResetDataset, ResetDatasetRequest, ResetDatasetResponse, Role::kAdmin)
 
 #undef PACER_SHARDING_HANDLER
 

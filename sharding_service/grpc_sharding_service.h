@@ -3,7 +3,7 @@
 // Each handler authenticates the caller's role and hands the request to ShardingServiceImpl;
 // the RPC finishes when the impl's `done` runs (after the journal made the update durable), so
 // no server thread blocks on an fsync. Data-plane calls, checkpoints and listing need the job
-// token (or the admin token); SetAllocation and SetTailBackup need the admin token.
+// token (or the admin token); SetAllocation, SetTailBackup, DeleteDataset and ResetDataset need the admin token.
 #pragma once
 
 #include "common/auth.h"
@@ -32,6 +32,8 @@ class GrpcShardingService final : public ShardingService::CallbackService {
   PACER_SHARDING_RPC(ListDatasets, ListDatasetsRequest, ListDatasetsResponse)
   PACER_SHARDING_RPC(SetAllocation, SetAllocationRequest, SetAllocationResponse)
   PACER_SHARDING_RPC(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse)
+  PACER_SHARDING_RPC(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse)
+  PACER_SHARDING_RPC(ResetDataset, ResetDatasetRequest, ResetDatasetResponse)
 #undef PACER_SHARDING_RPC
 
  private:

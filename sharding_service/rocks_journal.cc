@@ -276,17 +276,18 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   if (st.IsNotFound()) {
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    st = out.db->Put(wo, kFormatKey, kJournalFormatV4);
+    st = out.db->Put(wo, kFormatKey, kJournalFormatV5);
     if (!st.ok()) return FromRocks(st, "journal: cannot write format key");
   } else if (!st.ok()) {
     return FromRocks(st, "journal: cannot read format key");
-  } else if (format == kJournalFormatV2 || format == kJournalFormatV3) {
-    out.upgrade_format = true;  // becomes v4 with the first group this binary writes
-  } else if (format != kJournalFormatV4) {
+  } else if (format == kJournalFormatV2 || format == kJournalFormatV3 ||
+             format == kJournalFormatV4) {
+    out.upgrade_format = true;  // becomes v5 with the first group this binary writes
+  } else if (format != kJournalFormatV5) {
     return absl::FailedPreconditionError(absl::StrCat(
         "journal in '", dir, "' has format '", format, "'; this pacerd reads '",
-        kJournalFormatV2, "', '", kJournalFormatV3, "' and '", kJournalFormatV4,
-        "' (was it written by a newer pacerd?)"));
+        kJournalFormatV2, "', '", kJournalFormatV3, "', '", kJournalFormatV4, "' and '",
+        kJournalFormatV5, "' (was it written by a newer pacerd?)"));
   }
   out.recovery.format = exists ? format : "";
 
@@ -611,7 +612,7 @@ void RocksJournal::WriterLoop() {
     }
     rocksdb::WriteBatch batch;
     uint64_t max_seq = 0, snapshot_seq = 0, bytes = 0, pinned_written = 0;
-    if (upgrade) batch.Put(kFormatKey, kJournalFormatV4);  // atomically with the first v4 group
+    if (upgrade) batch.Put(kFormatKey, kJournalFormatV5);  // atomically with the first v5 group
     // One record per run of updates; a snapshot closes the run, so a record never straddles a
     // snapshot and the range delete below removes exactly the updates the snapshot holds.
     std::string record;
@@ -675,7 +676,7 @@ void RocksJournal::WriterLoop() {
         stats_.bytes += bytes;
         if (upgrade) {
           upgrade_format_ = false;
-          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV4;
+          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV5;
         }
         if (snapshot_seq != 0) {
           last_snapshot_seq_ = snapshot_seq;

@@ -1,8 +1,8 @@
 // RocksJournal: the Journal (journal.h) in one RocksDB instance, plus a high-water mark file.
 //
 // Layout of the RocksDB folder (JournalOptions::dir):
-//   "m:format"        -> "pacer-journal-v4" (v2 and v3 dirs are read, and upgraded to v4 in the
-//                        same WriteBatch as the first group written by this binary)
+//   "m:format"        -> "pacer-journal-v5" (v2, v3 and v4 dirs are read, and upgraded to v5 in
+//                        the same WriteBatch as the first group written by this binary)
 //   "j" + BE64(seq)   -> JournalRecord: the updates seq, seq+1, ... of one group commit
 //   "s" + BE64(seq)   -> serialized ShardingSnapshot holding every update <= seq
 //   "p" + key         -> a pinned entry (v4): an immutable value a snapshot refers to
@@ -10,7 +10,8 @@
 // before it, together with a range delete of the entries <= its seq and of the previous
 // snapshot, the pinned entries it lists that are not on disk yet, and deletes of those on disk
 // it no longer lists, atomically. (v4 differs from v3 only by pinned entries: a v3 binary must
-// not read a v4 dir, whose snapshots name specs it cannot find.)
+// not read a v4 dir, whose snapshots name specs it cannot find; v5 differs from v4 only by the
+// DeleteDatasetUpdate and ResetDatasetUpdate kinds, unknown to a v4 binary.)
 //
 // Never less than acknowledged (the checks on Open, in order):
 //  1. RocksDB refuses WAL damage instead of rolling back to a point in time, except a torn
@@ -59,7 +60,9 @@ namespace pacer {
 
 inline constexpr char kJournalFormatV2[] = "pacer-journal-v2";
 inline constexpr char kJournalFormatV3[] = "pacer-journal-v3";
-inline constexpr char kJournalFormatV4[] = "pacer-journal-v4";  // written
+inline constexpr char kJournalFormatV4[] = "pacer-journal-v4";
+// v5: as v4, with DeleteDatasetUpdate / ResetDatasetUpdate (a v4 build would not know them).
+inline constexpr char kJournalFormatV5[] = "pacer-journal-v5";  // written
 
 class RocksJournal final : public Journal {
  public:

@@ -140,7 +140,11 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   stats_.updates++;
   metrics_.updates.Increment();
   DrainCancelled();
-  if (update.seq() - last_snapshot_seq_ >= options_.snapshot_every) {
+  // A delete forces a snapshot: the journal writes a spec's pinned entry once per key and
+  // deletes it when no snapshot lists it, so the name's old spec must leave the disk before a
+  // re-registration with a new spec is pinned under the same key.
+  if (update.seq() - last_snapshot_seq_ >= options_.snapshot_every ||
+      update.has_delete_dataset()) {
     AppendPending();  // the snapshot follows the updates it holds
     // Specs apart: the snapshot holds the dynamic state and names each spec; the specs are
     // shared, never copied, and the journal writes each once (a pinned entry). Serializing
@@ -236,8 +240,7 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
     ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
     if (const auto* existing = state_.FindDataset(spec.name())) {
       if (existing->spec->SerializeAsString() != spec.SerializeAsString()) {
-        return absl::AlreadyExistsError("dataset '" + spec.name() +
-                                        "' already exists with a different spec");
+        return SpecMismatchError(*existing->spec, spec);
       }
       resp->set_created(false);
       return state_.last_seq();
@@ -294,6 +297,8 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
     cancelled_.erase(req.worker_id());  // the new process never held those leases
     Touch(req.worker_id());
     return s;
+  }, [&] {
+    if (register_hook_) register_hook_(req, *resp);
   });
 }
 
@@ -648,6 +653,51 @@ void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
     u.mutable_set_tail_backup()->set_dataset(req.dataset());
     u.mutable_set_tail_backup()->set_enabled(req.enabled());
     return Commit(std::move(u));
+  });
+}
+
+void ShardingServiceImpl::DeleteDataset(const DeleteDatasetRequest& req,
+                                        DeleteDatasetResponse* resp, Done done) {
+  std::string what;
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    const auto* ds = state_.FindDataset(req.dataset());
+    if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
+    const uint64_t done_total = ds->records_done_total;
+    const size_t before = state_.leases().size();
+    Update u;
+    u.mutable_delete_dataset()->set_dataset(req.dataset());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    resp->set_leases_ended(before - state_.leases().size());
+    what = absl::StrCat("dataset '", req.dataset(), "' deleted (", resp->leases_ended(),
+                        " active leases ended, ", done_total, " records done dropped)");
+    return s;
+  }, [&] {
+    PACER_LOG(WARNING) << "operator: " << what;
+    if (audit_hook_) audit_hook_(what);
+  });
+}
+
+void ShardingServiceImpl::ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp,
+                                       Done done) {
+  std::string what;
+  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(Ready());
+    const auto* ds = state_.FindDataset(req.dataset());
+    if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
+    resp->set_records_done_dropped(ds->records_done_total);
+    const size_t before = state_.leases().size();
+    Update u;
+    u.mutable_reset_dataset()->set_dataset(req.dataset());
+    ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+    resp->set_leases_ended(before - state_.leases().size());
+    what = absl::StrCat("dataset '", req.dataset(), "' reset to epoch 0 (",
+                        resp->leases_ended(), " active leases ended, ",
+                        resp->records_done_dropped(), " records done dropped)");
+    return s;
+  }, [&] {
+    PACER_LOG(WARNING) << "operator: " << what;
+    if (audit_hook_) audit_hook_(what);
   });
 }
 

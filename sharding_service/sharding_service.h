@@ -74,11 +74,26 @@ class ShardingServiceImpl {
   void ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp, Done done);
   void SetAllocation(const SetAllocationRequest& req, SetAllocationResponse* resp, Done done);
   void SetTailBackup(const SetTailBackupRequest& req, SetTailBackupResponse* resp, Done done);
+  // Operator acts (admin role): delete a dataset, or start it over at epoch 0 (same spec).
+  // NOT_FOUND naming the dataset when it is unknown. Holders of its leases see them cancelled
+  // in their next heartbeat; their reports are refused, a fetch of a deleted dataset is
+  // NOT_FOUND. Each success is reported to the audit hook.
+  void DeleteDataset(const DeleteDatasetRequest& req, DeleteDatasetResponse* resp, Done done);
+  void ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp, Done done);
 
   // Called for every successful Heartbeat, outside mu_, before the reply is sent: pacerd uses
   // it to add the controller's commands. Must be thread-safe; set before serving.
   using HeartbeatHook = std::function<void(const HeartbeatRequest&, HeartbeatResponse*)>;
   void SetHeartbeatHook(HeartbeatHook hook) { heartbeat_hook_ = std::move(hook); }
+  // Called for every successful RegisterWorker, outside mu_, before the reply: pacerd's
+  // reconciler tells a new run from a restart (docs/sharding.md, "Runs"). Set before serving.
+  using RegisterHook = std::function<void(const RegisterWorkerRequest&, const RegisterWorkerResponse&)>;
+  void SetRegisterHook(RegisterHook hook) { register_hook_ = std::move(hook); }
+  // Called, outside mu_, with a sentence for every operator act that changed the state
+  // (DeleteDataset, ResetDataset) once it is applied: pacerd puts it in the audit trail
+  // (`pacerctl actions`). Set before serving.
+  using AuditHook = std::function<void(const std::string&)>;
+  void SetAuditHook(AuditHook hook) { audit_hook_ = std::move(hook); }
 
   // Expires leases and workers past their deadlines (call periodically). Returns how many
   // leases expired.
@@ -172,6 +187,8 @@ class ShardingServiceImpl {
   Metrics metrics_;
   std::unique_ptr<Journal> journal_;
   HeartbeatHook heartbeat_hook_;
+  RegisterHook register_hook_;
+  AuditHook audit_hook_;
 
   mutable absl::Mutex mu_;
   ShardingState state_ ABSL_GUARDED_BY(mu_);

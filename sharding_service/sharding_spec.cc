@@ -1,9 +1,12 @@
 // ShardingState: what a request may ask for — dataset specs (normalised, defaults filled in),
 // names, allocations. Pure functions; the service calls them before anything is journaled.
 #include "sharding_service/sharding_state.h"
+#include <algorithm>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace pacer {
 
@@ -119,6 +122,127 @@ absl::Status ShardingState::ValidateAllocation(const SetAllocationUpdate& u) {
     return absl::InvalidArgumentError("allocation.max_leases: at most 1024");
   }
   return absl::OkStatus();
+}
+
+}  // namespace pacer
+
+namespace pacer {
+namespace {
+
+std::string SourceName(const DatasetSpec& s) {
+  switch (s.source_case()) {
+    case DatasetSpec::kNumRecords: return "num_records";
+    case DatasetSpec::kFiles: return "files";
+    case DatasetSpec::kStream: return "stream";
+    default: return "none";
+  }
+}
+
+// One differing scalar or enum field of the spec, by reflection (a field added to DatasetSpec
+// is covered without a change here).
+std::string ScalarField(const google::protobuf::Message& m,
+                        const google::protobuf::FieldDescriptor* f) {
+  using FD = google::protobuf::FieldDescriptor;
+  const auto* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32: return std::to_string(r->GetInt32(m, f));
+    case FD::CPPTYPE_INT64: return std::to_string(r->GetInt64(m, f));
+    case FD::CPPTYPE_UINT32: return std::to_string(r->GetUInt32(m, f));
+    case FD::CPPTYPE_UINT64: return std::to_string(r->GetUInt64(m, f));
+    case FD::CPPTYPE_BOOL: return r->GetBool(m, f) ? "true" : "false";
+    case FD::CPPTYPE_ENUM: return std::string(r->GetEnum(m, f)->name());
+    case FD::CPPTYPE_STRING: return "'" + r->GetString(m, f) + "'";
+    case FD::CPPTYPE_DOUBLE: return std::to_string(r->GetDouble(m, f));
+    case FD::CPPTYPE_FLOAT: return std::to_string(r->GetFloat(m, f));
+    default: return "?";
+  }
+}
+
+std::string FilesDifference(const FileList& a, const FileList& b) {
+  uint64_t ra = 0, rb = 0;
+  for (const auto& f : a.files()) ra += f.num_records();
+  for (const auto& f : b.files()) rb += f.num_records();
+  std::vector<std::string> out;
+  if (a.files_size() != b.files_size()) {
+    out.push_back(absl::StrCat(a.files_size(), " files (registered) vs ", b.files_size(),
+                               " (requested)"));
+  }
+  if (ra != rb) out.push_back(absl::StrCat(ra, " records vs ", rb));
+  for (int i = 0; i < std::min(a.files_size(), b.files_size()); ++i) {
+    const FileSpec& fa = a.files(i);
+    const FileSpec& fb = b.files(i);
+    if (fa.path() != fb.path() || fa.num_records() != fb.num_records()) {
+      out.push_back(absl::StrCat("files[", i, "] '", fa.path(), "' (", fa.num_records(),
+                                 " records) vs '", fb.path(), "' (", fb.num_records(), ")"));
+      break;  // the first one is enough to find the rest
+    }
+  }
+  return absl::StrJoin(out, ", ");
+}
+
+std::string StreamDifference(const StreamSpec& a, const StreamSpec& b) {
+  if (a.partitions_size() != b.partitions_size()) {
+    return absl::StrCat(a.partitions_size(), " partitions (registered) vs ",
+                        b.partitions_size(), " (requested)");
+  }
+  for (int i = 0; i < a.partitions_size(); ++i) {
+    const auto& pa = a.partitions(i);
+    const auto& pb = b.partitions(i);
+    if (pa.id() != pb.id() || pa.start_offset() != pb.start_offset()) {
+      return absl::StrCat("partitions[", i, "] id ", pa.id(), " from ", pa.start_offset(),
+                          " (registered) vs id ", pb.id(), " from ", pb.start_offset());
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string DescribeSpecDifference(const DatasetSpec& a, const DatasetSpec& b) {
+  std::vector<std::string> out;
+  bool first = true;
+  auto add = [&](const std::string& field, const std::string& va, const std::string& vb) {
+    out.push_back(first ? absl::StrCat(field, " ", va, " (registered) vs ", vb, " (requested)")
+                        : absl::StrCat(field, " ", va, " vs ", vb));
+    first = false;
+  };
+  if (a.source_case() != b.source_case()) {
+    add("source", SourceName(a), SourceName(b));
+  } else if (a.source_case() == DatasetSpec::kFiles) {
+    if (std::string d = FilesDifference(a.files(), b.files()); !d.empty()) {
+      out.push_back("files: " + d);
+      first = false;
+    }
+  } else if (a.source_case() == DatasetSpec::kStream) {
+    if (std::string d = StreamDifference(a.stream(), b.stream()); !d.empty()) {
+      out.push_back("stream: " + d);
+      first = false;
+    }
+  }
+  const auto* desc = DatasetSpec::descriptor();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const auto* f = desc->field(i);
+    if (f->is_repeated()) continue;
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    if (f->containing_oneof() != nullptr && f->name() != "num_records") continue;
+    if (f->name() == "num_records" && (a.source_case() != DatasetSpec::kNumRecords ||
+                                       b.source_case() != DatasetSpec::kNumRecords)) {
+      continue;
+    }
+    const std::string va = ScalarField(a, f), vb = ScalarField(b, f);
+    if (va != vb) add(std::string(f->name()), va, vb);
+  }
+  return absl::StrJoin(out, ", ");
+}
+
+absl::Status SpecMismatchError(const DatasetSpec& registered, const DatasetSpec& requested) {
+  std::string diff = DescribeSpecDifference(registered, requested);
+  if (diff.empty()) diff = "fields unknown to this pacerd";
+  const std::string& name = registered.name();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "dataset '", name, "' already exists with a different spec: ", diff,
+      "; to register it with the new spec, delete it first with 'pacerctl datasets delete ",
+      name, "' (admin token; its progress and checkpoints go with it)"));
 }
 
 }  // namespace pacer

@@ -106,8 +106,10 @@ absl::Status ShardingState::Apply(const Update& update) {
       }
       break;
     }
+    case Update::kDeleteDataset: s = ApplyDeleteDataset(update.delete_dataset()); break;
+    case Update::kResetDataset: s = ApplyResetDataset(update.reset_dataset()); break;
     default:
-      s = absl::InvalidArgumentError("update has no kind");
+      s = absl::InvalidArgumentError("update has no kind (written by a newer pacerd?)");
   }
   if (s.ok()) last_seq_ = update.seq();
   return s;
@@ -138,8 +140,7 @@ absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u)
     if (google::protobuf::util::MessageDifferencer::Equals(*it->second.spec, *spec)) {
       return absl::OkStatus();
     }
-    return absl::AlreadyExistsError("dataset '" + spec->name() +
-                                    "' already exists with a different spec");
+    return SpecMismatchError(*it->second.spec, *spec);
   }
   Dataset ds;
   ds.spec = std::make_shared<const DatasetSpec>(*std::move(spec));
@@ -435,6 +436,53 @@ absl::Status ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t
   const std::vector<uint64_t> held(it->second.leases.begin(), it->second.leases.end());
   for (uint64_t id : held) EndLease(id, LEASE_WORKER_LOST, "worker lost", t, /*requeue=*/true);
   it->second.lost = true;
+  return absl::OkStatus();
+}
+
+uint64_t ShardingState::DropDatasetProgress(const std::string& dataset) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.dataset == dataset) ids.push_back(id);
+  }
+  for (uint64_t id : ids) {
+    // Fenced, like a checkpoint restore: the holder's reports are refused from now on and its
+    // next heartbeat lists the lease as cancelled. Nothing is requeued: the epochs go away.
+    RememberEnded(leases_.at(id), LEASE_CANCELLED);
+    cancelled_.emplace_back(leases_.at(id).worker, id);
+    leases_.erase(id);
+  }
+  for (auto& [tag, cp] : checkpoints_) {
+    auto* positions = cp.mutable_datasets();
+    for (int i = positions->size() - 1; i >= 0; --i) {
+      if (positions->Get(i).dataset() == dataset) positions->DeleteSubrange(i, 1);
+    }
+  }
+  return ids.size();
+}
+
+absl::Status ShardingState::ApplyDeleteDataset(const DeleteDatasetUpdate& u) {
+  if (datasets_.count(u.dataset()) == 0) {
+    return absl::NotFoundError("unknown dataset '" + u.dataset() + "'");
+  }
+  DropDatasetProgress(u.dataset());
+  datasets_.erase(u.dataset());
+  return absl::OkStatus();
+}
+
+absl::Status ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
+  auto it = datasets_.find(u.dataset());
+  if (it == datasets_.end()) return absl::NotFoundError("unknown dataset '" + u.dataset() + "'");
+  DropDatasetProgress(u.dataset());
+  // As registered: the same (shared) spec, epoch 0, nothing done, quarantined or failed.
+  Dataset fresh;
+  fresh.spec = it->second.spec;
+  fresh.records_per_epoch = it->second.records_per_epoch;
+  fresh.tail_backup = it->second.tail_backup;  // the controller's setting, not progress
+  if (fresh.is_stream()) {
+    fresh.open.push_back(MakeEpoch(fresh, 0));
+    fresh.next_epoch = 1;
+  }
+  it->second = std::move(fresh);
   return absl::OkStatus();
 }
 

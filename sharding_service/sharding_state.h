@@ -22,7 +22,9 @@
 // epoch never closes; one epoch of a huge dataset holds millions of leases).
 //
 // Journal formats (what an Update means):
-//  * v3 (this code): CreateLeaseUpdate carries the decided outcome (`decided`: ids, range,
+//  * v5 (this code): as v3, plus DeleteDatasetUpdate and ResetDatasetUpdate (an operator
+//    deletes a dataset or starts it over); a v4 build refuses a v5 dir at start.
+//  * v3/v4: CreateLeaseUpdate carries the decided outcome (`decided`: ids, range,
 //    attempts, backup partner). The service decides with DecideLease() before the journal;
 //    Apply only records it, after checking it fits the state.
 //  * v2: CreateLeaseUpdate held only worker and dataset and Apply re-ran the planner. Such an
@@ -69,6 +71,14 @@ inline constexpr size_t kMaxWorkers = 65'536;
 
 // True for 1..max_len characters of [A-Za-z0-9._:/-] (dataset names, worker ids, tags).
 bool IsValidName(const std::string& s, size_t max_len);
+
+// The fields in which two normalised specs of one dataset differ, for people:
+// "num_records 200000 (registered) vs 400000 (requested), shard_size 640 vs 1280". Empty when
+// they are equal.
+std::string DescribeSpecDifference(const DatasetSpec& registered, const DatasetSpec& requested);
+// The AlreadyExists error for a registration whose spec differs from the registered one: names
+// the differing fields and how to get rid of the old dataset.
+absl::Status SpecMismatchError(const DatasetSpec& registered, const DatasetSpec& requested);
 
 // What a FetchShard by `worker` on `dataset` would get now.
 struct FetchPlan {
@@ -228,6 +238,12 @@ class ShardingState {
   absl::Status ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t time_ms);
   absl::Status ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t time_ms);
   absl::Status ApplySetAllocation(const SetAllocationUpdate& u);
+  absl::Status ApplyDeleteDataset(const DeleteDatasetUpdate& u);
+  absl::Status ApplyResetDataset(const ResetDatasetUpdate& u);
+  // Ends every active lease of `dataset` as LEASE_CANCELLED (remembered for truthful retries,
+  // holders notified), requeueing nothing, and drops its position from every checkpoint: what
+  // delete and reset share. Returns how many leases ended.
+  uint64_t DropDatasetProgress(const std::string& dataset);
 
   // Adds done records of `lease` up to prefix `new_done`, counting only what neither it nor its
   // backup partner had counted.

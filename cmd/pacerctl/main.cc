@@ -1,8 +1,8 @@
 // pacerctl: the operator's command line for a running pacerd.
 //
 //   pacerctl [--addr HOST:PORT] [--token T | --token-file F | --data-dir D] [--json] COMMAND
-//   COMMAND: status | datasets | workers | actions | policy validate|apply FILE |
-//            checkpoint save|restore TAG | contention WORKER FACTOR|off
+//   COMMAND: status | datasets [delete|reset NAME] | workers | actions |
+//            policy validate|apply FILE | checkpoint save|restore TAG | contention WORKER FACTOR|off
 //
 // Human tables by default, --json for machines. Exits 1 with the server's message on an RPC
 // error, 2 on bad usage.
@@ -146,6 +146,11 @@ int main(int argc, char** argv) {
       "  policy validate FILE      check a policy file (no server needed)\n"
       "  policy apply FILE         hot-reload the running policy (audited)\n"
       "  datasets                  datasets, epochs, progress, quarantined ranges\n"
+      "  datasets delete NAME      drop dataset NAME: its leases end, its progress and its\n"
+      "                            position in every checkpoint go; the name can be registered\n"
+      "                            again with any spec (admin token, audited)\n"
+      "  datasets reset NAME       start NAME over at epoch 0 with the same spec: its leases end,\n"
+      "                            its progress and checkpoint positions go (admin, audited)\n"
       "  checkpoint save TAG       pin the data position to model checkpoint TAG\n"
       "  checkpoint restore TAG    go back to the data position of TAG\n"
       "  contention WORKER FACTOR  slow WORKER down FACTOR times with real CPU contention (its\n"
@@ -183,6 +188,42 @@ int main(int argc, char** argv) {
   };
 
   const std::string& cmd = args[0];
+  if (cmd == "datasets" && args.size() > 1) {
+    if (args.size() != 3 || (args[1] != "delete" && args[1] != "reset")) {
+      pacer::ExitWithError("pacerctl", "usage: datasets [delete|reset NAME]");
+    }
+    const std::string& name = args[2];
+    auto ctx = context();
+    std::string text;
+    if (args[1] == "delete") {
+      pacer::DeleteDatasetRequest req;
+      req.set_dataset(name);
+      pacer::DeleteDatasetResponse resp;
+      grpc::Status s = stub->DeleteDataset(ctx.get(), req, &resp);
+      if (!s.ok()) Fail(s);
+      if (json) {
+        text = ToJson(resp);
+      } else {
+        text = "dataset '" + name + "' deleted (" + std::to_string(resp.leases_ended()) +
+               " active leases ended)";
+      }
+    } else {
+      pacer::ResetDatasetRequest req;
+      req.set_dataset(name);
+      pacer::ResetDatasetResponse resp;
+      grpc::Status s = stub->ResetDataset(ctx.get(), req, &resp);
+      if (!s.ok()) Fail(s);
+      if (json) {
+        text = ToJson(resp);
+      } else {
+        text = "dataset '" + name + "' reset to epoch 0 (" + std::to_string(resp.leases_ended()) +
+               " active leases ended, " + std::to_string(resp.records_done_dropped()) +
+               " records done dropped)";
+      }
+    }
+    std::cout << text << std::endl;
+    return 0;
+  }
   if (cmd == "datasets" || cmd == "status") {
     pacer::ListDatasetsResponse resp;
     auto ctx = context();

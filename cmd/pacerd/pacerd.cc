@@ -215,6 +215,10 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     reconciler->OnHeartbeat(req, resp);
     rendezvous->OnHeartbeat(req, resp);  // regroup commands after a membership change
   });
+  // Operator acts on the sharding state (pacerctl datasets delete|reset) go in the audit trail.
+  d->sharding_->SetAuditHook([reconciler](const std::string& what) {
+    reconciler->RecordOperatorEvent(what);
+  });
   d->monitor_->SetEventListener(
       [reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
   PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"

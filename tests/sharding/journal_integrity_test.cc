@@ -79,7 +79,7 @@ TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommit
     EXPECT_TRUE((*j)->recovery().created);
     AppendAndFlush(**j, 1, 3);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
+  EXPECT_EQ(Format(o.dir), kJournalFormatV5);
 
   // A dir written as v2 (today's main): replayed; the key stays v2 until a group is written.
   SetFormat(o.dir, kJournalFormatV2);
@@ -89,13 +89,13 @@ TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommit
     EXPECT_EQ(r.updates, 3u);
     EXPECT_EQ((*j)->recovery().format, kJournalFormatV2);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV2) << "upgraded although nothing was written at v4";
+  EXPECT_EQ(Format(o.dir), kJournalFormatV2) << "upgraded although nothing was written at v5";
   {
     auto j = OpenCounting(o, &r);
     ASSERT_TRUE(j.ok()) << j.status();
     AppendAndFlush(**j, 4, 4);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
+  EXPECT_EQ(Format(o.dir), kJournalFormatV5);
   {
     auto j = OpenCounting(o, &r);
     ASSERT_TRUE(j.ok()) << j.status();
@@ -109,7 +109,17 @@ TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommit
     EXPECT_EQ((*j)->recovery().format, kJournalFormatV3);
     AppendAndFlush(**j, 5, 5);
   }
-  EXPECT_EQ(Format(o.dir), kJournalFormatV4);
+  EXPECT_EQ(Format(o.dir), kJournalFormatV5);
+  // And one written as v4 (before delete / reset of a dataset).
+  SetFormat(o.dir, kJournalFormatV4);
+  {
+    auto j = OpenCounting(o, &r);
+    ASSERT_TRUE(j.ok()) << j.status();
+    EXPECT_EQ((*j)->recovery().format, kJournalFormatV4);
+    EXPECT_EQ(r.updates, 5u);
+    AppendAndFlush(**j, 6, 6);
+  }
+  EXPECT_EQ(Format(o.dir), kJournalFormatV5);
 
   // A newer binary's format: refused, naming both.
   SetFormat(o.dir, "pacer-journal-v9");
@@ -117,7 +127,7 @@ TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommit
   ASSERT_FALSE(j.ok());
   EXPECT_EQ(j.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(j.status().message().find("pacer-journal-v9"), std::string::npos) << j.status();
-  EXPECT_NE(j.status().message().find(kJournalFormatV4), std::string::npos) << j.status();
+  EXPECT_NE(j.status().message().find(kJournalFormatV5), std::string::npos) << j.status();
 }
 
 TEST(JournalHwmTest, TheMarkIsExactAtCloseAndFollowsWhileRunning) {

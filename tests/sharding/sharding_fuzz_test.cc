@@ -25,7 +25,7 @@ Update RandomUpdate(std::mt19937_64& rng, const ShardingState& st) {
       default: return 0;
     }
   };
-  switch (rng() % 11) {
+  switch (rng() % 13) {
     case 0: {
       auto* s = u.mutable_register_dataset()->mutable_spec();
       s->set_name(rng() % 5 ? "d" + std::to_string(rng() % 4) : std::string(rng() % 300, 'x'));
@@ -107,6 +107,8 @@ Update RandomUpdate(std::mt19937_64& rng, const ShardingState& st) {
       a->set_max_leases(static_cast<uint32_t>(big()));
       break;
     }
+    case 10: u.mutable_delete_dataset()->set_dataset("d" + std::to_string(rng() % 5)); break;
+    case 11: u.mutable_reset_dataset()->set_dataset("d" + std::to_string(rng() % 5)); break;
     default:
       u.mutable_set_tail_backup()->set_dataset("d" + std::to_string(rng() % 5));
       u.mutable_set_tail_backup()->set_enabled(rng() % 2);

@@ -1,5 +1,6 @@
 // Replay and exactly-once property tests: random valid update sequences over several datasets
-// (shuffles, files, a stream, tail backups, failures, restarts, checkpoints).
+// (shuffles, files, a stream, tail backups, failures, restarts, checkpoints, an operator's
+// reset of a dataset or delete and re-registration).
 //  * After every update, each open partition's done counter equals the number of distinct
 //    positions that workers reported processed (an independent oracle): nothing counted twice.
 //  * Every epoch that closes had all its records done or quarantined: nothing lost.
@@ -66,6 +67,7 @@ class RandomRun {
     a.set_max_attempts(2 + rng_() % 3);
     a.set_batch_size(4);
     ASSERT_TRUE(d_.AddDataset(a).ok());
+    specs_["a"] = a;
     DatasetSpec b;
     b.set_name("b");
     for (int i = 0; i < 4; ++i) {
@@ -79,6 +81,7 @@ class RandomRun {
     b.set_tail_backup(true);
     b.set_max_attempts(1000);
     ASSERT_TRUE(d_.AddDataset(b).ok());
+    specs_["b"] = b;
     DatasetSpec s;
     s.set_name("s");
     s.set_shard_size(5);
@@ -88,6 +91,7 @@ class RandomRun {
       part->set_start_offset(100 * p);
     }
     ASSERT_TRUE(d_.AddDataset(s).ok());
+    specs_["s"] = s;
     for (int i = 0; i < 5; ++i) d_.AddWorker("w" + std::to_string(i), "n" + std::to_string(i % 2));
     Record();
   }
@@ -142,6 +146,19 @@ class RandomRun {
         ASSERT_TRUE(d_.Restore(tag).ok());
         processed_ = saved_[tag];
       }
+    } else if (op == 97) {
+      // The operator starts a dataset over, or deletes it and it is registered again (with a
+      // different shard size): its positions are forgotten, here and in every checkpoint.
+      if (rng_() % 2) {
+        ASSERT_TRUE(d_.ResetDataset(ds).ok());
+      } else {
+        DatasetSpec spec = specs_.at(ds);
+        ASSERT_TRUE(d_.DeleteDataset(ds).ok());
+        if (!spec.has_stream()) spec.set_shard_size(spec.shard_size() + 1);
+        ASSERT_TRUE(d_.AddDataset(spec).ok());
+        specs_[ds] = spec;
+      }
+      Forget(ds);
     } else if (op < 97) {
       ASSERT_TRUE(d_.SetAllocation(worker, (rng_() % 20) / 10.0, rng_() % 3 == 0 ? rng_() % 20 : 0,
                                    rng_() % 4)
@@ -152,6 +169,15 @@ class RandomRun {
     d_.state().TakeCancelledLeases();
     Record();
     CheckCounts();
+  }
+
+  // Dataset `ds` starts from nothing: what workers processed of it no longer counts.
+  void Forget(const std::string& ds) {
+    auto drop = [&](std::map<Key, IntervalSet>& m) {
+      for (auto it = m.begin(); it != m.end();) it = it->first.ds == ds ? m.erase(it) : std::next(it);
+    };
+    drop(processed_);
+    for (auto& [tag, saved] : saved_) drop(saved);
   }
 
   // The worker holding `lease` processed positions up to prefix `to`.
@@ -235,6 +261,7 @@ class RandomRun {
   StateDriver d_;
   std::map<Key, IntervalSet> processed_;
   std::map<std::string, std::map<Key, IntervalSet>> saved_;
+  std::map<std::string, DatasetSpec> specs_;  // as registered, by name
   std::vector<std::string> live_;
 };
 

@@ -107,6 +107,16 @@ class StateDriver {
     u.mutable_set_tail_backup()->set_enabled(on);
     return Apply(u);
   }
+  absl::Status DeleteDataset(const std::string& ds) {
+    Update u;
+    u.mutable_delete_dataset()->set_dataset(ds);
+    return Apply(u);
+  }
+  absl::Status ResetDataset(const std::string& ds) {
+    Update u;
+    u.mutable_reset_dataset()->set_dataset(ds);
+    return Apply(u);
+  }
 
  private:
   ShardingState state_;
