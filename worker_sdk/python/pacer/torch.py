@@ -419,6 +419,16 @@ class _LeaseBatchSampler:
         n = max(ld._batch, ld.min_batch)
         blocking = pacer.Blocking.UNTIL_PREFETCHED if ld._lockstep else pacer.Blocking.UNTIL_DATA
         outcome, ids = ld._reader.next(n, blocking)
+        if outcome == pacer.Outcome.WAIT and ld._lockstep:
+            # The service has nothing for this rank now. Often that is because this rank's own
+            # last leases are not complete yet: send their queued completions now (one round
+            # trip; a completion also leases the next shard or learns the end of the data)
+            # instead of at the next heartbeat, so the step after is not spent on a repeat.
+            try:
+                ld.client.flush(5_000)
+            except pacer.Error:
+                pass  # pacerd slow or away: the reporter retries; this step is a repeat
+            outcome, ids = ld._reader.next(n, blocking)
         if outcome == pacer.Outcome.END_OF_DATA:
             self.ended = True
         elif 0 < len(ids) < ld.min_batch:

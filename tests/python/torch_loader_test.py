@@ -1,0 +1,127 @@
+"""pacer.torch.DataLoader + DistributedDataParallel (docs/pytorch.md) with the trainer written
+from the docs (tests/python/docs_trainer.py: map-style dataset with real per-sample CPU cost,
+num_workers=2, BatchNorm), against a real pacerd subprocess and Gloo between processes:
+
+  - two ranks, two epochs, identity from torchrun's variables (RANK, no PACER_WORKER_ID): every
+    record trained exactly twice, equal parameters on both ranks;
+  - kill -9 of rank 1 mid-epoch after checkpoints, then the restart a supervisor does (both ranks
+    again, TORCHELASTIC_RESTART_COUNT=1, a fresh MASTER_PORT): the model descends from the last
+    checkpoint and saw every record exactly once — all after the checkpoint it resumed from were
+    trained again, none before;
+  - the same script under torchrun --nproc-per-node 2 with no PACER_* identity: every record once.
+Every process is reaped; each wait has a deadline. Skips (77) without torch.
+"""
+
+import json
+import os
+import shutil
+import socket
+import sys
+import unittest
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:
+    print(f"SKIP: torch not importable ({e})")
+    sys.exit(77)
+
+from pacerd_fixture import Children, Pacerd, temp_dir, wait_for
+import torch_ledger
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAINER = os.path.join(HERE, "docs_trainer.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(d, rank, world, port, attempt=0):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
+    env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, RANK=str(rank), LOCAL_RANK=str(rank),
+               WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TORCHELASTIC_RESTART_COUNT=str(attempt))
+    return env
+
+
+def results(out, world):
+    return [json.loads(open(os.path.join(out, f"result-{r}.json")).read()) for r in range(world)]
+
+
+class TorchLoaderTest(unittest.TestCase):
+    def start_ranks(self, children, d, tmp, out, args, attempt=0, world=2):
+        port = free_port()
+        return [children.start([sys.executable, TRAINER, "--out", out, *args],
+                               env=rank_env(d, r, world, port, attempt),
+                               log_path=f"{tmp}/a{attempt}-r{r}.log") for r in range(world)]
+
+    def logs(self, tmp):
+        text = []
+        for name in sorted(os.listdir(tmp)):
+            if name.endswith(".log"):
+                text.append(f"--- {name}\n" + open(os.path.join(tmp, name), errors="replace").read()[-2500:])
+        return "\n".join(text)
+
+    def test_two_ranks_two_epochs_exactly_once(self):
+        records, epochs = 3000, 2
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            out = os.path.join(tmp, "out")
+            self.start_ranks(children, d, tmp, out, ["--records", str(records), "--epochs", str(epochs),
+                                                     "--batch", "24", "--cost", "5"])
+            codes = children.wait_all(timeout_s=240)
+            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            res = results(out, 2)
+            torch_ledger.assert_exactly_once(self, out, records, epochs)
+        print(json.dumps(res))
+        self.assertEqual(res[0]["checksum"], res[1]["checksum"])
+        self.assertEqual(res[0]["steps"], res[1]["steps"])
+        self.assertEqual(sum(r["samples"] for r in res), records * epochs)
+
+    def test_kill_one_rank_resume_from_checkpoint(self):
+        records = 4000
+        args = ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "20",
+                "--die-at-step", "70"]
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            out = os.path.join(tmp, "out")
+            ranks = self.start_ranks(children, d, tmp, out, args)
+            wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
+            self.assertEqual(ranks[1].returncode, -9, self.logs(tmp))
+            # What a supervisor (pacer-agent, torchrun) does: stop the survivor, start the group again.
+            children.kill_all()
+            self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), self.logs(tmp))
+            children.procs.clear()
+            self.start_ranks(children, d, tmp, out, args, attempt=1)
+            codes = children.wait_all(timeout_s=240)
+            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            chain = torch_ledger.assert_exactly_once(self, out, records, 1)
+            res = results(out, 2)
+        print(json.dumps({"chain": chain, "results": res}))
+        self.assertEqual([a for a, _, _ in chain], [0, 1])
+        self.assertEqual(chain[1][1] % 20, 0)  # resumed at a checkpoint step
+        self.assertGreater(chain[1][1], 0)
+        self.assertEqual(res[0]["checksum"], res[1]["checksum"])
+
+    @unittest.skipUnless(shutil.which("torchrun"), "torchrun not installed")
+    def test_under_torchrun_without_pacer_identity(self):
+        records = 2000
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            out = os.path.join(tmp, "out")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
+            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token)
+            children.start(["torchrun", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
+                            "--log_dir", os.path.join(tmp, "torchrun-logs"),
+                            "--master_port", str(free_port()), TRAINER, "--out", out,
+                            "--records", str(records), "--batch", "16", "--cost", "5"],
+                           env=env, log_path=f"{tmp}/torchrun.log")
+            codes = children.wait_all(timeout_s=240)
+            self.assertEqual(codes, [0], self.logs(tmp))
+            torch_ledger.assert_exactly_once(self, out, records, 1)
+            res = results(out, 2)
+        print(json.dumps(res))
+        self.assertEqual(res[0]["checksum"], res[1]["checksum"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
