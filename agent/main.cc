@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   pacer::KubeFlags kube;
   int64_t kube_timeout_ms = 10'000, kube_backoff_ms = 500;
   int kube_attempts = 6;
+  int64_t workers = o.num_workers, first_rank = 0, world_size = 0, nnodes = 0, node_rank = -1,
+          master_port = 0, max_restarts = o.restart.max_restarts;
+  std::string scope = "group";
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   o.node = host;
@@ -44,13 +47,29 @@ int main(int argc, char** argv) {
       ("job", po::value(&o.job)->default_value(o.job), "job name (PACER_JOB for workers)")
       ("node", po::value(&o.node)->default_value(o.node), "node name (default $PACER_NODE or the host name)")
       ("agent-id", po::value(&o.agent_id), "agent id (default: the node name)")
-      ("workers", po::value(&o.num_workers)->default_value(o.num_workers), "worker processes on this node")
-      ("first-rank", po::value(&o.first_rank)->default_value(o.first_rank), "global rank of local worker 0")
-      ("world-size", po::value(&o.world_size)->default_value(o.world_size), "workers in the job (0: --workers)")
+      ("workers", po::value(&workers)->default_value(workers),
+       "worker processes on this node (torchrun's --nproc-per-node)")
+      ("first-rank", po::value(&first_rank)->default_value(first_rank),
+       "global rank of local worker 0 (default: --node-rank x --workers)")
+      ("world-size", po::value(&world_size)->default_value(world_size),
+       "workers in the job (0: --nnodes x --workers, else --workers)")
+      ("nnodes", po::value(&nnodes)->default_value(nnodes),
+       "nodes (agents) in the job, GROUP_WORLD_SIZE (0: world size / --workers, rounded up)")
+      ("node-rank", po::value(&node_rank)->default_value(node_rank),
+       "this node's index, GROUP_RANK (-1: --first-rank / --workers)")
+      ("master-addr", po::value(&o.master_addr),
+       "MASTER_ADDR for torch.distributed (default 127.0.0.1 on a single node)")
+      ("master-port", po::value(&master_port)->default_value(master_port),
+       "MASTER_PORT (0: a free port picked at every start of the group; single node only)")
+      ("run-id", po::value(&o.run_id),
+       "TORCHELASTIC_RUN_ID and PACER_RUN_ID (default $PACER_RUN_ID, else --job); the same on every node")
       ("worker-id-prefix", po::value(&o.worker_id_prefix)->default_value(o.worker_id_prefix),
        "worker i is PREFIX<rank>")
-      ("max-restarts", po::value(&o.restart.max_restarts)->default_value(o.restart.max_restarts),
-       "crash relaunches per worker before it is marked failed")
+      ("restart-scope", po::value(&scope)->default_value(scope),
+       "what a crash restarts: group (every local worker, torchrun's model, for synchronous "
+       "training) or worker (only the crashed one: asynchronous workers, parameter servers)")
+      ("max-restarts", po::value(&max_restarts)->default_value(max_restarts),
+       "crash restarts (of the group, or per worker with --restart-scope worker) before giving up")
       ("backoff-initial-ms", po::value(&o.restart.backoff_initial_ms)->default_value(o.restart.backoff_initial_ms),
        "delay before the first relaunch after a crash (doubles per crash in a row)")
       ("backoff-max-ms", po::value(&o.restart.backoff_max_ms)->default_value(o.restart.backoff_max_ms),
@@ -105,6 +124,51 @@ int main(int argc, char** argv) {
       "Exit codes: 0 workers finished or SIGTERM, 1 startup error, 2 bad flags, 3 workers failed,\n"
       "75 migrated (told to leave this node).",
       desc);
+  auto refuse_below = [](const char* flag, int64_t v, int64_t min) {
+    if (v < min) {
+      pacer::ExitWithError("pacer-agent", "--" + std::string(flag) + " must be at least " +
+                                              std::to_string(min) + ", not " + std::to_string(v));
+    }
+  };
+  constexpr int64_t kMaxRank = 1 << 24;
+  refuse_below("workers", workers, 1);
+  refuse_below("first-rank", first_rank, 0);
+  refuse_below("world-size", world_size, 0);
+  refuse_below("nnodes", nnodes, 0);
+  refuse_below("node-rank", node_rank, -1);
+  refuse_below("master-port", master_port, 0);
+  refuse_below("max-restarts", max_restarts, 0);
+  refuse_below("stop-grace-ms", o.restart.stop_grace_ms, 0);
+  refuse_below("backoff-initial-ms", o.restart.backoff_initial_ms, 0);
+  refuse_below("backoff-max-ms", o.restart.backoff_max_ms, 0);
+  for (auto [flag, v] : {std::pair{"workers", workers}, {"first-rank", first_rank},
+                         {"world-size", world_size}, {"nnodes", nnodes}, {"node-rank", node_rank},
+                         {"max-restarts", max_restarts}}) {
+    if (v > kMaxRank) pacer::ExitWithError("pacer-agent", "--" + std::string(flag) + " " + std::to_string(v) + " is too large");
+  }
+  if (master_port > 65535) pacer::ExitWithError("pacer-agent", "--master-port must be in 0..65535");
+  if (nnodes > 0 && node_rank >= nnodes) {
+    pacer::ExitWithError("pacer-agent", "--node-rank " + std::to_string(node_rank) +
+                                            " must be below --nnodes " + std::to_string(nnodes));
+  }
+  if (scope == "group") {
+    o.restart.scope = pacer::RestartScope::kGroup;
+  } else if (scope == "worker") {
+    o.restart.scope = pacer::RestartScope::kWorker;
+  } else {
+    pacer::ExitWithError("pacer-agent", "--restart-scope must be group or worker, not '" + scope + "'");
+  }
+  if (node_rank >= 0 && flags.vm["first-rank"].defaulted()) first_rank = node_rank * workers;
+  o.num_workers = static_cast<uint32_t>(workers);
+  o.first_rank = static_cast<uint32_t>(first_rank);
+  o.world_size = static_cast<uint32_t>(world_size);
+  o.nnodes = static_cast<uint32_t>(nnodes);
+  o.node_rank = node_rank;
+  o.master_port = static_cast<uint32_t>(master_port);
+  o.restart.max_restarts = static_cast<uint32_t>(max_restarts);
+  if (o.run_id.empty()) {
+    if (const char* r = std::getenv("PACER_RUN_ID"); r && *r) o.run_id = r;
+  }
   o.worker_command = flags.passthrough;
   if (o.worker_command.empty()) pacer::ExitWithError("pacer-agent", "no worker command after --");
   if (!pacer::ParseContentionMethod(method, &o.contention.method)) {

@@ -1,12 +1,19 @@
 #include "agent/node_agent.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <condition_variable>
+#include <iostream>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -34,29 +41,85 @@ struct NodeAgent::HeartbeatCall {
   bool done = false;
 };
 
+absl::Status ResolveTopology(NodeAgentOptions* o) {
+  if (o->num_workers == 0) return absl::InvalidArgumentError("--workers must be at least 1");
+  if (o->world_size == 0) o->world_size = o->nnodes ? o->nnodes * o->num_workers : o->num_workers;
+  if (o->first_rank + o->num_workers > o->world_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ranks %d..%d (--first-rank, --workers) do not fit world size %d", o->first_rank,
+        o->first_rank + o->num_workers - 1, o->world_size));
+  }
+  if (o->nnodes == 0) o->nnodes = (o->world_size + o->num_workers - 1) / o->num_workers;
+  if (o->node_rank < 0) o->node_rank = o->first_rank / o->num_workers;
+  if (o->node_rank >= static_cast<int64_t>(o->nnodes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--node-rank %d must be below --nnodes %d", o->node_rank, o->nnodes));
+  }
+  if (o->run_id.empty()) o->run_id = o->job;
+  return absl::OkStatus();
+}
+
+bool SetsMasterAddress(const NodeAgentOptions& o) {
+  return o.nnodes <= 1 || (!o.master_addr.empty() && o.master_port != 0);
+}
+
+absl::StatusOr<uint16_t> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(std::string("socket: ") + strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string err = strerror(errno);
+    close(fd);
+    return absl::UnavailableError("bind to port 0: " + err);
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
                                          const std::vector<std::string>& base_env) {
   const uint32_t world = o.world_size ? o.world_size : o.num_workers;
+  const std::string nnodes = std::to_string(std::max<uint32_t>(o.nnodes, 1));
+  const std::string node_rank = std::to_string(std::max<int64_t>(o.node_rank, 0));
   std::vector<WorkerSpec> specs;
   for (uint32_t i = 0; i < o.num_workers; ++i) {
     WorkerSpec s;
     s.rank = o.first_rank + i;
     s.local_rank = i;
     s.worker_id = o.worker_id_prefix + std::to_string(s.rank);
-    const std::map<std::string, std::string> ours = {
+    std::map<std::string, std::string> ours = {
         {"PACER_ADDR", o.address},
         {"PACER_JOB", o.job},
         {"PACER_WORKER_ID", s.worker_id},
         {"PACER_TOKEN", o.token},
         {"PACER_NODE", o.node},
+        {"PACER_RUN_ID", o.run_id.empty() ? o.job : o.run_id},
         {"PACER_RANK", std::to_string(s.rank)},
         {"PACER_WORLD_SIZE", std::to_string(world)},
         {"PACER_LOCAL_RANK", std::to_string(i)},
         {"PACER_LOCAL_WORLD_SIZE", std::to_string(o.num_workers)},
+        // torchrun's worker environment (torch.distributed.elastic's LocalElasticAgent).
         {"RANK", std::to_string(s.rank)},
         {"WORLD_SIZE", std::to_string(world)},
         {"LOCAL_RANK", std::to_string(i)},
+        {"LOCAL_WORLD_SIZE", std::to_string(o.num_workers)},
+        {"GROUP_RANK", node_rank},
+        {"GROUP_WORLD_SIZE", nnodes},
+        {"ROLE_NAME", "default"},
+        {"ROLE_RANK", std::to_string(s.rank)},
+        {"ROLE_WORLD_SIZE", std::to_string(world)},
+        {"TORCHELASTIC_RUN_ID", o.run_id.empty() ? o.job : o.run_id},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.restart.max_restarts)},
+        {"TORCHELASTIC_USE_AGENT_STORE", "False"},  // the workers' own TCPStore at MASTER_*
     };
+    if (SetsMasterAddress(o)) {
+      ours["MASTER_ADDR"] = o.master_addr.empty() ? "127.0.0.1" : o.master_addr;
+    }
     for (const std::string& kv : base_env) {
       if (!ours.count(kv.substr(0, kv.find('=')))) s.env.push_back(kv);
     }
@@ -71,15 +134,36 @@ std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
   return specs;
 }
 
+std::vector<std::string> NodeAgent::GroupStartEnvironment(uint32_t restart_count) {
+  if (!SetsMasterAddress(options_)) return {};
+  uint16_t port = static_cast<uint16_t>(options_.master_port);
+  if (port == 0) {
+    auto p = PickFreePort();
+    // A new group gets a new port (a survivor of the old one may still hold the old port).
+    for (int i = 0; i < 8 && p.ok() && *p == last_master_port_; ++i) p = PickFreePort();
+    if (p.ok()) {
+      port = *p;
+    } else {
+      port = last_master_port_ ? last_master_port_ : 29500;  // torchrun's default port
+      PACER_LOG(ERROR) << "no free port for MASTER_PORT (" << p.status().message() << "): using "
+                       << port;
+    }
+  }
+  last_master_port_ = port;
+  PACER_LOG(INFO) << "group start " << restart_count << " (TORCHELASTIC_RESTART_COUNT=" << restart_count
+                  << "): MASTER_ADDR=" << (options_.master_addr.empty() ? "127.0.0.1" : options_.master_addr)
+                  << " MASTER_PORT=" << port;
+  return {"MASTER_PORT=" + std::to_string(port)};
+}
+
 absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Create(NodeAgentOptions options,
                                                               const Clock* clock) {
   if (options.node.empty()) return absl::InvalidArgumentError("node name is required");
   if (options.worker_command.empty()) return absl::InvalidArgumentError("no worker command");
   if (options.num_workers == 0) return absl::InvalidArgumentError("need at least one worker");
-  if (options.world_size != 0 && options.first_rank + options.num_workers > options.world_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "ranks %d..%d do not fit world size %d", options.first_rank,
-        options.first_rank + options.num_workers - 1, options.world_size));
+  if (absl::Status s = ResolveTopology(&options); !s.ok()) return s;
+  if (options.master_port > 65535) {
+    return absl::InvalidArgumentError("--master-port must be in 1..65535");
   }
   if (options.heartbeat_interval_ms <= 0 || options.metrics_interval_ms <= 0) {
     return absl::InvalidArgumentError("intervals must be > 0");
@@ -113,6 +197,9 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
   listener.on_exit = [this](const WorkerExit& e) {
     exits_outbox_.push_back(e);
     if (exits_outbox_.size() > kMaxExitsKept) exits_outbox_.pop_front();
+  };
+  listener.on_group_start = [this](uint32_t restart_count) {
+    return GroupStartEnvironment(restart_count);
   };
   listener.on_launch = [this](const std::string& id, pid_t pid) {
     recent_cores_.erase(id);  // a new process: its CPU history starts now
@@ -170,6 +257,16 @@ int NodeAgent::Run() {
   PACER_LOG(INFO) << "agent " << options_.agent_id << " on node " << options_.node
                   << " (incarnation " << incarnation_ << "): " << options_.num_workers
                   << " worker(s), pacerd " << (options_.address.empty() ? "none" : options_.address);
+  PACER_LOG(INFO) << "ranks " << options_.first_rank << ".." << options_.first_rank + options_.num_workers - 1
+                  << " of " << options_.world_size << ", node " << options_.node_rank << " of "
+                  << options_.nnodes << ", run id " << options_.run_id << ", restart scope "
+                  << (options_.restart.scope == RestartScope::kGroup ? "group" : "worker")
+                  << ", max restarts " << options_.restart.max_restarts;
+  if (!SetsMasterAddress(options_)) {
+    PACER_LOG(WARNING) << options_.nnodes << " nodes but no --master-addr and --master-port: "
+                       << "MASTER_ADDR / MASTER_PORT are not set for the workers (torch's env:// "
+                       << "init needs them; pass the same pair to every node's agent)";
+  }
   supervisor_->StartAll();
   for (const auto& [id, factor] : options_.initial_contention) {
     std::vector<pid_t> others;
@@ -211,8 +308,13 @@ void NodeAgent::ReapChildren() {
 void NodeAgent::CheckFinished() {
   if (exit_code_ || !supervisor_->AllFinished()) return;
   const bool failed = supervisor_->AnyFailed();
+  if (failed) {
+    PACER_LOG(ERROR) << "giving up: " << supervisor_->FailureReason();
+    std::cerr << "pacer-agent: giving up: " << supervisor_->FailureReason() << std::endl;
+  }
   BeginExit(failed ? kAgentExitWorkersFailed : kAgentExitOk,
-            failed ? "every worker ended, some failed" : "every worker finished");
+            failed ? "every worker ended, some failed: " + supervisor_->FailureReason()
+                   : "every worker finished");
 }
 
 void NodeAgent::BeginExit(int code, const std::string& why) {

@@ -65,8 +65,15 @@ struct NodeAgentOptions {
   std::string agent_id;  // default: node
   uint32_t num_workers = 1;
   uint32_t first_rank = 0;   // global rank of local worker 0
-  uint32_t world_size = 0;   // 0: num_workers
+  uint32_t world_size = 0;   // 0: nnodes * num_workers when nnodes is set, else num_workers
   std::string worker_id_prefix = "w";  // worker i is <prefix><first_rank + i>
+  // torchrun's topology (ResolveTopology fills what is not given):
+  uint32_t nnodes = 0;       // nodes (agents) of the job; 0: ceil(world_size / num_workers)
+  int64_t node_rank = -1;    // GROUP_RANK of this node; -1: first_rank / num_workers
+  std::string master_addr;   // MASTER_ADDR; "" : 127.0.0.1 on a single node
+  uint32_t master_port = 0;  // MASTER_PORT; 0: a free port picked at every group (re)start
+                             // (single node only: nodes cannot agree on a port picked locally)
+  std::string run_id;        // TORCHELASTIC_RUN_ID and PACER_RUN_ID; "": the job name
   std::vector<std::string> worker_command;  // {worker_id}, {rank}, {local_rank} substituted
   RestartPolicy restart;
   int64_t heartbeat_interval_ms = 1000;
@@ -82,11 +89,28 @@ struct NodeAgentOptions {
   int stdout_fd = 1, stderr_fd = 2;
 };
 
-// The per-worker specs: ids, ranks, the job environment (PACER_ADDR, PACER_JOB,
-// PACER_WORKER_ID, PACER_TOKEN, PACER_NODE, PACER_RANK, PACER_WORLD_SIZE, PACER_LOCAL_RANK,
-// PACER_LOCAL_WORLD_SIZE and the torch-style RANK, WORLD_SIZE, LOCAL_RANK) over `base_env`.
+// Checks and completes the topology: world_size, nnodes, node_rank, run_id (see the fields).
+// INVALID_ARGUMENT names the flag when the numbers contradict each other.
+absl::Status ResolveTopology(NodeAgentOptions* options);
+
+// True when MASTER_ADDR / MASTER_PORT are set for the workers: always on a single node; on
+// several only when both --master-addr and --master-port are given (the same on every node).
+bool SetsMasterAddress(const NodeAgentOptions& options);
+
+// The per-worker specs (options resolved by ResolveTopology): ids, ranks, the job environment
+// over `base_env`: PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, PACER_NODE,
+// PACER_RUN_ID, PACER_RANK, PACER_WORLD_SIZE, PACER_LOCAL_RANK, PACER_LOCAL_WORLD_SIZE, and
+// torchrun's worker environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR (SetsMasterAddress),
+// TORCHELASTIC_RUN_ID, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE=False.
+// MASTER_PORT and TORCHELASTIC_RESTART_COUNT change with every start of the group and are
+// added at launch (WorkerSupervisor, NodeAgent's on_group_start).
 std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& options,
                                          const std::vector<std::string>& base_env);
+
+// A TCP port free on every IPv4 interface right now (bind port 0, read it, close): what
+// torchrun does for --standalone. Another process may take it before the workers bind it.
+absl::StatusOr<uint16_t> PickFreePort();
 
 class NodeAgent {
  public:
@@ -124,6 +148,8 @@ class NodeAgent {
   // Stops every worker, sends a last heartbeat (leaving) and ends Run() with `code`.
   void BeginExit(int code, const std::string& why);
   void FinishExit();
+  // The environment of a (re)start of the group: MASTER_PORT (fresh unless --master-port).
+  std::vector<std::string> GroupStartEnvironment(uint32_t restart_count);
 
   NodeAgentOptions options_;
   const Clock* clock_;
@@ -154,6 +180,8 @@ class NodeAgent {
   uint32_t heartbeat_failures_ = 0;
   uint32_t registrations_ = 0;
   bool connected_ = false;
+
+  uint16_t last_master_port_ = 0;
 
   std::optional<int> exit_code_;  // set once the agent is leaving
   bool stopping_workers_ = false;

@@ -19,56 +19,21 @@
 #include "agent/proc_stats.h"
 #include "common/auth.h"
 #include "common/status.h"
+#include "tests/agent/agent_test_server.h"
 #include "tests/agent/fake_kube_api.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
 namespace {
 
+using testing::AgentServer;
 using testing::BinaryPath;
+using testing::kToken;
 using testing::ReadFileOrEmpty;
 using testing::Subprocess;
 using testing::TempDir;
 using testing::WaitFor;
 using namespace std::chrono_literals;
-
-constexpr char kToken[] = "job-token-for-tests";
-
-// An AgentService on loopback. `port` 0 lets the OS choose; a later server may take the same
-// port again (pacerd restarting).
-class AgentServer {
- public:
-  explicit AgentServer(int port = 0) : auth_(kToken, "admin-token") {
-    AgentRegistryOptions o;
-    o.heartbeat_interval_ms = 200;
-    o.agent_timeout_ms = 3000;
-    registry_ = std::make_unique<AgentRegistry>(o, RealClock::Get());
-    service_ = std::make_unique<GrpcAgentService>(registry_.get(), &auth_);
-    // The old port may still be held for a moment after a restart: retry with a deadline.
-    WaitFor([&] {
-      grpc::ServerBuilder b;
-      b.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(), &port_);
-      b.RegisterService(service_.get());
-      server_ = b.BuildAndStart();
-      return server_ && port_ != 0;
-    }, 10s, 100ms);
-  }
-  ~AgentServer() { Stop(); }
-  void Stop() {
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + 1s);
-    server_.reset();
-  }
-  int port() const { return port_; }
-  AgentRegistry& registry() { return *registry_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
- private:
-  Authenticator auth_;
-  std::unique_ptr<AgentRegistry> registry_;
-  std::unique_ptr<GrpcAgentService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-};
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -168,9 +133,11 @@ TEST_F(AgentTest, CrashingWorkerIsRestartedWithBackoffAndTheLimitIsEnforced) {
   EXPECT_EQ(w.last_exit_code(), 7);
 }
 
+// --restart-scope worker (asynchronous workers, parameter servers); the group scope's answer
+// to the same command is in agent_group_restart_test.
 TEST_F(AgentTest, RestartCommandRestartsExactlyTheNamedWorker) {
   AgentServer server;
-  StartAgent(server.address(), 3, {"sleep"});
+  StartAgent(server.address(), 3, {"sleep"}, {"--restart-scope", "worker"});
   AgentRegistry& r = server.registry();
   ASSERT_TRUE(WaitFor([&] { return AllRunning(r, {"w0", "w1", "w2"}); }, 20s)) << Log();
   const pid_t p0 = W(r, "w0").pid(), p1 = W(r, "w1").pid(), p2 = W(r, "w2").pid();
@@ -223,7 +190,7 @@ TEST_F(AgentTest, KeepsWorkersRunningWhilePacerdIsDownAndReRegisters) {
   constexpr auto kOutage = 30s;
   auto server = std::make_unique<AgentServer>();
   const int port = server->port();
-  StartAgent(server->address(), 2, {"sleep"}, {"--backoff-initial-ms", "100"});
+  StartAgent(server->address(), 2, {"sleep"}, {"--backoff-initial-ms", "100", "--restart-scope", "worker"});
   ASSERT_TRUE(WaitFor([&] { return AllRunning(server->registry(), {"w0", "w1"}); }, 20s)) << Log();
   const pid_t p0 = W(server->registry(), "w0").pid(), p1 = W(server->registry(), "w1").pid();
 
@@ -558,7 +525,8 @@ TEST_F(AgentTest, BadCommandsAreRefusedWithAReasonAndChangeNothing) {
   auto server = b.BuildAndStart();
   ASSERT_TRUE(server && port != 0);
 
-  StartAgent("127.0.0.1:" + std::to_string(port), 2, {"sleep"});
+  // Worker scope, so that the good restart below touches w0 alone.
+  StartAgent("127.0.0.1:" + std::to_string(port), 2, {"sleep"}, {"--restart-scope", "worker"});
   ASSERT_TRUE(WaitFor([&] { return AllRunning(registry, {"w0", "w1"}); }, 20s)) << Log();
   const pid_t p0 = W(registry, "w0").pid(), p1 = W(registry, "w1").pid();
 

@@ -7,6 +7,11 @@
 //                                                 (atomically, by rename)
 // Options: --only WORKER_ID   act only when $PACER_WORKER_ID is WORKER_ID, otherwise sleep
 //          --env-file FILE    write the PACER_* environment to FILE at start
+//          --env-dir DIR      write the PACER_* and torchrun variables (RANK, MASTER_PORT,
+//                             TORCHELASTIC_*, ...) to DIR/<worker id>.<restart count>.env at
+//                             start (atomically, by rename)
+//          --exit-at-restart N  exit 0 at once (after the env files) when
+//                             $TORCHELASTIC_RESTART_COUNT >= N
 // Prints "started <pid> <worker id>" first.
 #include <signal.h>
 #include <time.h>
@@ -36,8 +41,8 @@ int64_t Ns(clockid_t c) {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "sleep";
-  std::string progress, only, env_file;
-  long after_ms = 0, code = 1;
+  std::string progress, only, env_file, env_dir;
+  long after_ms = 0, code = 1, exit_at_restart = -1;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--progress") progress = v;
@@ -45,6 +50,8 @@ int main(int argc, char** argv) {
     if (k == "--code") code = std::atol(v.c_str());
     if (k == "--only") only = v;
     if (k == "--env-file") env_file = v;
+    if (k == "--env-dir") env_dir = v;
+    if (k == "--exit-at-restart") exit_at_restart = std::atol(v.c_str());
   }
   const char* id = std::getenv("PACER_WORKER_ID");
   std::printf("started %d %s\n", getpid(), id ? id : "?");
@@ -54,6 +61,30 @@ int main(int argc, char** argv) {
     for (char** e = environ; *e; ++e) {
       if (std::strncmp(*e, "PACER_", 6) == 0) out << *e << "\n";
     }
+  }
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const long restart_count = restart ? std::atol(restart) : -1;
+  if (!env_dir.empty()) {
+    const std::string path = env_dir + "/" + (id ? id : "unknown") + "." +
+                             (restart ? restart : "none") + ".env";
+    {
+      std::ofstream out(path + ".tmp");
+      for (char** e = environ; *e; ++e) {
+        static const char* const kPrefixes[] = {"PACER_", "RANK=", "LOCAL_", "WORLD_SIZE=", "GROUP_",
+                                                "ROLE_", "MASTER_", "TORCHELASTIC_"};
+        for (const char* p : kPrefixes) {
+          if (std::strncmp(*e, p, std::strlen(p)) == 0) {
+            out << *e << "\n";
+            break;
+          }
+        }
+      }
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  if (exit_at_restart >= 0 && restart_count >= exit_at_restart) {
+    std::printf("restart %ld: exiting 0\n", restart_count);
+    return 0;
   }
   if (!only.empty() && (id == nullptr || only != id)) Idle();
   if (mode == "sleep") Idle();
