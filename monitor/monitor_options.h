@@ -29,11 +29,11 @@ struct MonitorOptions {
   bool pair_detection = true;        // exactly 2 workers with an estimate: the pair rule
   uint32_t stale_after_windows = 3;  // no report for this long: class UNKNOWN
   uint32_t smoothed_windows = 3;     // WorkerStatus.smoothed_speed: median of this many windows
-  // ... growing, while the worker's classification holds (class, persistence, cause, scope
-  // unchanged), by one window per window held up to this many: a persistent straggler's or a
-  // steady worker's speed comes from a long, steady history (the batch planner plans from
-  // it), and a change of class starts again from smoothed_windows (a new regime is followed
-  // quickly). Clamped to the history kept.
+  // ... and for a persistent straggler, growing by one window per window its classification
+  // holds (class, persistence, cause, scope unchanged) up to this many: it is planned from a
+  // long, steady history, and a change of class starts again from smoothed_windows (a new
+  // regime is followed quickly). Other workers keep smoothed_windows, so a relaunch that cured
+  // one or a burst below the threshold shows at once. Clamped to the history kept.
   uint32_t stable_smoothed_windows = 10;
 
   // ---- straggler / leader ----

@@ -352,6 +352,12 @@ void MonitorState::Emit(int64_t window, EntityKind kind, const std::string& id,
 }
 
 uint32_t MonitorState::SmoothingWindows(uint32_t w) const {
+  // Only a persistent straggler: a normal worker's speed must follow a change (a relaunch that
+  // cured it, a burst under the threshold), and the simulator's contention scenarios lose up
+  // to 10 % of their gain when every steady worker is smoothed over 10 windows.
+  const Classification& c = worker_classifier_.Current(w);
+  if (c.worker_class() != WORKER_CLASS_STRAGGLER || c.persistence() != PERSISTENCE_PERSISTENT)
+    return options_.smoothed_windows;
   // Windows closed since the classification last changed (class_since_ms is a window's end).
   const int64_t closed_end_ms = (last_closed_ + 1) * options_.window_ms;
   const int64_t held = std::max<int64_t>(0, closed_end_ms - workers_[w].class_since_ms) /
