@@ -351,7 +351,7 @@ absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const Cluster
                                plan_ids.size(), now_ids.size());
   }
   p.baseline = std::move(baseline);
-  p.plan.version = current ? current->version + 1 : 1;
+  p.plan.version = std::max<uint64_t>(current ? current->version : 0, view.job.last_plan_version) + 1;
   p.plan.effective_step = EffectiveStep(view, cfg, p.plan.predicted_step_s);
   return std::optional<BatchProposal>(std::move(p));
 }

@@ -80,7 +80,10 @@ struct ServerView {
 struct JobView {
   JobMode mode = JobMode::kSync;
   int64_t global_batch = 0;         // B, samples per synchronous step (sync jobs)
-  int64_t current_step = 0;         // the newest step any worker reported
+  int64_t current_step = 0;         // the newest step reported in the current run
+  // The newest batch plan version issued in any run of the job (a plan withdrawn at a new run
+  // included): a new plan numbers above it, so versions only grow (docs/sharding.md, "Runs").
+  uint64_t last_plan_version = 0;
   double step_time_s = 0;           // measured wall time of one step (sync jobs)
   double heartbeat_interval_s = 1;  // how often a worker picks up commands
   int64_t remaining_samples = 0;    // samples left to train on (0 = unknown/unbounded)

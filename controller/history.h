@@ -107,6 +107,11 @@ class History {
     plan_ = plan;
     state_changed_ = true;
   }
+  // A new run of the job (pacerd's reconciler): no plan is in force any more.
+  void ClearPlan() {
+    plan_.reset();
+    state_changed_ = true;
+  }
   void SetAllocations(std::vector<WorkerAllocation> a) {
     allocations_ = std::move(a);
     state_changed_ = true;

@@ -74,16 +74,54 @@ Reconciler::Reconciler(std::unique_ptr<Controller> controller, MonitorServiceImp
       monitor_(monitor),
       sharding_(sharding),
       options_(options),
-      controller_(std::move(controller)) {}
+      controller_(std::move(controller)),
+      runs_(options.run_gap_ms > 0
+                ? options.run_gap_ms
+                : std::max<int64_t>(2'000, static_cast<int64_t>(5'000 * options.heartbeat_interval_s))) {}
 
 void Reconciler::SetAgentDispatcher(AgentDispatcher dispatcher) {
   absl::MutexLock l(&mu_);
   agents_ = std::move(dispatcher);
 }
 
+void Reconciler::OnRegister(const RegisterWorkerRequest& req) {
+  absl::MutexLock l(&mu_);
+  if (auto why = runs_.OnRegister(req.worker_id(), req.run_id(), clock_->NowMs())) {
+    StartRunLocked(*why);
+  }
+}
+
+std::pair<uint64_t, int64_t> Reconciler::Run() const {
+  absl::MutexLock l(&mu_);
+  return {runs_.generation(), runs_.CurrentStep(clock_->NowMs())};
+}
+
+void Reconciler::StartRunLocked(const std::string& why) {
+  plan_commands_.clear();
+  const auto& plan = controller_->history().plan();
+  std::string what = absl::StrCat("run ", runs_.generation(),
+                                  runs_.run_id().empty() ? "" : " ('" + runs_.run_id() + "')",
+                                  " began: ", why);
+  if (!plan) {
+    PACER_LOG(INFO) << what;
+    return;
+  }
+  // Its effective step counts the old run's steps: withdrawn, not re-sent. The workers of the
+  // new run train on their own batches until the controller plans for this run, above every
+  // version issued so far.
+  last_plan_version_ = std::max(last_plan_version_, plan->version);
+  absl::StrAppend(&what, "; batch plan v", plan->version, " @step ", plan->effective_step,
+                  " of the previous run withdrawn");
+  controller_->mutable_history()->ClearPlan();
+  PACER_LOG(WARNING) << what;
+  RecordOperatorEventLocked(what);
+}
+
 void Reconciler::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
   absl::MutexLock l(&mu_);
-  max_step_ = std::max<int64_t>(max_step_, static_cast<int64_t>(req.step()));
+  if (auto why = runs_.OnStep(req.worker_id(), static_cast<int64_t>(req.step()), clock_->NowMs())) {
+    StartRunLocked(*why);
+  }
   honors_exclusion_[req.worker_id()] = req.honors_exclusion();
   if (req.honors_exclusion() && exclusion_version_ > req.exclusion_version()) {
     WorkerCommand* cmd = resp->add_commands();
@@ -144,7 +182,8 @@ absl::Status Reconciler::ReconcileNow() {
     ClusterView v;
     v.now_ms = now;
     v.job.mode = options_.mode;
-    v.job.current_step = max_step_;
+    v.job.current_step = runs_.CurrentStep(now);
+    v.job.last_plan_version = last_plan_version_;
     v.job.heartbeat_interval_s = options_.heartbeat_interval_s;
     // Exclusion needs every live worker's trainer to carry it out (decided below, per worker).
     bool all_honor = true;
@@ -159,7 +198,9 @@ absl::Status Reconciler::ReconcileNow() {
       WorkerView wv;
       wv.id = w.id();
       wv.node = w.node();
-      wv.alive = w.reports() > 0 && now - w.last_report_ms() <= stale_ms;
+      // Only reports of the current run count: a worker last heard in an earlier run is gone.
+      wv.alive = w.reports() > 0 && now - w.last_report_ms() <= stale_ms &&
+                 w.last_report_ms() >= runs_.started_ms();
       wv.speed = w.smoothed_speed() > 0 ? w.smoothed_speed() : w.speed();
       wv.last_window_speed = w.speed();
       wv.relative_speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
@@ -362,6 +403,10 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
   if (loaded.empty) return absl::OkStatus();
   RestoreHistory(loaded, controller_->mutable_history());
   dispatch_notes_ = std::move(loaded.dispatch);
+  // Versions only grow across runs: a plan withdrawn at a new run is in the audit trail.
+  for (const AuditRecord& r : controller_->history().audit()) {
+    if (r.action.plan) last_plan_version_ = std::max(last_plan_version_, r.action.plan->version);
+  }
   if (const auto& plan = controller_->history().plan()) DispatchPlan(*plan);
   // The exclusion in force goes out again under the newest audit id: above any version a
   // worker may hold, or equal to it with the same state.
@@ -405,6 +450,7 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
 }
 
 void Reconciler::DispatchPlan(const BatchPlan& plan) {
+  last_plan_version_ = std::max(last_plan_version_, plan.version);
   for (const auto& w : plan.workers) {
     BatchPlanCommand cmd;
     cmd.set_version(plan.version);
@@ -443,6 +489,10 @@ absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string&
 
 void Reconciler::RecordOperatorEvent(const std::string& what) {
   absl::MutexLock l(&mu_);
+  RecordOperatorEventLocked(what);
+}
+
+void Reconciler::RecordOperatorEventLocked(const std::string& what) {
   AuditRecord r;
   r.time_ms = clock_->NowMs();
   r.policy = "operator";

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "controller/controller.h"
 #include "controller/controller_store.h"
+#include "controller/run_tracker.h"
 #include "monitor/monitor_service.h"
 #include "proto/pacer/controller.pb.h"
 #include "proto/pacer/sharding.pb.h"
@@ -44,6 +45,9 @@ struct ReconcilerOptions {
   double heartbeat_interval_s = 1.0;  // how often workers pick up commands
   double restart_cost_s = 60;         // until agents measure it
   double migrate_cost_s = 0;          // 0: restart cost × policy factor
+  // A worker not heard from for this long is gone from the current run (RunTracker); 0: five
+  // heartbeat intervals, at least 2 s.
+  int64_t run_gap_ms = 0;
 };
 
 // MonitorOptions with the policy's detection settings applied.
@@ -60,6 +64,13 @@ class Reconciler {
   // Heartbeat hook (ShardingServiceImpl::SetHeartbeatHook): records the worker's step and adds
   // its batch plan command when the worker does not hold the current version yet.
   void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  // Register hook (ShardingServiceImpl::SetRegisterHook): a worker process started. When it
+  // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
+  // command of the old run is sent again, the job's step is counted anew, the next plan gets a
+  // higher version and an effective step in the new run; the audit trail says so.
+  void OnRegister(const RegisterWorkerRequest& req);
+  // The current run: generation (1, 2, ...; 0 before any worker) and the job's step in it.
+  std::pair<uint64_t, int64_t> Run() const;
   // Asks for an early reconcile (monitor events).
   void Poke() { poked_ = true; }
   // Reconciles when the interval passed or it was poked. Returns whether it ran.
@@ -94,6 +105,9 @@ class Reconciler {
  private:
   ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DispatchPlan(const BatchPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new run began (`why`): withdraws the plan in force and its commands.
+  void StartRunLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordOperatorEventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteDispatchLocked(uint64_t id, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateAndNotify(const PolicyConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves what changed (no-op without a store); on failure keeps it for the next call.
@@ -115,7 +129,8 @@ class Reconciler {
   std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);
   uint64_t exclusion_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, bool> honors_exclusion_ ABSL_GUARDED_BY(mu_);
-  int64_t max_step_ ABSL_GUARDED_BY(mu_) = 0;
+  RunTracker runs_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_plan_version_ ABSL_GUARDED_BY(mu_) = 0;  // newest plan version ever dispatched
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_command_id_ ABSL_GUARDED_BY(mu_) = 1;
   AgentDispatcher agents_ ABSL_GUARDED_BY(mu_);

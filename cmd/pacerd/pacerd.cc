@@ -215,6 +215,11 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     reconciler->OnHeartbeat(req, resp);
     rendezvous->OnHeartbeat(req, resp);  // regroup commands after a membership change
   });
+  // A worker process that starts may begin a new run of the job (controller/run_tracker.h).
+  d->sharding_->SetRegisterHook([reconciler](const RegisterWorkerRequest& req,
+                                             const RegisterWorkerResponse&) {
+    reconciler->OnRegister(req);
+  });
   // Operator acts on the sharding state (pacerctl datasets delete|reset) go in the audit trail.
   d->sharding_->SetAuditHook([reconciler](const std::string& what) {
     reconciler->RecordOperatorEvent(what);
