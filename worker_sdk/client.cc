@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   so.token = options.token;
   so.worker_id = options.worker_id;
   so.node = options.node;
+  so.run_id = options.run_id;
   so.rpc_timeout_ms = options.rpc_timeout_ms;
   so.retry_budget_ms = options.connect_budget_ms;
   so.credentials = options.credentials;

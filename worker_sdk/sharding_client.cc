@@ -59,6 +59,7 @@ absl::Status ShardingClient::Reregister() {
   RegisterWorkerRequest req;
   req.set_worker_id(options_.worker_id);
   req.set_node(options_.node);
+  req.set_run_id(options_.run_id);
   RegisterWorkerResponse resp;
   RETURN_IF_ERROR(Retry("RegisterWorker", [&](grpc::ClientContext* ctx) {
     resp.Clear();

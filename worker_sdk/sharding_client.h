@@ -45,6 +45,7 @@ struct ShardingClientOptions {
   std::string token;      // the job token
   std::string worker_id;
   std::string node;
+  std::string run_id;  // sent in RegisterWorker: which run of the job (docs/sharding.md, "Runs")
   int64_t rpc_timeout_ms = 10'000;
   int64_t retry_budget_ms = 120'000;  // total time to keep retrying one call
   int64_t backoff_initial_ms = 20;
