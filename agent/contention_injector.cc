@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +24,36 @@
 #include "common/log.h"
 
 namespace pacer {
+
+namespace {
+
+// `root` and its descendants, from the parent pids in <proc>/<pid>/stat (root first).
+std::vector<pid_t> ProcessTree(const std::string& proc_root, pid_t root) {
+  std::multimap<pid_t, pid_t> children;
+  if (DIR* d = opendir(proc_root.c_str())) {
+    while (struct dirent* ent = readdir(d)) {
+      pid_t pid = 0;
+      if (!absl::SimpleAtoi(ent->d_name, &pid) || pid <= 0) continue;
+      std::ifstream f(proc_root + "/" + ent->d_name + "/stat");
+      std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses; parse after the last ')'.
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+      pid_t ppid = 0;
+      if (fields.size() >= 2 && absl::SimpleAtoi(fields[1], &ppid)) children.emplace(ppid, pid);
+    }
+    closedir(d);
+  }
+  std::vector<pid_t> out = {root};
+  for (size_t i = 0; i < out.size() && out.size() < 4096; ++i) {
+    auto [b, e] = children.equal_range(out[i]);
+    for (auto it = b; it != e; ++it) out.push_back(it->second);
+  }
+  return out;
+}
+
+}  // namespace
 namespace {
 
 // The kernel's sched_prio_to_weight[] (nice -20 .. 19).
@@ -195,7 +228,13 @@ absl::Status ContentionInjector::ApplyCgroup(const std::string& worker_id, Entry
   if (absl::Status s = WriteCpuQuota(e.group_dir, cores, options_.cfs_period_us); !s.ok()) {
     return s;
   }
-  return WriteFile(e.group_dir + "/cgroup.procs", std::to_string(e.pid));
+  // The worker and every process it started already (a PyTorch trainer's DataLoader worker
+  // processes do its decoding): the whole worker is slowed, not only its main process.
+  for (pid_t p : ProcessTree(options_.proc_root, e.pid)) {
+    absl::Status s = WriteFile(e.group_dir + "/cgroup.procs", std::to_string(p));
+    if (!s.ok() && p == e.pid) return s;  // a child that exited meanwhile is not an error
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ContentionInjector::ApplyLimit(const std::string& worker_id, pid_t pid) {

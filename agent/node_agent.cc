@@ -577,8 +577,11 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
       for (const std::string& o : supervisor_->WorkerIds()) {
         if (o != w && supervisor_->Pid(o) > 0) others.push_back(supervisor_->Pid(o));
       }
+      // Under a CPU limit a busy worker's CPU is its limit (RecentCores counts its main
+      // process only, not the loader processes a trainer starts).
+      const double limit = options_.contention.worker_cpu_limit_cores;
       done(injector_->Apply(w, supervisor_->Pid(w), cmd.set_contention().factor(),
-                            RecentCores(w), others));
+                            limit > 0 ? std::max(limit, RecentCores(w)) : RecentCores(w), others));
       supervisor_->SetContentionFactor(w, injector_->FactorOf(w).value_or(0));
       return;
     }

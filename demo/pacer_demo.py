@@ -197,6 +197,8 @@ class Run:
                 os.path.join(self.data, "job.token"), "--node", node, "--workers", "2",
                 "--first-rank", str(first), "--world-size", str(WORLD), "--heartbeat-ms", "500",
                 "--metrics-ms", "500", "--max-restarts", "0",
+                # async workers restart alone; a synchronous group restarts together (the default)
+                "--restart-scope", "worker" if a.mode == "ps" else "group",
                 "--worker-cpu-limit", str(a.worker_cores), "--", *trainer,
             ], os.path.join(self.dir, f"agent-{node}.log"))
 

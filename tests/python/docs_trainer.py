@@ -51,6 +51,12 @@ class SyntheticDataset(torch.utils.data.Dataset):
         return x + 0.0 * acc[0], y, int(i)
 
 
+def lower_priority(_worker_id):
+    """Loader processes yield the CPU to the training process (docs/pytorch.md, "CPU-bound
+    hosts"): its collectives are not held up by decoding that can wait."""
+    os.nice(10)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=20000)
@@ -72,7 +78,7 @@ def main():
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     dataset = SyntheticDataset(args.records, args.cost)
     loader = pt.DataLoader(dataset, batch_size=args.batch, num_workers=args.num_workers,
-                           epochs=args.epochs, seed=3)
+                           epochs=args.epochs, seed=3, worker_init_fn=lower_priority)
     model = pt.DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(DIMS, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -227,7 +227,8 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
   agent_ = Subprocess::Start(
       {BinaryPath("pacer-agent"), "--addr", pacerd_->address(), "--token-file", dir_.Sub("data/job.token"),
        "--node", "node-ps", "--job", "psjob", "--workers", std::to_string(kServers.size()),
-       "--worker-id-prefix", "ps", "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml", "--",
+       "--worker-id-prefix", "ps", "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml",
+       "--restart-scope", "worker", "--",
        BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", dir_.Sub("ps/{worker_id}"),
        "--port-file", dir_.Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
       {}, dir_.Sub("agent.log"));

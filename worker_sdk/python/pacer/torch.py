@@ -271,21 +271,35 @@ class _HookState:
         self.max_launch_ns = 0
         self.max_finish_ns = 0
         self.steps_reduced = 0    # buckets reduced (the loader checks that the hook runs)
+        self.forward_wait_ns = 0  # waited in DDP's forward collective (buffer broadcast)
+        self._outer_ns = 0
         self.lock = threading.Lock()
 
     def begin_step(self, weight, ended):
         self.weight = weight
         self.ended = ended
         self.max_launch_ns = self.max_finish_ns = 0
+        self.forward_wait_ns = 0
+        self._outer_ns = 0
+
+    # DDP's forward starts with its own collective (the broadcast of rank 0's buffers, e.g.
+    # BatchNorm statistics) where a fast rank waits for the slow one: timed from the wrapper's
+    # forward pre-hook to the wrapped module's.
+    def enter_forward(self, *_):
+        self._outer_ns = time.monotonic_ns()
+
+    def enter_module(self, *_):
+        if self._outer_ns:
+            self.forward_wait_ns += time.monotonic_ns() - self._outer_ns
+            self._outer_ns = 0
 
     def wait_ns(self):
-        """How long this rank waited for the others at the end of the step's backward: from
-        launching the last bucket's all-reduce (its own gradients were all computed) to the
-        last bucket's result."""
+        """How long this rank waited for the others in the step: at the end of the backward,
+        from launching the last bucket's all-reduce (its own gradients were all computed) to the
+        last bucket's result; plus the wait in DDP's forward collective."""
         with self.lock:
-            if self.max_finish_ns > self.max_launch_ns > 0:
-                return self.max_finish_ns - self.max_launch_ns
-        return 0
+            tail = self.max_finish_ns - self.max_launch_ns if self.max_finish_ns > self.max_launch_ns > 0 else 0
+        return tail + self.forward_wait_ns
 
 
 class _Session:
@@ -371,6 +385,8 @@ def DistributedDataParallel(module, *args, **kwargs):
     ddp = torch.nn.parallel.DistributedDataParallel(module, *args, **kwargs)
     _SESSION.process_group = kwargs.get("process_group")
     ddp.register_comm_hook(_SESSION.hook, _pacer_hook)
+    ddp.register_forward_pre_hook(_SESSION.hook.enter_forward)
+    ddp.module.register_forward_pre_hook(_SESSION.hook.enter_module)
     _SESSION.model_attached = True
     return ddp
 

@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+"""A user's PyTorch DDP job with a straggler, without and with Pacer's mitigation, in one run.
+
+The trainer is tests/python/docs_trainer.py (written only from docs/pytorch.md: a map-style
+dataset whose __getitem__ costs real CPU, num_workers=2 loader processes, a BatchNorm MLP, no
+StepTimer). 4 ranks run under one pacer-agent (each in its own CPU budget, --worker-cpu-limit,
+its loader processes included), env:// rendezvous from the agent's torchrun variables. Once 15 %
+of the records are done, one rank gets a 3x CPU quota (pacerctl contention). Two runs, each with
+a fresh pacerd: policy demo-none (no mitigation) and demo-dedicated (batch plans; the
+dedicated preset with windows short enough for a job of a minute).
+
+Prints, per run, the job time, the accuracy, the batch plans executed (and how many came after
+the first one after the contention: "after convergence"), the throughput after the last plan
+against the balanced bound sum_i v_i (each rank's measured samples per second of its own
+compute), and the exactly-once check of the model's view (every record once, from the ledger);
+then the speed-up none / dedicated. Exits 1 when a record was lost or trained twice, or a run
+failed; the figures are printed, not asserted.
+
+    /usr/bin/python3 bench/torch_straggler_bench.py --bin build/bin [--records 60000] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import torch_ledger  # noqa: E402
+
+WORLD = 4
+STRAGGLER = "w1"
+
+
+class Run:
+    def __init__(self, args, policy, out):
+        self.args, self.policy, self.dir = args, policy, out
+        self.data = os.path.join(out, "data")
+        self.procs = []
+        self.samples = []
+        self.contention_t = None
+
+    def spawn(self, argv, log, env=None):
+        f = open(os.path.join(self.dir, log), "ab")
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        f.close()
+        self.procs.append(p)
+        return p
+
+    def ctl(self, *cmd, timeout=15):
+        out = subprocess.run([os.path.join(self.args.bin, "pacerctl"), "--addr", self.addr, "--data-dir",
+                              self.data, "--json", *cmd], capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"pacerctl {' '.join(cmd)}: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+
+    def start(self):
+        a = self.args
+        os.makedirs(self.data)
+        port_file = os.path.join(self.dir, "port.json")
+        self.spawn([os.path.join(a.bin, "pacerd"), "--data-dir", self.data, "--listen", "127.0.0.1:0",
+                    "--metrics-listen", "", "--port-file", port_file,
+                    "--policy", os.path.join(ROOT, "policies", f"demo-{self.policy}.yaml"),
+                    "--job-mode", "sync", "--heartbeat-interval-ms", "500",
+                    "--reconcile-interval-ms", "1000"], "pacerd.log")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(port_file):
+            if time.monotonic() > deadline:
+                raise RuntimeError("pacerd did not listen")
+            time.sleep(0.05)
+        time.sleep(0.05)
+        with open(port_file) as f:
+            self.addr = "127.0.0.1:%d" % json.load(f)["port"]
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(a.bin), "python"), OMP_NUM_THREADS="1")
+        trainer = ["/usr/bin/python3", os.path.join(ROOT, "tests", "python", "docs_trainer.py"),
+                   "--out", os.path.join(self.dir, "out"), "--records", str(a.records),
+                   "--epochs", str(a.epochs), "--batch", str(a.batch), "--cost", str(a.cost)]
+        self.t0 = time.monotonic()
+        self.agent = self.spawn([os.path.join(a.bin, "pacer-agent"), "--addr", self.addr, "--token-file",
+                                 os.path.join(self.data, "job.token"), "--node", "n0",
+                                 "--workers", str(WORLD), "--heartbeat-ms", "500", "--metrics-ms", "500",
+                                 "--max-restarts", "0", "--worker-cpu-limit", str(a.worker_cores),
+                                 "--", *trainer], "agent.log", env=env)
+
+    def poll(self):
+        ds = self.ctl("datasets").get("datasets", [])
+        done = sum(int(d.get("records_done_total", 0)) for d in ds)
+        ws = self.ctl("workers").get("workers", [])
+        workers = {w["id"]: float(w.get("speed", 0)) for w in ws}
+        s = {"t": time.monotonic() - self.t0, "done": done, "sum_speed": sum(workers.values()),
+             "workers": workers,
+             "steps": {w["id"]: {k: round(float(w.get(k, 0)), 4) for k in ("compute_s", "comm_s", "wall_s")}
+                       for w in ws},
+             "batch": {w["id"]: int(w.get("local_batch", 0)) for w in ws}}
+        self.samples.append(s)
+        return s
+
+    def watch(self):
+        a = self.args
+        expected = a.records * a.epochs
+        while self.agent.poll() is None:
+            if time.monotonic() - self.t0 > a.run_timeout_s:
+                raise RuntimeError(f"run {self.policy} did not finish in {a.run_timeout_s} s")
+            try:
+                s = self.poll()
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError):
+                time.sleep(0.5)
+                continue
+            if self.contention_t is None and s["done"] >= 0.15 * expected and len(s["workers"]) == WORLD:
+                self.ctl("contention", STRAGGLER, str(a.factor), timeout=30)
+                self.contention_t = s["t"]
+                print(f"  [{self.policy}] {s['t']:.1f}s contention x{a.factor:g} on {STRAGGLER}", flush=True)
+            time.sleep(0.5)
+        self.jct_s = time.monotonic() - self.t0
+        if self.agent.returncode != 0:
+            raise RuntimeError(f"run {self.policy}: pacer-agent exited {self.agent.returncode} "
+                               f"(see {self.dir}/agent.log)")
+        self.actions = self.ctl("actions").get("actions", [])
+        with open(os.path.join(self.dir, "samples.json"), "w") as f:
+            json.dump({"samples": self.samples, "actions": self.actions}, f)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait()
+
+    def report(self):
+        a = self.args
+        expected = a.records * a.epochs
+        out = os.path.join(self.dir, "out")
+        results = [json.load(open(os.path.join(out, f"result-{r}.json"))) for r in range(WORLD)]
+        view, _ = torch_ledger.model_view(out)
+        lost = sum(1 for i in range(a.records) if view[i] < a.epochs)
+        dup = sum(1 for i in range(a.records) if view[i] > a.epochs)
+        t0_wall = time.time() - (time.monotonic() - self.t0)
+        plans = [x for x in self.actions if x.get("kind") == "ADJUST_BS" and x.get("outcome") == "executed"]
+        plan_ts = [float(x.get("time_ms", 0)) / 1000 - t0_wall for x in plans]
+        after_contention = [t for t in plan_ts if self.contention_t is not None and t >= self.contention_t]
+        end_i = next((i for i, s in enumerate(self.samples) if s["done"] >= 0.95 * expected), len(self.samples) - 1)
+        start = (after_contention[-1] + 2.0) if after_contention else ((self.contention_t or 0) + 2.0)
+        win = [s for i, s in enumerate(self.samples) if s["t"] >= start and i <= end_i]
+        tput = bound = None
+        if len(win) >= 3:
+            tput = (win[-1]["done"] - win[0]["done"]) / max(win[-1]["t"] - win[0]["t"], 1e-6)
+            bound = sum(s["sum_speed"] for s in win[1:]) / (len(win) - 1)
+        return {"policy": self.policy, "jct_s": round(self.jct_s, 1),
+                "accuracy": results[0]["accuracy"], "checksums_equal": len({r["checksum"] for r in results}) == 1,
+                "plans": len(plans), "plans_after_convergence": max(0, len(after_contention) - 1),
+                "throughput": round(tput, 1) if tput else None, "bound": round(bound, 1) if bound else None,
+                "throughput_over_bound": round(tput / bound, 3) if tput and bound else None,
+                "lost": lost, "duplicated": dup, "repeats": [r["repeats"] for r in results],
+                "samples": [r["samples"] for r in results]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--records", type=int, default=60000)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--cost", type=int, default=40, help="per-sample CPU work in __getitem__")
+    ap.add_argument("--factor", type=float, default=3.0)
+    ap.add_argument("--worker-cores", type=float, default=0.45)
+    ap.add_argument("--run-timeout-s", type=float, default=900)
+    ap.add_argument("--policies", default="none,dedicated")
+    ap.add_argument("--out", default=None, help="keep the runs' files here (default: a temp dir, removed)")
+    args = ap.parse_args()
+    base = args.out or tempfile.mkdtemp(prefix="torch-bench-")
+    reports = []
+    ok = True
+    try:
+        for policy in args.policies.split(","):
+            out = os.path.join(base, policy)
+            os.makedirs(out, exist_ok=True)
+            run = Run(args, policy, out)
+            try:
+                print(f"run {policy}: {WORLD} ranks, {args.records} records, x{args.factor:g} on {STRAGGLER} "
+                      f"from 15 %", flush=True)
+                run.start()
+                run.watch()
+                r = run.report()
+            except RuntimeError as e:
+                print(f"  FAILED: {e}", flush=True)
+                ok = False
+                continue
+            finally:
+                run.stop()
+            print("  " + json.dumps(r), flush=True)
+            ok = ok and r["lost"] == 0 and r["duplicated"] == 0 and r["checksums_equal"]
+            reports.append(r)
+        by = {r["policy"]: r for r in reports}
+        if "none" in by and "dedicated" in by:
+            n, d = by["none"], by["dedicated"]
+            print(f"speed-up none/dedicated: {n['jct_s'] / d['jct_s']:.2f}x (target >= 1.5); "
+                  f"throughput/bound after the plan: {d['throughput_over_bound']} (target >= 0.8); "
+                  f"plans after convergence: {d['plans_after_convergence']} (target <= 3); "
+                  f"accuracy {n['accuracy']:.4f} vs {d['accuracy']:.4f} (target: within 0.01); "
+                  f"lost/duplicated: {n['lost']}/{n['duplicated']} and {d['lost']}/{d['duplicated']}")
+    finally:
+        if not args.out:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
