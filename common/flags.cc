@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/version.h"
+
 namespace po = boost::program_options;
 
 namespace pacer {
@@ -29,14 +31,21 @@ ParsedFlags ParseFlagsOrExit(int argc, char** argv, const std::string& usage,
   }
   po::options_description all;
   all.add(options);
-  all.add_options()("help,h", "print this help and exit");
+  po::options_description common("Every Pacer binary");
+  common.add_options()("help,h", "print this help and exit");
+  common.add_options()("version", "print the version and exit");
+  all.add(common);
   all.add_options()("pacer-positional", po::value<std::vector<std::string>>(), "");
   po::positional_options_description pos;
   pos.add("pacer-positional", -1);
   try {
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), out.vm);
     if (out.vm.count("help")) {
-      std::cout << usage << "\n\n" << options << std::endl;
+      std::cout << usage << "\n\n" << options << "\n" << common << std::endl;
+      std::exit(0);
+    }
+    if (out.vm.count("version")) {
+      std::cout << program << " " << PacerVersion() << std::endl;
       std::exit(0);
     }
     po::notify(out.vm);

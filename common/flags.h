@@ -16,7 +16,8 @@ struct ParsedFlags {
   std::vector<std::string> positional;
 };
 
-// Parses argv against `options`. On --help prints `usage` and the options, exits 0. On error
+// Parses argv against `options`. On --help prints `usage` and the options, exits 0; on
+// --version prints "<program> <PacerVersion()>", exits 0 (common/version.h). On error
 // prints "<program>: <reason>" to stderr and exits 2.
 ParsedFlags ParseFlagsOrExit(int argc, char** argv, const std::string& usage,
                              const boost::program_options::options_description& options,

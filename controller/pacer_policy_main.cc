@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "controller/policies/policy.h"
 #include "controller/policy_loader.h"
 
@@ -16,7 +17,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: pacer-policy validate FILE...   check policy files (exit 0 ok, 1 invalid)\n"
-    "       pacer-policy list               list the policy names a file may use\n";
+    "       pacer-policy list               list the policy names a file may use\n"
+    "       pacer-policy --version          print the version\n";
 
 int ValidatePolicyFiles(const std::vector<std::string>& files) {
   int rc = 0;
@@ -38,6 +40,10 @@ int ValidatePolicyFiles(const std::vector<std::string>& files) {
 int main(int argc, char** argv) {
   if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
     std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (argc == 2 && !std::strcmp(argv[1], "--version")) {
+    std::printf("pacer-policy %s\n", pacer::PacerVersion());
     return 0;
   }
   if (argc >= 3 && !std::strcmp(argv[1], "validate"))

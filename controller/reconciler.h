@@ -97,6 +97,11 @@ class Reconciler {
   // --accept-data-loss: `pacerctl actions` lists it as a POLICY record of policy "operator".
   void RecordOperatorEvent(const std::string& what);
   void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
+  // A copy of the policy in force (pacerctl policy show).
+  PolicyConfig Policy() const {
+    absl::MutexLock l(&mu_);
+    return controller_->policy();
+  }
   // The command a worker would get now (tests).
   std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
   // The exclusion in force: version (the audit id that set it; 0: never) and who (tests).

@@ -147,6 +147,9 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), d->monitor_.get(),
                                                 d->sharding_.get(), clock, ro);
   d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
+  d->operator_grpc_ = std::make_unique<OperatorService>(d->agents_.get(), d->monitor_.get(),
+                                                       d->sharding_.get(), d->reconciler_.get(),
+                                                       d->auth_.get(), clock);
   // Hot reload reaches the monitor: thresholds and K-of-W from the next window; a policy that
   // changes window_s is refused (it needs a restart with that --policy file).
   d->reconciler_->SetPolicyListener([m = d->monitor_.get(), base = options.monitor](const PolicyConfig& p) {
@@ -237,6 +240,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   builder.RegisterService(d->controller_grpc_.get());
   builder.RegisterService(d->agents_grpc_.get());
   builder.RegisterService(d->contention_grpc_.get());
+  builder.RegisterService(d->operator_grpc_.get());
   builder.RegisterService(d->rendezvous_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   d->server_ = builder.BuildAndStart();
@@ -264,6 +268,7 @@ void Pacerd::Housekeeping() {
     sharding_->ExpireOverdue();
     monitor_->Tick();
     reconciler_->MaybeReconcile();
+    operator_grpc_->Sample();
     l.lock();
   }
 }

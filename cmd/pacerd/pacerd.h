@@ -20,6 +20,7 @@
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
+#include "cmd/pacerd/operator_service.h"
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -110,6 +111,7 @@ class Pacerd {
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<Reconciler> reconciler_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
+  std::unique_ptr<OperatorService> operator_grpc_;  // pacerctl status / agents / report
   std::unique_ptr<RendezvousServiceImpl> rendezvous_;
   std::unique_ptr<GrpcRendezvousService> rendezvous_grpc_;
   std::unique_ptr<grpc::Server> server_;

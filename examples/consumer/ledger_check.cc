@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "examples/consumer/ledger.h"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--records") && i + 1 < argc) records = std::stoull(argv[++i]);
     else if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = std::stoul(argv[++i]);
     else if (!std::strcmp(argv[i], "--help")) {
-      std::cout << "Usage: pacer-ledger-check --records N --epochs E LEDGER...\n";
+      std::cout << "Usage: pacer-ledger-check --records N --epochs E LEDGER...\n"
+                   "       pacer-ledger-check --version\n";
+      return 0;
+    } else if (!std::strcmp(argv[i], "--version")) {
+      std::cout << "pacer-ledger-check " << pacer::PacerVersion() << "\n";
       return 0;
     } else if (argv[i][0] == '-') {
       std::cerr << "pacer-ledger-check: unknown option '" << argv[i] << "'\n";
