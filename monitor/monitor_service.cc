@@ -27,7 +27,8 @@ void MonitorServiceImpl::AdvanceLocked() {
   const int closed = state_->AdvanceWindows(&pending_);
   if (closed == 0) return;
   metrics_.CountWindows(closed, pending_.size() - before);
-  metrics_.Publish(state_->median_speed(), state_->Workers(), state_->Servers());
+  metrics_.Publish(state_->median_speed(), state_->Workers(), state_->Servers(),
+                   state_->options().window_ms);
 }
 
 void MonitorServiceImpl::DeliverEvents() {

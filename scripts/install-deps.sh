@@ -11,7 +11,8 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache curl
       librocksdb-dev libboost-dev libboost-program-options-dev prometheus-cpp-dev
       libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
       pybind11-dev python3-dev libabsl-dev nlohmann-json3-dev
-      libssl-dev)  # libssl-dev: TLS to the Kubernetes API (agent/kube_client.cc, Boost.Beast)
+      libssl-dev  # libssl-dev: TLS to the Kubernetes API (agent/kube_client.cc, Boost.Beast)
+      prometheus)  # prometheus: promtool + the server, for tests/monitoring/ (docs/metrics.md)
 for arg in "$@"; do
   case "$arg" in
     --torch) pkgs+=(python3-torch python3-numpy) ;;

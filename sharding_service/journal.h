@@ -86,6 +86,11 @@ struct JournalStats {
   uint64_t hwm_seq = 0;       // the high-water mark last written durably
   uint64_t failed_writes = 0;  // groups that failed (each made the journal unhealthy)
   uint64_t recoveries = 0;     // successful Recover() calls after a failure
+  // Latency of each written batch (its fsync included): counts per bucket of
+  // LatencySecondsBuckets() (common/metrics.h), the last one past every bound, and their sum.
+  // Empty when the implementation does not measure it.
+  std::vector<uint64_t> write_latency_counts;
+  double write_latency_sum_s = 0;
 };
 
 // What the last Open()/Recover() found.

@@ -14,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/rocksdb_logger.h"
 
 namespace pacer {
@@ -660,7 +662,9 @@ void RocksJournal::WriterLoop() {
       previous_snapshot = snapshot_seq = e.seq;
     }
     close_record();
+    const int64_t write_start_ns = RealClock::Get()->MonotonicNs();
     const rocksdb::Status st = db_->Write(wo, &batch);
+    const double write_s = static_cast<double>(RealClock::Get()->MonotonicNs() - write_start_ns) / 1e9;
     std::vector<Done> ready;
     absl::Status status;
     {
@@ -674,6 +678,13 @@ void RocksJournal::WriterLoop() {
       } else {
         stats_.batches++;
         stats_.bytes += bytes;
+        {
+          const std::vector<double>& bounds = LatencySecondsBuckets();
+          stats_.write_latency_counts.resize(bounds.size() + 1);
+          const size_t bucket = std::lower_bound(bounds.begin(), bounds.end(), write_s) - bounds.begin();
+          stats_.write_latency_counts[bucket]++;
+          stats_.write_latency_sum_s += write_s;
+        }
         if (upgrade) {
           upgrade_format_ = false;
           PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV5;

@@ -25,36 +25,12 @@ std::string Truncated(std::string s, size_t max) {
 
 }  // namespace
 
-ShardingServiceImpl::Metrics ShardingServiceImpl::MakeMetrics(MetricsRegistry* r) {
-  return Metrics{
-      r->Counter("pacer_sharding_leases_granted_total", "Leases handed out"),
-      r->Counter("pacer_sharding_backup_leases_total", "Tail backup leases handed out"),
-      r->Counter("pacer_sharding_records_done_total", "Records counted done"),
-      r->Counter("pacer_sharding_requeues_total", "Unconsumed suffixes put back in the queue"),
-      r->Counter("pacer_sharding_leases_expired_total", "Leases ended by a silent worker"),
-      r->Counter("pacer_sharding_rejected_reports_total",
-                 "Reports refused (stale fencing token, ended lease, old incarnation)"),
-      r->Counter("pacer_sharding_unknown_leases_released_total",
-                 "Leases released because their holder never received the fetch reply"),
-      r->Counter("pacer_sharding_updates_total", "State updates applied and journaled"),
-      r->Gauge("pacer_sharding_leases_active", "Leases currently held"),
-      r->Gauge("pacer_sharding_workers", "Registered workers"),
-      r->Gauge("pacer_sharding_quarantined_ranges", "Poison ranges quarantined"),
-      r->Gauge("pacer_sharding_quarantined_records",
-               "Records quarantined as poison over every dataset (a hole in the data trained on)"),
-      r->Counter("pacer_sharding_journal_fsyncs_total", "Journal write batches (one fsync each)"),
-      r->Counter("pacer_sharding_journal_bytes_total", "Bytes written to the journal"),
-      r->Counter("pacer_sharding_snapshots_total", "Snapshots written"),
-      r->Gauge("pacer_sharding_recovery_seconds", "Time the last start spent recovering state"),
-  };
-}
-
 ShardingServiceImpl::ShardingServiceImpl(const ShardingServiceOptions& options, const Clock* clock,
                                          MetricsRegistry* metrics)
     : options_(options),
       clock_(clock),
       own_metrics_(metrics ? nullptr : std::make_unique<MetricsRegistry>()),
-      metrics_(MakeMetrics(metrics ? metrics : own_metrics_.get())) {}
+      metrics_(metrics ? metrics : own_metrics_.get()) {}
 
 ShardingServiceImpl::~ShardingServiceImpl() {
   if (journal_) (void)journal_->Flush();
@@ -85,12 +61,12 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   svc->last_snapshot_seq_ = svc->state_.last_seq() - replay.replayed;
   svc->stats_.recovery_seconds = watch.ElapsedSeconds();
   svc->stats_.recovered_updates = replay.replayed;
-  svc->metrics_.recovery_seconds.Set(svc->stats_.recovery_seconds);
+  svc->metrics_.recovery_seconds.Get().Set(svc->stats_.recovery_seconds);
   const int64_t now = clock->NowMs();
   for (const auto& [id, w] : svc->state_.workers()) svc->last_seen_ms_[id] = now;  // grace
   for (const auto& [name, ds] : svc->state_.datasets()) {
-    svc->counted_done_ += ds.records_done_total;
-    svc->counted_requeues_ += ds.requeues_total;
+    svc->counted_done_[name] = ds.records_done_total;
+    svc->counted_requeues_[name] = ds.requeues_total;
   }
   svc->UpdateGauges();
   if (svc->state_.last_seq() > 0) {
@@ -138,7 +114,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   }
   pending_.push_back(update);  // appended when the request lets go of mu_ (AppendPending)
   stats_.updates++;
-  metrics_.updates.Increment();
+  metrics_.updates.Get().Increment();
   DrainCancelled();
   // A delete forces a snapshot: the journal writes a spec's pinned entry once per key and
   // deletes it when no snapshot lists it, so the name's old spec must leave the disk before a
@@ -181,7 +157,7 @@ void ShardingServiceImpl::Serve(Done done, const std::function<absl::StatusOr<ui
 
 void ShardingServiceImpl::Reply(absl::StatusOr<uint64_t> seq, Done done) {
   if (!seq.ok()) {
-    if (seq.status().code() == absl::StatusCode::kFailedPrecondition) metrics_.rejected.Increment();
+    if (seq.status().code() == absl::StatusCode::kFailedPrecondition) metrics_.rejected.Get().Increment();
     done(seq.status());
     return;
   }
@@ -200,25 +176,78 @@ void ShardingServiceImpl::DrainCancelled() {
 }
 
 void ShardingServiceImpl::UpdateGauges() {
-  metrics_.leases_active.Set(static_cast<double>(state_.leases().size()));
-  metrics_.workers.Set(static_cast<double>(state_.workers().size()));
-  uint64_t quarantined = 0, done = 0, requeues = 0, quarantined_records = 0;
+  const int64_t now = clock_->NowMs();
+  struct PerDataset {
+    double leases = 0, oldest_s = 0, stalest_s = 0;
+  };
+  std::map<std::string, PerDataset> per;
+  for (const auto& [name, ds] : state_.datasets()) per[name];
+  for (const auto& [id, lease] : state_.leases()) {
+    PerDataset& p = per[lease.dataset];
+    p.leases += 1;
+    p.oldest_s = std::max(p.oldest_s, std::max<int64_t>(0, now - lease.created_ms) / 1000.0);
+    const int64_t since = std::max(lease.created_ms, lease.progress_ms);
+    p.stalest_s = std::max(p.stalest_s, std::max<int64_t>(0, now - since) / 1000.0);
+  }
+  for (const auto& [name, p] : per) {
+    metrics_.leases_active.With({name}).Set(p.leases);
+    metrics_.oldest_lease_age.With({name}).Set(p.oldest_s);
+    metrics_.oldest_progress_age.With({name}).Set(p.stalest_s);
+  }
+  for (auto& [name, counted] : counted_done_) {
+    if (state_.datasets().count(name) > 0) continue;
+    // Deleted: its gauges read 0 (its counters keep what they counted).
+    for (auto* g : {&metrics_.leases_active, &metrics_.oldest_lease_age,
+                    &metrics_.oldest_progress_age, &metrics_.epoch, &metrics_.epoch_progress,
+                    &metrics_.finished, &metrics_.quarantined_ranges, &metrics_.quarantined_records}) {
+      g->With({name}).Set(0);
+    }
+    counted = 0;
+    counted_requeues_[name] = 0;
+  }
   for (const auto& [name, ds] : state_.datasets()) {
-    quarantined += ds.quarantined.size();
-    quarantined_records += ds.records_quarantined_total;
-    done += ds.records_done_total;
-    requeues += ds.requeues_total;
+    metrics_.quarantined_ranges.With({name}).Set(static_cast<double>(ds.quarantined.size()));
+    metrics_.quarantined_records.With({name}).Set(static_cast<double>(ds.records_quarantined_total));
+    const bool finished = ds.Finished();
+    metrics_.finished.With({name}).Set(finished ? 1 : 0);
+    metrics_.epoch.With({name}).Set(ds.completed_epochs);
+    if (!ds.is_stream() && ds.records_per_epoch > 0) {
+      const DatasetInfo info = state_.DescribeDataset(ds, /*include_files=*/false);
+      metrics_.epoch.With({name}).Set(info.completed_epochs());
+      metrics_.epoch_progress.With({name}).Set(
+          finished ? 1.0
+                   : static_cast<double>(info.records_done_current_epoch()) / ds.records_per_epoch);
+    }
+    // A checkpoint restore or a reset moves records done back; the counter (monotonic) then
+    // counts records done again from the restored position on.
+    uint64_t& done = counted_done_[name];
+    prometheus::Counter& records_done = metrics_.records_done.With({name});  // exported from 0
+    if (ds.records_done_total > done) {
+      records_done.Increment(static_cast<double>(ds.records_done_total - done));
+    }
+    done = ds.records_done_total;
+    uint64_t& requeues = counted_requeues_[name];
+    prometheus::Counter& requeued = metrics_.requeues.With({name});
+    if (ds.requeues_total > requeues) requeued.Increment(static_cast<double>(ds.requeues_total - requeues));
+    metrics_.leases_granted.With({name});
+    metrics_.backups_granted.With({name});
+    requeues = ds.requeues_total;
   }
-  metrics_.quarantined_ranges.Set(static_cast<double>(quarantined));
-  metrics_.quarantined_records.Set(static_cast<double>(quarantined_records));
-  if (done > counted_done_) metrics_.records_done.Increment(static_cast<double>(done - counted_done_));
-  if (requeues > counted_requeues_) {
-    metrics_.requeues.Increment(static_cast<double>(requeues - counted_requeues_));
+  double active = 0, silent = 0, lost = 0;
+  for (const auto& [id, w] : state_.workers()) {
+    auto seen = last_seen_ms_.find(id);
+    const int64_t quiet = seen == last_seen_ms_.end() ? 0 : now - seen->second;
+    if (w.lost) {
+      lost += 1;
+    } else if (quiet > options_.lease_timeout_ms) {
+      silent += 1;
+    } else {
+      active += 1;
+    }
   }
-  // A checkpoint restore moves records done back; the counter (monotonic) then counts records
-  // done again from the restored position on.
-  counted_done_ = done;
-  counted_requeues_ = std::max(counted_requeues_, requeues);
+  metrics_.workers.With({"active"}).Set(active);
+  metrics_.workers.With({"silent"}).Set(silent);
+  metrics_.workers.With({"lost"}).Set(lost);
   const JournalStats js = journal_->stats();
   // Counters follow the journal's own totals (a counter never goes down: a journal reopened
   // after a failure starts its totals again, and then only its new work is added).
@@ -226,9 +255,31 @@ void ShardingServiceImpl::UpdateGauges() {
     c.Increment(static_cast<double>(now >= seen ? now - seen : now));
     seen = now;
   };
-  follow(metrics_.journal_fsyncs, js.batches, counted_journal_.batches);
-  follow(metrics_.journal_bytes, js.bytes, counted_journal_.bytes);
-  follow(metrics_.snapshots, js.snapshots, counted_journal_.snapshots);
+  const bool reopened = js.batches < counted_journal_.batches;
+  follow(metrics_.journal_fsyncs.Get(), js.batches, counted_journal_.batches);
+  follow(metrics_.journal_bytes.Get(), js.bytes, counted_journal_.bytes);
+  follow(metrics_.snapshots.Get(), js.snapshots, counted_journal_.snapshots);
+  follow(metrics_.journal_failed_writes.Get(), js.failed_writes, counted_journal_.failed_writes);
+  if (!js.write_latency_counts.empty()) {
+    std::vector<uint64_t>& seen = counted_journal_.write_latency_counts;
+    if (reopened || seen.size() != js.write_latency_counts.size()) {
+      seen.assign(js.write_latency_counts.size(), 0);
+      counted_journal_.write_latency_sum_s = 0;
+    }
+    std::vector<double> increments(seen.size());
+    bool any = false;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      const uint64_t now_count = js.write_latency_counts[i];
+      increments[i] = static_cast<double>(now_count >= seen[i] ? now_count - seen[i] : now_count);
+      any = any || increments[i] > 0;
+      seen[i] = now_count;
+    }
+    if (any) {
+      metrics_.journal_fsync_seconds.Get().ObserveMultiple(
+          increments, std::max(0.0, js.write_latency_sum_s - counted_journal_.write_latency_sum_s));
+    }
+    counted_journal_.write_latency_sum_s = js.write_latency_sum_s;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,8 +399,8 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
   ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
   const auto* lease = state_.FindLease(state_.last_lease_id());
   leased(*lease);
-  metrics_.leases_granted.Increment();
-  if (lease->backup) metrics_.backups_granted.Increment();
+  metrics_.leases_granted.With({lease->dataset}).Increment();
+  if (lease->backup) metrics_.backups_granted.With({lease->dataset}).Increment();
   return s;
 }
 
@@ -531,7 +582,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::ReleaseUnknownLeases(const Heartbe
     e->set_detail("the worker never received this lease (its fetch reply was lost)");
     ASSIGN_OR_RETURN(last, Commit(std::move(u)));
     resp->add_released_unknown_leases(id);
-    metrics_.unknown_released.Increment();
+    metrics_.unknown_released.Get().Increment();
   }
   if (!unknown.empty()) {
     PACER_LOG(INFO) << "worker '" << req.worker_id() << "': released " << unknown.size()
@@ -566,7 +617,7 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
       } else if (s.status().code() == absl::StatusCode::kFailedPrecondition) {
         // The lease ended (expired, fenced): tell the worker, keep the rest of the batch.
         resp->add_cancelled_leases(p.lease_id());
-        metrics_.rejected.Increment();
+        metrics_.rejected.Get().Increment();
       } else {
         return s.status();
       }
@@ -722,7 +773,7 @@ int ShardingServiceImpl::ExpireOverdue() {
         u.mutable_end_lease()->set_detail(absl::StrCat("worker silent for ", silent, " ms"));
         if (Commit(std::move(u)).ok()) {
           ++expired;
-          metrics_.expired.Increment();
+          metrics_.expired.Get().Increment();
         }
       }
     }

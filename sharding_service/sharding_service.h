@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "sharding_service/sharding_metrics.h"
 #include "proto/pacer/sharding.pb.h"
 #include "sharding_service/journal.h"
 #include "sharding_service/sharding_state.h"
@@ -161,30 +162,10 @@ class ShardingServiceImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  struct Metrics {
-    prometheus::Counter& leases_granted;
-    prometheus::Counter& backups_granted;
-    prometheus::Counter& records_done;
-    prometheus::Counter& requeues;
-    prometheus::Counter& expired;
-    prometheus::Counter& rejected;
-    prometheus::Counter& unknown_released;
-    prometheus::Counter& updates;
-    prometheus::Gauge& leases_active;
-    prometheus::Gauge& workers;
-    prometheus::Gauge& quarantined_ranges;
-    prometheus::Gauge& quarantined_records;
-    prometheus::Counter& journal_fsyncs;
-    prometheus::Counter& journal_bytes;
-    prometheus::Counter& snapshots;
-    prometheus::Gauge& recovery_seconds;
-  };
-  static Metrics MakeMetrics(MetricsRegistry* registry);
-
   const ShardingServiceOptions options_;
   const Clock* clock_;
   std::unique_ptr<MetricsRegistry> own_metrics_;
-  Metrics metrics_;
+  ShardingMetrics metrics_;
   std::unique_ptr<Journal> journal_;
   HeartbeatHook heartbeat_hook_;
   RegisterHook register_hook_;
@@ -196,8 +177,9 @@ class ShardingServiceImpl {
   uint64_t last_snapshot_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> last_seen_ms_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<uint64_t>> cancelled_ ABSL_GUARDED_BY(mu_);
-  uint64_t counted_done_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t counted_requeues_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the per-dataset counters already hold, by dataset (also every dataset ever exported).
+  std::map<std::string, uint64_t> counted_done_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> counted_requeues_ ABSL_GUARDED_BY(mu_);
   JournalStats counted_journal_ ABSL_GUARDED_BY(mu_);  // what the counters above already hold
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
 };

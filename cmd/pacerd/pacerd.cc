@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
                        << (IsLoopbackHost(listen.host) ? " (loopback only)" : " (INSECURE)");
   }
 
+  d->pacerd_metrics_ = std::make_unique<PacerdMetrics>(&d->metrics_, RealClock::Get()->NowSeconds());
   if (!options.metrics_listen.empty()) {
     ASSIGN_OR_RETURN(d->metrics_port_, d->metrics_.Serve(options.metrics_listen));
   }
@@ -185,14 +186,9 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     }
   }
   if (!recovered.accepted_loss.empty()) accepted.insert(accepted.begin(), recovered.accepted_loss);
-  d->journal_healthy_ = &d->metrics_.Gauge(
-      "pacer_sharding_journal_healthy", "1 while the journal accepts updates; 0 while they are "
-      "refused after a failed write (a full disk) until it reopens");
-  d->journal_healthy_->Set(1);
-  d->journal_recoveries_ = &d->metrics_.Counter(
-      "pacer_sharding_journal_recoveries_total", "Journal reopened after a failed write");
-  prometheus::Counter& losses = d->metrics_.Counter(
-      "pacer_data_loss_accepted_total", "Starts that accepted a data loss (--accept-data-loss)");
+  d->journal_healthy_ = &d->pacerd_metrics_->own().journal_healthy.Get();
+  d->journal_recoveries_ = &d->pacerd_metrics_->own().journal_recoveries.Get();
+  prometheus::Counter& losses = d->pacerd_metrics_->own().data_loss_accepted.Get();
   if (!accepted.empty()) {
     std::string what;
     for (const auto& a : accepted) what += (what.empty() ? "" : "; ") + a;
@@ -268,6 +264,7 @@ void Pacerd::Housekeeping() {
     sharding_->ExpireOverdue();
     monitor_->Tick();
     reconciler_->MaybeReconcile();
+    pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
     operator_grpc_->Sample();
     l.lock();
   }

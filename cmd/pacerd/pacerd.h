@@ -20,6 +20,7 @@
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
+#include "cmd/pacerd/pacerd_metrics.h"
 #include "cmd/pacerd/operator_service.h"
 #include "common/auth.h"
 #include "common/clock.h"
@@ -100,6 +101,7 @@ class Pacerd {
   PacerdOptions options_;
   const Clock* clock_ = nullptr;
   MetricsRegistry metrics_;
+  std::unique_ptr<PacerdMetrics> pacerd_metrics_;  // before the components: its help texts win
   std::string job_token_, admin_token_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<ShardingServiceImpl> sharding_;

@@ -235,11 +235,14 @@ TEST_F(ShardingServiceTest, PrometheusMetricsCountWhatHappened) {
     if (pos == std::string::npos) return -1;
     return std::stod(text.substr(pos + name.size() + 2));
   };
-  EXPECT_EQ(value("pacer_sharding_leases_granted_total"), 1);
+  EXPECT_EQ(value("pacer_sharding_leases_granted_total{dataset=\"train\"}"), 1);
   EXPECT_EQ(value("pacer_sharding_leases_expired_total"), 1);
-  EXPECT_EQ(value("pacer_sharding_requeues_total"), 1);
-  EXPECT_EQ(value("pacer_sharding_records_done_total"), 4);
-  EXPECT_EQ(value("pacer_sharding_leases_active"), 0);
+  EXPECT_EQ(value("pacer_sharding_requeues_total{dataset=\"train\"}"), 1);
+  EXPECT_EQ(value("pacer_sharding_records_done_total{dataset=\"train\"}"), 4);
+  EXPECT_EQ(value("pacer_sharding_leases_active{dataset=\"train\"}"), 0);
+  EXPECT_EQ(value("pacer_sharding_oldest_lease_age_seconds{dataset=\"train\"}"), 0);
+  EXPECT_EQ(value("pacer_sharding_workers{state=\"silent\"}"), 1);  // w0, silent for 1.5 s
+  EXPECT_GE(value("pacer_sharding_journal_fsync_seconds_count"), 3);  // one per write batch
   EXPECT_GE(value("pacer_sharding_journal_fsyncs_total"), 3);
   EXPECT_GT(value("pacer_sharding_journal_bytes_total"), 0);
   EXPECT_GE(value("pacer_sharding_recovery_seconds"), 0);

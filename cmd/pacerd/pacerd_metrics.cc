@@ -1,0 +1,58 @@
+#include "cmd/pacerd/pacerd_metrics.h"
+
+#include <algorithm>
+#include <array>
+
+namespace pacer {
+namespace {
+
+constexpr std::array<const char*, 7> kWorkerStates = {"unknown", "running", "backoff", "exited",
+                                                      "failed",  "stopped", "stopping"};
+
+}  // namespace
+
+PacerdMetrics::PacerdMetrics(MetricsRegistry* r, double unix_s)
+    : own_(r), agents_(r), rendezvous_(r), controller_(r) {
+  own_.start_time.Get().Set(unix_s);
+  own_.journal_healthy.Get().Set(1);
+  own_.journal_recoveries.Get();
+  own_.data_loss_accepted.Get();
+  agents_.heartbeats.Get();
+  agents_.rejected.Get();
+  agents_.registrations.Get();
+  for (const char* outcome : {"queued", "done", "refused"}) agents_.commands.With({outcome});
+  agents_.exits.Get();
+  for (const char* state : {"connected", "leaving", "lost"}) agents_.agents.With({state}).Set(0);
+  for (const char* state : kWorkerStates) agents_.workers.With({state}).Set(0);
+  agents_.heartbeat_age.Get();
+  rendezvous_.generation.Get();
+  rendezvous_.regroups.Get();
+  rendezvous_.keys.Get();
+  rendezvous_.waiting.Get();
+}
+
+void PacerdMetrics::Publish(const AgentRegistry& agents, const Reconciler& reconciler,
+                            MonitorServiceImpl& monitor, int64_t now_ms) {
+  double connected = 0, leaving = 0, lost = 0, oldest_s = 0;
+  std::array<double, kWorkerStates.size()> workers{};
+  for (const AgentView& a : agents.Agents()) {
+    if (a.lost) {
+      lost += 1;
+      continue;
+    }
+    (a.leaving ? leaving : connected) += 1;
+    oldest_s = std::max(oldest_s, std::max<int64_t>(0, now_ms - a.last_heartbeat_ms) / 1000.0);
+    for (const WorkerProcess& w : a.workers) {
+      const int s = w.state();
+      workers[s >= 0 && static_cast<size_t>(s) < workers.size() ? s : 0] += 1;
+    }
+  }
+  agents_.agents.With({"connected"}).Set(connected);
+  agents_.agents.With({"leaving"}).Set(leaving);
+  agents_.agents.With({"lost"}).Set(lost);
+  for (size_t i = 0; i < workers.size(); ++i) agents_.workers.With({kWorkerStates[i]}).Set(workers[i]);
+  agents_.heartbeat_age.Get().Set(oldest_s);
+  controller_.Publish(reconciler, monitor);
+}
+
+}  // namespace pacer
