@@ -31,6 +31,7 @@ logic, needs no compile step, and reading it shows exactly what an operator woul
 import argparse
 import html
 import json
+import math
 import os
 import random
 import re
@@ -357,7 +358,7 @@ class Run:
             if p.poll() is not None and p.returncode not in (0, None):
                 raise RuntimeError(f"run '{self.label}': a process exited with {p.returncode} "
                                    f"(logs in {self.dir})")
-        self.poll()
+        self.poll()  # after the end: what it counts was done by jct_s (see crossing_time)
         self.refresh_actions()
         self.print_live(final=True)
         with open(os.path.join(self.dir, "samples.json"), "w") as f:  # the time series, for profiles
@@ -553,8 +554,13 @@ class Run:
         # The job's tail: from 95 % of the records done to the end (an asynchronous job's straggler
         # costs its lost capacity and this tail: its last leases, which nobody else may take
         # without tail backups).
-        t95 = next((s["t"] for s in self.samples if s["done"] >= 0.95 * expected), None)
-        last5_s = self.jct_s - t95 if t95 is not None and self.jct_s else None
+        # The last poll comes after the job ended: what it counts was done by the end, so the
+        # tail is measured against the end (jct_s, records done then), never past it.
+        before_end = [s for s in self.samples if s["t"] <= self.jct_s]
+        if self.samples:
+            before_end.append({"t": self.jct_s, "done": self.samples[-1]["done"]})
+        t95 = crossing_time(before_end, 0.95 * expected)
+        last5_s = max(0.0, self.jct_s - t95) if t95 is not None and self.jct_s else None
         acc = [r.get("accuracy", 0.0) for r in self.results]
         auc = [r["auc"] for r in self.results if "auc" in r]
         return {
@@ -563,10 +569,13 @@ class Run:
             "contention_s": round(self.contention_t, 2) if self.contention_t is not None else None,
             "contention_factor": getattr(self, "factor", None),
             "straggler_quota": getattr(self, "quota", None),
-            "detect_s": round(self.detect_t - self.contention_t, 2)
+            "detect_s": round(max(0.0, self.detect_t - self.contention_t), 2)
             if self.detect_t is not None and self.contention_t is not None else None,
-            "plan_s": round(self.plan_t - self.contention_t, 2)
+            "plan_s": round(max(0.0, self.plan_t - self.contention_t), 2)
             if self.plan_t is not None and self.contention_t is not None else None,
+            # how long the job ran on after its first mitigation (the verdict's figure)
+            "after_plan_s": round(max(0.0, self.jct_s - self.plan_t), 2)
+            if self.plan_t is not None and self.jct_s else None,
             "throughput_after_plan": round(tput, 1) if tput else None,
             "bound_throughput": round(bound, 1) if bound else None,
             "throughput_vs_bound": round(tput / bound, 3) if tput and bound else None,
@@ -608,6 +617,20 @@ class Run:
                 "veto_reason": x.get("veto_reason"), "dispatch": x.get("dispatch"),
             } for x in self.actions],
         }
+
+
+def crossing_time(samples, level):
+    """When the records done first reached `level`: interpolated between the two polls around
+    it (polls are a second apart; the quick demo's tail is shorter than that)."""
+    prev = None
+    for s in samples:
+        if s["done"] >= level:
+            if prev is None or s["done"] <= prev["done"]:
+                return s["t"]
+            f = (level - prev["done"]) / (s["done"] - prev["done"])
+            return prev["t"] + f * (s["t"] - prev["t"])
+        prev = s
+    return None
 
 
 def shard_counts(ledgers, records, epochs):
@@ -660,7 +683,39 @@ def summarize(args, runs):
                                      r.summary()["records_done"] == r.summary()["records_expected"]
                                      for r in runs),
     }
+    out["verdict"] = verdict(args, out)
     return out
+
+
+def verdict(args, summary):
+    """One line that says what the figures show, in plain words (the report's headline)."""
+    base, mit = summary["runs"][0], summary["runs"][-1]
+    ps = args.mode == "ps"
+    what = "reallocation" if ps else "batch plan"
+    speedup = summary.get("speedup")
+    longer = "" if not args.quick else "; run without --quick for a job long enough to gain"
+    if mit.get("detect_s") is None:
+        return (f"The straggler {args.straggler} was not flagged before the job ended "
+                f"({fmt(mit['jct_s'])} s): nothing was mitigated{longer}.")
+    if mit.get("plan_s") is None:
+        noise = (f" (the speed-up of {speedup:.2f}× is run-to-run variation)"
+                 if speedup is not None else "")
+        return (f"{args.straggler} was flagged {fmt(mit['detect_s'])} s after the contention began, "
+                f"but the job ended before a {what} was executed: nothing to gain{noise}{longer}.")
+    after = mit.get("after_plan_s") or 0.0
+    ran = f"The job ended {after:.1f} s after the first {what} was made"
+    if after < 10.0 or (mit["jct_s"] and after < 0.25 * mit["jct_s"]):
+        return (f"{ran}: too short to gain (speed-up {fmt(speedup, '{:.2f}')}×, within run-to-run "
+                f"noise){longer}.")
+    if speedup is not None and speedup >= 1.05:
+        tail = ""
+        if mit.get("throughput_vs_bound"):
+            tail = f", throughput {mit['throughput_vs_bound']:.2f} of the balanced bound after it"
+        return (f"Pacer finished the job {speedup:.2f}× faster ({fmt(base['jct_s'])} s → "
+                f"{fmt(mit['jct_s'])} s): {args.straggler} flagged after {fmt(mit['detect_s'])} s, "
+                f"the {what} {fmt(mit['plan_s'])} s after the contention began{tail}.")
+    return (f"{ran}, yet the job was not faster (speed-up {fmt(speedup, '{:.2f}')}×): the "
+            f"mitigation did not pay off in this run; see the actions below.")
 
 
 def fmt(v, spec="{:.1f}", none="-"):
@@ -721,7 +776,8 @@ def print_table(summary, stream):
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         stream.write("  " + "  ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)) + "\n")
-    stream.write(f"\n  speed-up: {fmt(summary['speedup'], '{:.2f}')}x   "
+    stream.write(f"\n  {summary['verdict']}\n")
+    stream.write(f"  speed-up: {fmt(summary['speedup'], '{:.2f}')}x   "
                  f"({'bound' if summary.get('mode') == 'ps' else 'balanced-bound'} job time "
                  f"{fmt(summary['bound_jct_s'])} s)\n")
     stream.write("  actions of the mitigated run (pacerctl actions):\n")
@@ -735,6 +791,22 @@ def print_table(summary, stream):
             stream.write(f"            {x['detail']}\n")
     if held:
         stream.write(f"    (+{held} proposals held back by the safety gate: min_gain, cooldown; all in report.html)\n")
+
+
+def ticks(span, target):
+    """Tick values 0, s, 2s, ... up to `span` with s = 1, 2 or 5 × 10^k: about `target` of them,
+    whatever the span (a 9 s quick run gets 0, 1, 2, ... not 0 and 5)."""
+    if span <= 0:
+        return [0]
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if raw <= m * mag)
+    n = int(span / step + 1e-9)
+    return [round(k * step, 10) for k in range(n + 1)]
+
+
+def tick_label(v):
+    return f"{v:.0f}" if v == 0 or abs(v) >= 1 else f"{v:g}"
 
 
 def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
@@ -755,13 +827,13 @@ def svg_chart(title, series, markers, x_max, y_label, width=860, height=260):
              f'viewBox="0 0 {width} {height}" class="chart" role="img" aria-label="{e(title)}">',
              f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff"/>',
              f'<text x="{ml}" y="18" font-size="14" font-weight="bold">{e(title)}</text>']
-    for k in range(6):  # grid
-        y = y_max * k / 5
+    for y in ticks(y_max, 5):  # grid
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{Y(y):.1f}" y2="{Y(y):.1f}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{ml - 6}" y="{Y(y) + 4:.1f}" font-size="10" text-anchor="end">{y:.0f}</text>')
-    step = max(5, int(x_max / 10 / 5 + 1) * 5)
-    for t in range(0, int(x_max) + 1, step):
-        parts.append(f'<text x="{X(t):.1f}" y="{mt + ph + 14}" font-size="10" text-anchor="middle">{t}</text>')
+        parts.append(f'<text x="{ml - 6}" y="{Y(y) + 4:.1f}" font-size="10" text-anchor="end">{tick_label(y)}</text>')
+    for t in ticks(x_max, 8):
+        parts.append(f'<line x1="{X(t):.1f}" x2="{X(t):.1f}" y1="{mt + ph}" y2="{mt + ph + 4}" stroke="#999"/>')
+        parts.append(f'<text class="xtick" x="{X(t):.1f}" y="{mt + ph + 15}" font-size="10" '
+                     f'text-anchor="middle">{tick_label(t)}</text>')
     parts.append(f'<text x="{ml + pw / 2}" y="{height - 4}" font-size="11" text-anchor="middle">seconds since launch</text>')
     parts.append(f'<text x="12" y="{mt + ph / 2}" font-size="11" transform="rotate(-90 12 {mt + ph / 2})" '
                  f'text-anchor="middle">{e(y_label)}</text>')
@@ -838,6 +910,10 @@ def write_report(path, args, runs, summary):
                      f"<td>{e(x['outcome'] or '')}</td><td>{e(x['reason'] or '')}</td>"
                      f"<td>{e(x['detail'] or '')}</td></tr>")
     acts += "</tbody></table>"
+    headline_bound = ""
+    if summary["bound_jct_s"] is not None:
+        headline_bound = (f' &nbsp; {"bound" if args.mode == "ps" else "balanced bound"} '
+                          f'{fmt(summary["bound_jct_s"])} s')
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Pacer demo report</title>
 <style>
@@ -854,9 +930,11 @@ svg.chart {{ display: block; margin: 12px 0; border: 1px solid #eee; }}
 {100 * args.warmup_fraction:.0f}% of the data the agent's contention switch slowed worker
 <b>{e(args.straggler)}</b> with real CPU contention ({e(contention_text)}).
 Runs: {", ".join(e(r.label) for r in runs)}.</p>
-<p class="big">Speed-up: <b>{fmt(summary['speedup'], '{:.2f}')}×</b> &nbsp; job time
-{" vs ".join(fmt(r.jct_s) + " s" for r in runs)} &nbsp; {"bound" if args.mode == "ps" else "balanced bound"} {fmt(summary['bound_jct_s'])} s
-&nbsp; straggler flagged after {fmt(summary['detect_s'])} s</p>
+<p class="big" id="verdict">{e(summary['verdict'])}</p>
+<p>Speed-up <b>{fmt(summary['speedup'], '{:.2f}')}×</b> &nbsp; job time
+{" vs ".join(fmt(r.jct_s) + " s" for r in runs)}{headline_bound} &nbsp; straggler flagged
+{"after " + fmt(summary['detect_s']) + " s" if summary['detect_s'] is not None else "never"}.
+In the table, "-" marks a figure the run ended too early to measure.</p>
 <h2>Summary</h2>
 {table}
 <p>{"Bound" if args.mode == "ps" else "Balanced bound"}: Σ v_i, the sum of the monitor's per-worker speeds (samples per compute second)

@@ -6,11 +6,13 @@ cannot promise:
   - the mitigated run executed an ADJUST_BS plan that gave the straggler the smallest batch;
   - in both runs every record was counted done exactly once (sharding service count ==
     expected, ledgers: none twice, none missing), and the model learned (accuracy > 0.5);
-  - the summary has the documented fields and report.html renders its charts in headless
-    Chromium (skipped when Chromium is absent);
+  - the summary has the documented fields and a verdict line; no duration is negative;
+    report.html shows the verdict, has readable axes (>= 4 x ticks per chart) and renders its
+    charts in headless Chromium (skipped when Chromium is absent);
   - no process of the run is left behind.
   demo_quick_test.py DEMO_PY BIN_DIR [CHECK_REPORT_PY]
 """
+import html
 import json
 import os
 import re
@@ -78,8 +80,20 @@ def main():
                    f"mitigated: the last speed plan gives the straggler {strag} the smallest batch ({batches})")
         expect(s["records_duplicated"] == 0 and s["records_done"] == s["records_expected"],
                "summary: exactly once")
+        # The report tells the truth plainly: a verdict line, no negative duration, readable axes.
+        expect(isinstance(s.get("verdict"), str) and len(s["verdict"]) > 20, f"summary: a verdict ({s.get('verdict')!r})")
+        durations = ("jct_s", "contention_s", "detect_s", "plan_s", "after_plan_s", "bound_jct_s", "last_5pct_s")
+        negative = [f"{r['policy']}.{k}={r[k]}" for r in runs for k in durations if r.get(k) is not None and r[k] < 0]
+        expect(not negative, f"no negative durations {negative}")
         report = os.path.join(out, "report.html")
         expect(os.path.exists(report), "report.html written")
+        if os.path.exists(report):
+            with open(report) as f:
+                page = f.read()
+            expect(f'id="verdict">{html.escape(s.get("verdict") or "")}<' in page, "report.html: the verdict line")
+            ticks = [len(re.findall(r'class="xtick"', c)) for c in re.findall(r'<svg.*?</svg>', page, re.S)]
+            expect(ticks and min(ticks) >= 4, f"report.html: every chart has >= 4 x ticks ({ticks})")
+            expect(not re.search(r"<td>-\d", page), "report.html: no negative figure in the tables")
         if check and os.path.exists(report):
             c = subprocess.run([sys.executable, check, report, "--screenshot",
                                 os.path.join(tmp, "report.png")], capture_output=True, text=True,
