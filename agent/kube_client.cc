@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
@@ -142,10 +143,29 @@ std::string KubeClientOptions::PodPath() const {
   return "/api/v1/namespaces/" + namespace_name + "/pods/" + pod_name;
 }
 
+std::string KubeClientOptions::NodePath() const { return "/api/v1/nodes/" + node_name; }
+
+bool IsLabelName(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.')) return false;
+  }
+  return absl::ascii_isalnum(s.front()) && absl::ascii_isalnum(s.back());
+}
+
+absl::StatusOr<std::string> BadNodeLabelKey(std::string_view job) {
+  if (!IsLabelName(job)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job name '", absl::string_view(job.data(), job.size()), "' cannot be the name part of label ", kBadNodeLabelPrefix,
+        "<job>: at most 63 characters [A-Za-z0-9._-], starting and ending alphanumeric"));
+  }
+  return absl::StrCat(kBadNodeLabelPrefix, absl::string_view(job.data(), job.size()));
+}
+
 std::map<std::string, std::string> KubeEnvironment() {
   std::map<std::string, std::string> env;
   for (const char* k : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "POD_NAME",
-                        "POD_NAMESPACE", "POD_UID"}) {
+                        "POD_NAMESPACE", "POD_UID", "NODE_NAME"}) {
     if (const char* v = std::getenv(k); v && *v) env[k] = v;
   }
   return env;
@@ -218,16 +238,29 @@ absl::StatusOr<KubeClientOptions> ResolveKubeClientOptions(
       return absl::InvalidArgumentError("pod uid '" + o.pod_uid + "' is not a uid");
     }
   }
+  o.node_name = flags.node_name.empty() ? EnvOr(env, "NODE_NAME") : flags.node_name;
+  if (!o.node_name.empty() && !IsDns1123(o.node_name, true, 253)) {
+    return absl::InvalidArgumentError("node name '" + o.node_name + "' is not a valid Kubernetes name");
+  }
   return o;
 }
 
-// One DeletePod call: attempts with deadlines and backoff (protocol in the header). Owned by
-// the handlers in flight (shared_ptr); the client keeps a weak_ptr to cancel it.
+// What one API call sends and how its reply is read.
+struct KubeClient::Request {
+  http::verb verb = http::verb::delete_;
+  std::string path, body, content_type;
+  std::string object;      // "pod ns/name", "node name": for messages
+  std::string rbac_hint;   // what the service account needs, for a 403
+  bool gone_is_done = false;  // 404 (and 409 with a uid precondition) count as done
+};
+
+// One call: attempts with deadlines and backoff (protocol in the header). Owned by the
+// handlers in flight (shared_ptr); the client keeps a weak_ptr to cancel it.
 class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
  public:
-  DeleteCall(asio::io_context& io, const KubeClientOptions& options, DeleteDone done,
+  DeleteCall(asio::io_context& io, const KubeClientOptions& options, Request req, DeleteDone done,
              std::function<void()> on_end)
-      : io_(io), o_(options), done_(std::move(done)), on_end_(std::move(on_end)),
+      : io_(io), o_(options), req_(std::move(req)), done_(std::move(done)), on_end_(std::move(on_end)),
         resolver_(io), deadline_(io), backoff_(io) {}
 
   void Start() { Attempt(); }
@@ -244,8 +277,8 @@ class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
 
  private:
   std::string Where() const {
-    return absl::StrCat("DELETE ", o_.endpoint.tls ? "https://" : "http://", o_.endpoint.HostHeader(),
-                        o_.PodPath());
+    return absl::StrCat(std::string(http::to_string(req_.verb)), " ", o_.endpoint.tls ? "https://" : "http://",
+                        o_.endpoint.HostHeader(), req_.path);
   }
 
   tcp::socket& Socket() { return tls_ ? tls_->next_layer() : *plain_; }
@@ -292,21 +325,17 @@ class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
     }
 
     request_ = {};
-    request_.method(http::verb::delete_);
-    request_.target(o_.PodPath());
+    request_.method(req_.verb);
+    request_.target(req_.path);
     request_.version(11);
     request_.set(http::field::host, o_.endpoint.HostHeader());
     request_.set(http::field::authorization, "Bearer " + *token);
     request_.set(http::field::accept, "application/json");
     request_.set(http::field::user_agent, "pacer-agent");
     request_.set(http::field::connection, "close");
-    if (!o_.pod_uid.empty()) {
-      // Only delete the pod this agent runs in, not a replacement with the same name.
-      request_.set(http::field::content_type, "application/json");
-      request_.body() = nlohmann::json{{"kind", "DeleteOptions"},
-                                       {"apiVersion", "v1"},
-                                       {"preconditions", {{"uid", o_.pod_uid}}}}
-                            .dump();
+    if (!req_.body.empty()) {
+      request_.set(http::field::content_type, req_.content_type);
+      request_.body() = req_.body;
     }
     request_.prepare_payload();
 
@@ -383,12 +412,11 @@ class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
   void OnReply(int code, const std::string& body) {
     deadline_.cancel();
     CloseSocket();
-    const std::string pod = o_.namespace_name + "/" + o_.pod_name;
     PodDeletion d;
     d.http_status = code;
     d.attempts = attempt_;
-    if (code == 200 || code == 202) return Finish(d);
-    if (code == 404 || (code == 409 && !o_.pod_uid.empty())) {
+    if (code == 200 || code == 201 || code == 202) return Finish(d);
+    if (req_.gone_is_done && (code == 404 || (code == 409 && !o_.pod_uid.empty()))) {
       d.already_gone = true;  // 409: the uid precondition failed, the name is a replacement's
       return Finish(d);
     }
@@ -400,8 +428,7 @@ class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
     }
     if (code == 403) {
       return Finish(absl::PermissionDeniedError(absl::StrCat(
-          Where(), ": 403 Forbidden: ", msg, ". RBAC: the pod's service account needs verb 'delete' on "
-          "'pods' in namespace ", o_.namespace_name, " (deploy/agent-rbac.yaml: Role + RoleBinding)")));
+          Where(), ": 403 Forbidden: ", msg, ". RBAC: ", req_.rbac_hint)));
     }
     if (code == 429 || code >= 500) {
       return Retry(absl::UnavailableError(absl::StrCat(Where(), ": HTTP ", code, ": ", msg)));
@@ -438,6 +465,7 @@ class KubeClient::DeleteCall : public std::enable_shared_from_this<DeleteCall> {
 
   asio::io_context& io_;
   const KubeClientOptions o_;
+  const Request req_;
   DeleteDone done_;
   std::function<void()> on_end_;
   tcp::resolver resolver_;
@@ -464,11 +492,80 @@ KubeClient::~KubeClient() {
 }
 
 void KubeClient::DeletePod(DeleteDone done) {
+  Request r;
+  r.verb = http::verb::delete_;
+  r.path = options_.PodPath();
+  r.object = "pod " + options_.namespace_name + "/" + options_.pod_name;
+  r.rbac_hint = "the pod's service account needs verb 'delete' on 'pods' in namespace " +
+                options_.namespace_name + " (deploy/base/agent-rbac.yaml: Role + RoleBinding)";
+  r.gone_is_done = true;
+  if (!options_.pod_uid.empty()) {
+    // Only delete the pod this agent runs in, not a replacement with the same name.
+    r.content_type = "application/json";
+    r.body = nlohmann::json{{"kind", "DeleteOptions"},
+                            {"apiVersion", "v1"},
+                            {"preconditions", {{"uid", options_.pod_uid}}}}
+                 .dump();
+  }
+  Call(std::move(r), std::move(done));
+}
+
+void KubeClient::MarkNode(const std::string& label_key, const std::string& value, DeleteDone done) {
+  if (options_.node_name.empty()) {
+    boost::asio::post(io_, [done = std::move(done)] {
+      done(absl::FailedPreconditionError(
+          "no node name to mark: set NODE_NAME from the downward API (fieldRef spec.nodeName) or pass "
+          "--k8s-node-name"));
+    });
+    return;
+  }
+  Request r;
+  r.verb = http::verb::patch;
+  r.path = options_.NodePath();
+  r.object = "node " + options_.node_name;
+  r.rbac_hint = "the pod's service account needs verb 'patch' on 'nodes' (cluster-scoped: "
+                "deploy/node-marking, ClusterRole + ClusterRoleBinding)";
+  r.content_type = "application/merge-patch+json";
+  r.body = nlohmann::json{{"metadata", {{"labels", {{label_key, value}}}}}}.dump();
+  Call(std::move(r), std::move(done));
+}
+
+void KubeClient::Call(Request r, DeleteDone done) {
+  const int64_t now = SteadyMs();
+  if (refused_ && now < refused_until_ms_) {
+    // The API refused this service account (401/403) moments ago: asking again cannot help
+    // until someone fixes RBAC or the token, and a loop of commands must not become a storm.
+    absl::Status s(refused_->code(),
+                   absl::StrCat(refused_->message(), " (not asked again: the API refused this service ",
+                                "account ", (now - refused_at_ms_) / 1000, " s ago; next try in ",
+                                (refused_until_ms_ - now + 999) / 1000, " s)"));
+    ++calls_refused_locally_;
+    boost::asio::post(io_, [done = std::move(done), s] { done(s); });
+    return;
+  }
   const uint64_t id = next_call_id_++;
-  auto call = std::make_shared<DeleteCall>(io_, options_, std::move(done),
+  auto wrapped = [this, done = std::move(done)](absl::StatusOr<PodDeletion> result) {
+    if (!result.ok() && (result.status().code() == absl::StatusCode::kPermissionDenied ||
+                         result.status().code() == absl::StatusCode::kUnauthenticated) &&
+        options_.refusal_hold_ms > 0) {
+      refused_ = result.status();
+      refused_at_ms_ = SteadyMs();
+      refused_until_ms_ = refused_at_ms_ + options_.refusal_hold_ms;
+    } else if (result.ok()) {
+      refused_.reset();
+    }
+    done(std::move(result));
+  };
+  auto call = std::make_shared<DeleteCall>(io_, options_, std::move(r), std::move(wrapped),
                                            [this, id] { calls_.erase(id); });
   calls_[id] = call;
   call->Start();
+}
+
+int64_t KubeClient::SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace pacer

@@ -9,6 +9,8 @@
 //   namespace    --k8s-namespace, else $POD_NAMESPACE, else <service account dir>/namespace
 //   pod name     --k8s-pod-name, else $POD_NAME (downward API)
 //   pod uid      --k8s-pod-uid, else $POD_UID (optional; downward API metadata.uid)
+//   node name    --k8s-node-name, else $NODE_NAME (downward API spec.nodeName; only MarkNode
+//                needs it)
 // The service account dir is /var/run/secrets/kubernetes.io/serviceaccount. http:// URLs are
 // accepted only with `allow_insecure_http` (tests); https verifies the server against the CA
 // file and the URL's host name or IP address.
@@ -25,6 +27,15 @@
 //     TLS) are retried with exponential backoff up to max_attempts, then UNAVAILABLE (or
 //     DEADLINE_EXCEEDED when the last attempt timed out).
 //
+// MarkNode protocol (migrate with --k8s-mark-node, before DeletePod): one JSON merge patch
+// PATCH /api/v1/nodes/{node} {"metadata":{"labels":{KEY:VALUE}}}, the same attempts, deadlines
+// and reply classes as above, except that 404 (no such node) is an error. It needs `patch` on
+// `nodes` (deploy/node-marking); deploy/cluster's admission policy narrows that right to the
+// bad-node.pacer.dev/ labels.
+//
+// No retry storm: after a 401 or 403 the client asks nothing more for refusal_hold_ms; calls
+// made meanwhile fail at once with the same error (and say so), without a request.
+//
 // Thread-safety: none. Everything runs on the io_context passed in, which must be run by one
 // thread (the agent's event loop); `done` is called on it. Destroying the client cancels calls
 // in flight without calling their `done`.
@@ -35,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -57,7 +69,7 @@ absl::StatusOr<KubeApiEndpoint> ParseKubeApiUrl(std::string_view url);
 
 // What the flags say; empty = not given.
 struct KubeFlags {
-  std::string api_url, token_file, ca_file, namespace_name, pod_name, pod_uid;
+  std::string api_url, token_file, ca_file, namespace_name, pod_name, pod_uid, node_name;
   std::string service_account_dir = kServiceAccountDir;
   bool allow_insecure_http = false;
 };
@@ -69,13 +81,24 @@ struct KubeClientOptions {
   std::string namespace_name;
   std::string pod_name;
   std::string pod_uid;  // empty: no uid precondition
+  std::string node_name;  // empty: MarkNode fails (FAILED_PRECONDITION)
   int64_t attempt_timeout_ms = 10'000;
   int max_attempts = 6;
   int64_t backoff_initial_ms = 500;
   int64_t backoff_max_ms = 8'000;
+  int64_t refusal_hold_ms = 60'000;  // after a 401/403, no request for this long (0: none)
 
-  std::string PodPath() const;  // /api/v1/namespaces/{ns}/pods/{name}
+  std::string PodPath() const;   // /api/v1/namespaces/{ns}/pods/{name}
+  std::string NodePath() const;  // /api/v1/nodes/{node}
 };
+
+// Nodes a job's pods must avoid carry the label bad-node.pacer.dev/<job> (value: the Unix time
+// it was set); the job's pod template requires that the label does not exist.
+constexpr char kBadNodeLabelPrefix[] = "bad-node.pacer.dev/";
+// A label's name part: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends.
+bool IsLabelName(std::string_view s);
+// bad-node.pacer.dev/<job>; INVALID_ARGUMENT when the job name cannot be a label name.
+absl::StatusOr<std::string> BadNodeLabelKey(std::string_view job);
 
 // The environment variables ResolveKubeClientOptions reads, from the real environment.
 std::map<std::string, std::string> KubeEnvironment();
@@ -105,9 +128,19 @@ class KubeClient {
 
   // Deletes the own pod (protocol above); `done` runs once on the io_context.
   void DeletePod(DeleteDone done);
+  // Sets label `label_key` = `value` on the own node (MarkNode protocol above); `done` as above.
+  void MarkNode(const std::string& label_key, const std::string& value, DeleteDone done);
+  // Calls answered locally because of a recent 401/403 (no request sent).
+  uint64_t calls_refused_locally() const { return calls_refused_locally_; }
 
  private:
+  struct Request;
   class DeleteCall;
+  void Call(Request r, DeleteDone done);
+  static int64_t SteadyMs();
+  std::optional<absl::Status> refused_;  // the last 401/403, while it holds
+  int64_t refused_at_ms_ = 0, refused_until_ms_ = 0;
+  uint64_t calls_refused_locally_ = 0;
   boost::asio::io_context& io_;
   KubeClientOptions options_;
   uint64_t next_call_id_ = 0;

@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "agent/output_forwarder.h"
 #include "agent/restart_backoff.h"
+#include "agent/worker_set.h"
 #include "common/clock.h"
 #include "proto/pacer/agent.pb.h"
 
@@ -65,9 +66,8 @@ struct WorkerSpec {
 std::vector<std::string> OverrideEnvironment(const std::vector<std::string>& env,
                                              const std::vector<std::string>& overrides);
 
-class WorkerSupervisor {
+class WorkerSupervisor : public WorkerSet {
  public:
-  using Done = std::function<void(absl::Status)>;
   struct Listener {
     std::function<void(const WorkerExit&)> on_exit;                    // every exit, in order
     std::function<void(const std::string& worker_id, pid_t pid)> on_launch;
@@ -83,40 +83,40 @@ class WorkerSupervisor {
                    std::vector<WorkerSpec> specs, Listener listener, int stdout_fd = 1,
                    int stderr_fd = 2);
   // SIGKILLs every live worker's process group (no orphans); does not wait.
-  ~WorkerSupervisor();
+  ~WorkerSupervisor() override;
 
   // Launches every worker. A worker that cannot be launched counts as a crash (exit code 127).
   // Every process gets TORCHELASTIC_RESTART_COUNT: the group's restart count (kGroup) or the
   // worker's own number of relaunches (kWorker).
-  void StartAll();
+  void StartAll() override;
 
   // Returns true when `pid` was one of the workers (and handles its exit).
-  bool OnChildExit(pid_t pid, int wait_status);
+  bool OnChildExit(pid_t pid, int wait_status) override;
 
   // Restart: stop the process (if any) and launch it again at once; `done` runs after the
   // relaunch (kGroup: the whole group, see 4. above). Stop: stop it and keep it stopped;
   // `done` runs once it has exited. Both answer NOT_FOUND (and do nothing) for an unknown
   // worker.
-  absl::Status Restart(const std::string& worker_id, Done done);
-  absl::Status Stop(const std::string& worker_id, Done done);
-  void StopAll(Done done);
+  absl::Status Restart(const std::string& worker_id, Done done) override;
+  absl::Status Stop(const std::string& worker_id, Done done) override;
+  void StopAll(Done done) override;
 
-  bool Has(const std::string& worker_id) const { return workers_.count(worker_id) > 0; }
-  pid_t Pid(const std::string& worker_id) const;  // 0 when not running
-  std::vector<std::string> WorkerIds() const;
+  bool Has(const std::string& worker_id) const override { return workers_.count(worker_id) > 0; }
+  pid_t Pid(const std::string& worker_id) const override;  // 0 when not running
+  std::vector<std::string> WorkerIds() const override;
   // True when no worker runs or will run again by itself (every one EXITED, FAILED or STOPPED)
   // and at least one is EXITED or FAILED (a STOPPED-only agent waits for commands).
-  bool AllFinished() const;
-  bool AnyFailed() const;
+  bool AllFinished() const override;
+  bool AnyFailed() const override;
   // Why the last worker was marked FAILED (which worker, how it ended, which limit); empty
   // when none was.
-  const std::string& FailureReason() const { return failure_; }
+  const std::string& FailureReason() const override { return failure_; }
   // Restarts of the group so far (kGroup; its current TORCHELASTIC_RESTART_COUNT).
   uint32_t GroupRestarts() const { return group_restarts_; }
 
-  void SetCpuCores(const std::string& worker_id, double cores);
-  void SetContentionFactor(const std::string& worker_id, double factor);
-  std::vector<WorkerProcess> Snapshot() const;
+  void SetCpuCores(const std::string& worker_id, double cores) override;
+  void SetContentionFactor(const std::string& worker_id, double factor) override;
+  std::vector<WorkerProcess> Snapshot() const override;
 
  private:
   // kGroupRestart: stopped by the supervisor itself for a restart of the group.

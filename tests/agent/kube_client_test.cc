@@ -252,7 +252,7 @@ TEST_F(DeletePodTest, ForbiddenFailsAtOnceWithTheRbacHint) {
   EXPECT_NE(m.find("403 Forbidden"), std::string::npos) << m;
   EXPECT_NE(m.find("cannot delete resource"), std::string::npos) << m;  // the API's own message
   EXPECT_NE(m.find("RBAC"), std::string::npos) << m;
-  EXPECT_NE(m.find("deploy/agent-rbac.yaml"), std::string::npos) << m;
+  EXPECT_NE(m.find("deploy/base/agent-rbac.yaml"), std::string::npos) << m;
   EXPECT_EQ(api_.Requests().size(), 1u);  // not retried
 }
 
