@@ -214,7 +214,11 @@ int WriteReport(const Client& c, const std::string& dir, Format format) {
   std::vector<Marker> markers;
   for (const auto& d : tl.detections()) {
     if (d.current() == "straggler" && d.time_ms() >= t0_ms) {
-      markers.push_back({T(d.time_ms()), d.id() + " flagged", "#ff7f0e"});
+      // The first flag, then the change to persistent (a class change of its own).
+      const bool again = d.previous() == "straggler";
+      if (!again || d.persistent()) {
+        markers.push_back({T(d.time_ms()), d.id() + (again ? " persistent" : " flagged"), "#ff7f0e"});
+      }
     }
   }
   Json jactions = Json::array();

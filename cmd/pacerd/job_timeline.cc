@@ -41,11 +41,12 @@ int64_t JobTimeline::last_window() const {
 
 void JobTimeline::Fill(const GetTimelineRequest& req, GetTimelineResponse* resp) const {
   absl::MutexLock l(&mu_);
+  const bool all = req.since_ms() == 0;
   for (const auto& s : samples_) {
-    if (s.time_ms() > req.since_ms()) *resp->add_samples() = s;
+    if (all || s.time_ms() > req.since_ms()) *resp->add_samples() = s;
   }
   for (const auto& d : detections_) {
-    if (d.time_ms() > req.since_ms()) *resp->add_detections() = d;
+    if (all || d.time_ms() > req.since_ms()) *resp->add_detections() = d;
   }
   resp->set_started_ms(started_ms_);
   resp->set_sample_every_windows(every_);

@@ -5,7 +5,7 @@
 // Bounded memory whatever the job's length and size: at most kMaxWorkerPoints worker entries
 // in all (a reply of about 4 MB) and at most kMaxSamples samples. When full, every other sample is
 // dropped and from then on only every 2nd (4th, ...) window is sampled, so a long job keeps
-// its whole span at a coarser resolution; with 4 096 workers, 64 samples are kept. Detections
+// its whole span at a coarser resolution; with 4 096 workers, 32 samples are kept. Detections
 // keep the newest kMaxDetections.
 //
 // In memory only: a restarted pacerd begins a new timeline (the actions are durable in the
@@ -25,7 +25,7 @@ class JobTimeline {
  public:
   static constexpr size_t kMaxWorkerPoints = 131'072;
   static constexpr size_t kMaxSamples = 4'096;
-  static constexpr size_t kMinSamples = 64;
+  static constexpr size_t kMinSamples = 32;
   static constexpr size_t kMaxDetections = 4'096;
 
   explicit JobTimeline(int64_t started_ms) : started_ms_(started_ms) {}
