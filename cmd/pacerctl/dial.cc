@@ -39,6 +39,8 @@ const char* CodeName(grpc::StatusCode code) {
 // ipv4:127.0.0.1:7070: Failed to connect to remote host: Connection refused".
 bool IsConnectFailure(const grpc::Status& s) {
   const std::string& m = s.error_message();
+  // Something that is not a gRPC server (a web server, a proxy) answered with an HTTP status.
+  if (Contains(m, "http2 header with status")) return true;
   return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
          (Contains(m, "failed to connect") || Contains(m, "Failed to connect") ||
           Contains(m, "DNS resolution failed") || Contains(m, "Connection refused") ||
@@ -67,7 +69,7 @@ int ExitCodeFor(const grpc::Status& s) {
     case grpc::StatusCode::DEADLINE_EXCEEDED: return kExitUnreachable;
     case grpc::StatusCode::UNAUTHENTICATED:
     case grpc::StatusCode::PERMISSION_DENIED: return kExitUnauthorized;
-    case grpc::StatusCode::UNIMPLEMENTED: return kExitTooOld;
+    case grpc::StatusCode::UNIMPLEMENTED: return IsConnectFailure(s) ? kExitUnreachable : kExitTooOld;
     case grpc::StatusCode::UNAVAILABLE: return IsConnectFailure(s) ? kExitUnreachable : kExitFailed;
     default: return kExitFailed;
   }
@@ -84,6 +86,10 @@ std::string Explain(const grpc::Status& s, const Target& t, const std::string& w
   }
   if (IsConnectFailure(s)) {
     std::string why = "it does not answer";
+    if (Contains(m, "http2 header with status")) {
+      return "cannot reach pacerd at " + t.addr + ": something else answers there (" + m +
+             ") — is the address right?" + check;
+    }
     if (Contains(m, "Connection refused")) why = "connection refused";
     else if (Contains(m, "DNS resolution failed")) why = "the host name does not resolve";
     else if (Contains(m, "andshake")) why = "the TLS handshake failed (does pacerd use TLS?)";
@@ -99,7 +105,7 @@ std::string Explain(const grpc::Status& s, const Target& t, const std::string& w
              "of pacerd's data dir)";
     case grpc::StatusCode::UNIMPLEMENTED:
       return where + " does not know " + what + ": it is older than this pacerctl (" +
-             PacerVersion() + ")";
+             PacerVersion() + "), or not pacerd (" + m + ")";
     default:
       return what + ": " + m + " (" + CodeName(s.error_code()) + ")";
   }
