@@ -71,7 +71,10 @@ def run(c, procs, bin_dir, src, ctl, tmp):
         ok = p.returncode == 0 and line.startswith(b + " ") and re.search(r"\d+\.\d+\.\d+", line)
         c.expect(bool(ok), f"{b} --version: exit 0 and '{b} X.Y.Z...' (got rc {p.returncode}, {line!r})")
         versions[b] = line[len(b) + 1:]
-    c.expect(len(set(versions.values())) == 1, f"one version string in every binary ({set(versions.values())})")
+    # The project version is one for all; the git part can differ in a dev tree where CMake
+    # reconfigured (a new commit) and only some binaries were relinked since.
+    c.expect(len({v.split(" ")[0] for v in versions.values()}) == 1,
+             f"one project version in every binary ({set(versions.values())})")
 
     pacerd, addr, data = start_pacerd(procs, bin_dir, tmp, os.path.join(src, "policies", "demo-none.yaml"))
     env = dict(os.environ)
