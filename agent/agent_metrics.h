@@ -14,7 +14,9 @@
   X(commands, Counter, "pacer_agent_commands_total", "agent commands by outcome", "outcome")    \
   X(exits, Counter, "pacer_agent_worker_exits_total", "worker process exits reported")          \
   X(agents, Gauge, "pacer_agent_agents",                                                         \
-    "Node agents known to pacerd by state (connected, leaving, lost)", "state")                \
+    "Node agents known to pacerd by state: connected, leaving (said so; gone or going), lost " \
+    "(silent past the agent timeout without leaving)",                                       \
+    "state")                \
   X(workers, Gauge, "pacer_agent_workers",                                                       \
     "Worker processes the connected agents supervise, by state (running, backoff, exited, "    \
     "failed, stopped, stopping, unknown)",                                                      \

@@ -4,8 +4,8 @@
 // A component lists its metrics in ONE X-macro (in the spirit of Envoy's stats macros); each
 // entry gives the C++ field, the type, the Prometheus name, the help text and the label names:
 //
-//   #define PACER_EXAMPLE_METRICS(X)                                                     \
-//     X(requests, Counter, "pacer_example_requests_total", "Requests served", "outcome") \
+//   #define PACER_EXAMPLE_METRICS(X)   (one entry per line, each line continued)
+//     X(requests, Counter, "pacer_example_requests_total", "Requests served", "outcome")
 //     X(queue, Gauge, "pacer_example_queue_depth", "Requests waiting")
 //   PACER_DECLARE_METRICS(ExampleMetrics, PACER_EXAMPLE_METRICS);
 //
@@ -108,7 +108,8 @@ class MetricFamily {
   MetricFamily(const MetricFamily&) = delete;
   MetricFamily& operator=(const MetricFamily&) = delete;
 
-  // The series of a family without labels.
+  // The series of a family without labels (created with the family: it is exported at 0 before
+  // its first event, so rate() and increase() see that event).
   T& Get() { return With({}); }
   // The series for these label values, in the order the declaration lists the labels. A wrong
   // number of values is a programming error (aborts).
@@ -207,7 +208,9 @@ inline prometheus::Histogram& Add(prometheus::Family<prometheus::Histogram>* f,
 template <class T>
 MetricFamily<T>::MetricFamily(MetricsRegistry* registry, MetricDef def)
     : cap_(registry, def),
-      family_(metrics_internal::Build(registry, cap_.def(), static_cast<T*>(nullptr))) {}
+      family_(metrics_internal::Build(registry, cap_.def(), static_cast<T*>(nullptr))) {
+  if (cap_.def().labels.empty()) Get();  // exported from the start, at 0
+}
 
 template <class T>
 T& MetricFamily<T>::With(std::initializer_list<std::string_view> values) {

@@ -36,11 +36,16 @@ void PacerdMetrics::Publish(const AgentRegistry& agents, const Reconciler& recon
   double connected = 0, leaving = 0, lost = 0, oldest_s = 0;
   std::array<double, kWorkerStates.size()> workers{};
   for (const AgentView& a : agents.Agents()) {
+    // An agent that said it was leaving and then went quiet left cleanly: not lost.
+    if (a.leaving) {
+      leaving += 1;
+      continue;
+    }
     if (a.lost) {
       lost += 1;
       continue;
     }
-    (a.leaving ? leaving : connected) += 1;
+    connected += 1;
     oldest_s = std::max(oldest_s, std::max<int64_t>(0, now_ms - a.last_heartbeat_ms) / 1000.0);
     for (const WorkerProcess& w : a.workers) {
       const int s = w.state();

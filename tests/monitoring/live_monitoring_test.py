@@ -162,7 +162,16 @@ def documented_metrics(src):
 
 
 def check_metrics(src, metrics_port):
-    text = wait_for("the monitor to close windows and flag w2 (a straggler)", lambda: job_ready(metrics_port))
+    wait_for("the monitor to close windows and flag w2 (a straggler)", lambda: job_ready(metrics_port))
+
+    def planned():
+        t = scrape(metrics_port)
+        executed = sample(t, 'pacer_controller_actions_total{kind="ADJUST_BS",outcome="executed"}') or 0
+        version = sample(t, "pacer_controller_plan_version") or 0
+        w2 = sample(t, 'pacer_controller_plan_worker_batch_samples{worker="w2"}')
+        return t if executed >= 1 and version >= 1 and w2 is not None else None
+    # The controller's series follow its decisions: the plan for the straggler is counted.
+    text = wait_for("the controller to plan for w2 (pacer_controller_* series)", planned)
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     findings = (r.stdout + r.stderr).strip()
     if r.returncode != 0 or findings:
@@ -404,6 +413,11 @@ def main():
             check_metrics(src, metrics_port)
         else:
             check_prometheus(procs, tmp, src, metrics_port)
+    except SystemExit:
+        for name in sorted(os.listdir(tmp)):
+            if name.endswith(".log"):
+                print("---- %s (last lines; kept in %s)\n%s" % (name, tmp, tail(os.path.join(tmp, name), 15)))
+        raise
     finally:
         procs.stop_all()
     shutil.rmtree(tmp, ignore_errors=True)
