@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   pacer::NodeAgentOptions o;
   std::string token_file, tls_ca_file, method = "auto";
   std::vector<std::string> contention;
-  bool kubernetes = false;
+  bool kubernetes = false, mark_node = false;
+  int64_t attach_poll_ms = o.attach_poll_ms, attach_restart_timeout_ms = o.attach_restart_timeout_ms;
+  int64_t kube_refusal_hold_ms = 60'000;
   pacer::KubeFlags kube;
   int64_t kube_timeout_ms = 10'000, kube_backoff_ms = 500;
   int kube_attempts = 6;
@@ -98,6 +100,13 @@ int main(int argc, char** argv) {
       ("contention-period-us", po::value(&o.contention.cfs_period_us)->default_value(o.contention.cfs_period_us),
        "CFS period of the cgroup contention method (µs; widened if the quota would fall under 1 ms)")
       ("no-nvml", "do not try NVML for GPU utilisation")
+      ("attach", po::value(&o.attach_pattern),
+       "sidecar form: do not launch a worker; watch the running process whose command line "
+       "contains this (e.g. train.py; a pod with shareProcessNamespace), restart it by signal")
+      ("attach-poll-ms", po::value(&attach_poll_ms)->default_value(attach_poll_ms),
+       "how often --attach looks for the process in /proc")
+      ("attach-restart-timeout-ms", po::value(&attach_restart_timeout_ms)->default_value(attach_restart_timeout_ms),
+       "a restart under --attach fails when no new process appears within this")
       ("kubernetes", po::bool_switch(&kubernetes),
        "Kubernetes mode: migrate deletes the own pod through the API server (see README)")
       ("k8s-api-url", po::value(&kube.api_url),
@@ -110,6 +119,12 @@ int main(int argc, char** argv) {
       ("k8s-pod-uid", po::value(&kube.pod_uid),
        "own pod uid (default $POD_UID): delete only this pod, never a replacement with the same name")
       ("k8s-allow-http", po::bool_switch(&kube.allow_insecure_http), "accept an http:// API URL (tests only)")
+      ("k8s-mark-node", po::bool_switch(&mark_node),
+       "on migrate, label the own node bad-node.pacer.dev/<job> before deleting the pod, so the "
+       "replacement avoids it (needs patch on nodes: deploy/node-marking)")
+      ("k8s-node-name", po::value(&kube.node_name), "own node name (default $NODE_NAME, downward API spec.nodeName)")
+      ("k8s-refusal-hold-ms", po::value(&kube_refusal_hold_ms)->default_value(kube_refusal_hold_ms),
+       "after a 401/403 from the API server, ask nothing more for this long (0: no hold)")
       ("k8s-request-timeout-ms", po::value(&kube_timeout_ms)->default_value(kube_timeout_ms),
        "deadline of one API request (connect, TLS, reply)")
       ("k8s-max-attempts", po::value(&kube_attempts)->default_value(kube_attempts),
@@ -170,7 +185,19 @@ int main(int argc, char** argv) {
     if (const char* r = std::getenv("PACER_RUN_ID"); r && *r) o.run_id = r;
   }
   o.worker_command = flags.passthrough;
-  if (o.worker_command.empty()) pacer::ExitWithError("pacer-agent", "no worker command after --");
+  if (o.worker_command.empty() && o.attach_pattern.empty()) {
+    pacer::ExitWithError("pacer-agent", "no worker command after -- (or --attach PATTERN)");
+  }
+  if (!o.worker_command.empty() && !o.attach_pattern.empty()) {
+    pacer::ExitWithError("pacer-agent", "--attach and a worker command after -- exclude each other");
+  }
+  refuse_below("attach-poll-ms", attach_poll_ms, 1);
+  refuse_below("attach-restart-timeout-ms", attach_restart_timeout_ms, 1);
+  refuse_below("k8s-refusal-hold-ms", kube_refusal_hold_ms, 0);
+  o.attach_poll_ms = attach_poll_ms;
+  o.attach_restart_timeout_ms = attach_restart_timeout_ms;
+  if (mark_node && !kubernetes) pacer::ExitWithError("pacer-agent", "--k8s-mark-node needs --kubernetes");
+  o.kubernetes_mark_node = mark_node;
   if (!pacer::ParseContentionMethod(method, &o.contention.method)) {
     pacer::ExitWithError("pacer-agent", "--contention-method must be auto, cgroup or cpu-hog");
   }
@@ -203,6 +230,7 @@ int main(int argc, char** argv) {
     k->attempt_timeout_ms = kube_timeout_ms;
     k->max_attempts = kube_attempts;
     k->backoff_initial_ms = kube_backoff_ms;
+    k->refusal_hold_ms = kube_refusal_hold_ms;
     o.kubernetes = *k;
   }
   auto agent = pacer::NodeAgent::Create(std::move(o));

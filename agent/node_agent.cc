@@ -159,7 +159,33 @@ std::vector<std::string> NodeAgent::GroupStartEnvironment(uint32_t restart_count
 absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Create(NodeAgentOptions options,
                                                               const Clock* clock) {
   if (options.node.empty()) return absl::InvalidArgumentError("node name is required");
-  if (options.worker_command.empty()) return absl::InvalidArgumentError("no worker command");
+  if (!options.attach_pattern.empty()) {
+    if (!options.worker_command.empty()) {
+      return absl::InvalidArgumentError("--attach and a worker command after -- exclude each other");
+    }
+    if (options.num_workers != 1) {
+      return absl::InvalidArgumentError("--attach watches one process: --workers must be 1");
+    }
+    if (options.attach_poll_ms <= 0 || options.attach_restart_timeout_ms <= 0) {
+      return absl::InvalidArgumentError("--attach-poll-ms and --attach-restart-timeout-ms must be > 0");
+    }
+    if (!options.initial_contention.empty()) {
+      return absl::InvalidArgumentError("--contention at start is for launched workers, not --attach");
+    }
+  } else if (options.worker_command.empty()) {
+    return absl::InvalidArgumentError("no worker command (or --attach PATTERN)");
+  }
+  if (options.kubernetes_mark_node) {
+    if (!options.kubernetes) return absl::InvalidArgumentError("--k8s-mark-node needs --kubernetes");
+    if (absl::Status s = BadNodeLabelKey(options.job).status(); !s.ok()) {
+      return absl::InvalidArgumentError("--k8s-mark-node: " + std::string(s.message()));
+    }
+    if (options.kubernetes->node_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--k8s-mark-node: no node name: set NODE_NAME from the downward API (fieldRef "
+          "spec.nodeName) or pass --k8s-node-name");
+    }
+  }
   if (options.num_workers == 0) return absl::InvalidArgumentError("need at least one worker");
   if (absl::Status s = ResolveTopology(&options); !s.ok()) return s;
   if (options.master_port > 65535) {
@@ -208,9 +234,23 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
     }
     supervisor_->SetContentionFactor(id, injector_->FactorOf(id).value_or(0));
   };
-  supervisor_ = std::make_unique<WorkerSupervisor>(
-      io_, clock_, options_.restart, BuildWorkerSpecs(options_, CurrentEnvironment()),
-      std::move(listener), options_.stdout_fd, options_.stderr_fd);
+  if (!options_.attach_pattern.empty()) {
+    AttachOptions a;
+    a.worker_id = options_.worker_id_prefix + std::to_string(options_.first_rank);
+    a.rank = options_.first_rank;
+    a.pattern = options_.attach_pattern;
+    a.poll_ms = options_.attach_poll_ms;
+    a.stop_grace_ms = options_.restart.stop_grace_ms;
+    a.restart_timeout_ms = options_.attach_restart_timeout_ms;
+    ProcessAttacher::Listener al;
+    al.on_exit = listener.on_exit;
+    al.on_found = listener.on_launch;
+    supervisor_ = std::make_unique<ProcessAttacher>(io_, clock_, std::move(a), std::move(al));
+  } else {
+    supervisor_ = std::make_unique<WorkerSupervisor>(
+        io_, clock_, options_.restart, BuildWorkerSpecs(options_, CurrentEnvironment()),
+        std::move(listener), options_.stdout_fd, options_.stderr_fd);
+  }
   if (!options_.address.empty()) {
     grpc::ChannelArguments args;
     // Reconnect quickly once pacerd is back (gRPC's default backoff grows to 2 minutes).
@@ -477,6 +517,10 @@ std::optional<std::string> NodeAgent::Refusal(const AgentCommand& cmd) const {
     case AgentCommand::kRestartWorker:
       return known(cmd.restart_worker().worker_id());
     case AgentCommand::kStop:
+      if (!options_.attach_pattern.empty()) {
+        return "attach mode: the agent did not start its worker and cannot keep it stopped (its "
+               "container would be restarted); use restart, or migrate";
+      }
       if (cmd.stop().all() == !cmd.stop().worker_id().empty()) {
         return "malformed: stop needs exactly one of worker_id / all";
       }
@@ -553,22 +597,23 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
         BeginExit(kAgentExitMigrated, why);
         return;
       }
-      const KubeClientOptions& k = kube_->options();
-      PACER_LOG(INFO) << "migrate: deleting the own pod " << k.namespace_name << "/" << k.pod_name
-                      << " so that it is rescheduled on another node";
-      kube_->DeletePod([this, id, why](absl::StatusOr<PodDeletion> r) {
-        if (done_) return;
-        if (!r.ok()) {
-          PACER_LOG(ERROR) << "migrate: pod not deleted, workers keep running: " << r.status().message();
-          Acknowledge(id, absl::Status(r.status().code(),
-                                       absl::StrCat("pod not deleted: ", r.status().message())));
-          return;
-        }
-        PACER_LOG(INFO) << "migrate: pod " << (r->already_gone ? "already gone" : "deleted") << " (HTTP "
-                        << r->http_status << ", " << r->attempts << " attempt(s)); stopping workers";
-        Acknowledge(id, absl::OkStatus());
-        BeginExit(kAgentExitMigrated, why);
-      });
+      if (!options_.kubernetes_mark_node) return DeleteOwnPod(id, why);
+      const std::string key = *BadNodeLabelKey(options_.job);  // checked by Create()
+      PACER_LOG(INFO) << "migrate: labelling node " << kube_->options().node_name << " " << key
+                      << " so that the replacement pod avoids it";
+      kube_->MarkNode(key, std::to_string(clock_->NowMs() / 1000),
+                      [this, id, why](absl::StatusOr<PodDeletion> r) {
+                        if (done_) return;
+                        if (!r.ok()) {
+                          PACER_LOG(ERROR) << "migrate: node not marked, pod not deleted, workers keep "
+                                           << "running: " << r.status().message();
+                          Acknowledge(id, absl::Status(r.status().code(),
+                                                       absl::StrCat("node not marked (pod not deleted): ",
+                                                                    r.status().message())));
+                          return;
+                        }
+                        DeleteOwnPod(id, why);
+                      });
       return;
     }
     case AgentCommand::kSetContention: {
@@ -602,6 +647,24 @@ void NodeAgent::Execute(const AgentCommand& cmd) {
       break;
   }
   done(absl::InvalidArgumentError("malformed: command has no action"));
+}
+
+void NodeAgent::DeleteOwnPod(const std::string& id, const std::string& why) {
+  const KubeClientOptions& k = kube_->options();
+  PACER_LOG(INFO) << "migrate: deleting the own pod " << k.namespace_name << "/" << k.pod_name
+                  << " so that it is rescheduled on another node";
+  kube_->DeletePod([this, id, why](absl::StatusOr<PodDeletion> r) {
+    if (done_) return;
+    if (!r.ok()) {
+      PACER_LOG(ERROR) << "migrate: pod not deleted, workers keep running: " << r.status().message();
+      Acknowledge(id, absl::Status(r.status().code(), absl::StrCat("pod not deleted: ", r.status().message())));
+      return;
+    }
+    PACER_LOG(INFO) << "migrate: pod " << (r->already_gone ? "already gone" : "deleted") << " (HTTP "
+                    << r->http_status << ", " << r->attempts << " attempt(s)); stopping workers";
+    Acknowledge(id, absl::OkStatus());
+    BeginExit(kAgentExitMigrated, why);
+  });
 }
 
 double NodeAgent::RecentCores(const std::string& worker_id) const {

@@ -23,6 +23,13 @@
 //     not executed twice). Deleted or already gone: as plain mode (the kubelet's SIGTERM for
 //     the deleted pod joins the same exit). Refused (401/403/other 4xx, or retries exhausted):
 //     acked as failed with the API's reason, the workers keep running, the agent stays.
+//     With kubernetes_mark_node the node is labelled first (KubeClient::MarkNode); a refusal
+//     there fails the command the same way and the pod is not deleted (its replacement could
+//     land on the same node). A 401/403 is not asked again for a while (kube_client.h), so a
+//     controller that keeps sending migrate does not turn into a storm of API requests.
+//  6. Attach mode (--attach): the workers are a ProcessAttacher instead of a WorkerSupervisor
+//     (worker_set.h); restart signals the trainer and waits for its container to start it again,
+//     stop is refused, leaving leaves the trainer to the kubelet.
 //
 // Exit codes of Run(): 0 every worker finished (or SIGTERM/SIGINT stopped them), 3 every worker
 // ended and at least one FAILED (restart limit), 75 migrated (told to leave the node).
@@ -45,6 +52,7 @@
 #include "agent/contention_injector.h"
 #include "agent/kube_client.h"
 #include "agent/node_metrics_collector.h"
+#include "agent/process_attacher.h"
 #include "agent/restart_backoff.h"
 #include "agent/worker_supervisor.h"
 #include "common/clock.h"
@@ -85,6 +93,14 @@ struct NodeAgentOptions {
   // Set: Kubernetes mode, migrate deletes the own pod through the API server (kube_client.h)
   // before the workers are stopped. Unset: plain mode, migrate only stops and exits 75.
   std::optional<KubeClientOptions> kubernetes;
+  // Kubernetes mode: before deleting the own pod, label the node bad-node.pacer.dev/<job> so
+  // that the replacement (whose template requires the label's absence) avoids it.
+  bool kubernetes_mark_node = false;
+  // Non-empty: attach mode (process_attacher.h) — one worker, the running process whose command
+  // line contains this, not started by the agent; worker_command must be empty.
+  std::string attach_pattern;
+  int64_t attach_poll_ms = 500;
+  int64_t attach_restart_timeout_ms = 120'000;
   NodeMetricsSources metrics_sources;
   int stdout_fd = 1, stderr_fd = 2;
 };
@@ -148,6 +164,7 @@ class NodeAgent {
   // Stops every worker, sends a last heartbeat (leaving) and ends Run() with `code`.
   void BeginExit(int code, const std::string& why);
   void FinishExit();
+  void DeleteOwnPod(const std::string& command_id, const std::string& why);
   // The environment of a (re)start of the group: MASTER_PORT (fresh unless --master-port).
   std::vector<std::string> GroupStartEnvironment(uint32_t restart_count);
 
@@ -162,7 +179,7 @@ class NodeAgent {
   boost::asio::steady_timer metrics_timer_;
   std::unique_ptr<NodeMetricsCollector> collector_;
   std::unique_ptr<ContentionInjector> injector_;
-  std::unique_ptr<WorkerSupervisor> supervisor_;
+  std::unique_ptr<WorkerSet> supervisor_;  // a WorkerSupervisor, or a ProcessAttacher (--attach)
   std::unique_ptr<AgentService::Stub> stub_;
   std::unique_ptr<KubeClient> kube_;  // Kubernetes mode only
 
