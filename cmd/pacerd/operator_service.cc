@@ -1,5 +1,6 @@
 #include "cmd/pacerd/operator_service.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/status.h"
@@ -87,6 +88,10 @@ void OperatorService::Timeline(const GetTimelineRequest& req, GetTimelineRespons
 }
 
 void OperatorService::Sample() {
+  // Twice per monitor window is enough to see each window close; a listing costs O(workers).
+  const int64_t now = clock_->NowMs();
+  if (now - last_poll_ms_ < std::max<int64_t>(window_ms_.load() / 2, 100)) return;
+  last_poll_ms_ = now;
   ListWorkersRequest wreq;
   wreq.set_events_after_seq(last_event_seq_);
   wreq.set_max_events(1024);

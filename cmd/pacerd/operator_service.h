@@ -58,6 +58,7 @@ class OperatorService final : public Operator::CallbackService {
   JobTimeline timeline_;
   std::atomic<int64_t> window_ms_{0};
   uint64_t last_event_seq_ = 0;  // the housekeeping thread only
+  int64_t last_poll_ms_ = 0;      // the housekeeping thread only
 };
 
 }  // namespace pacer
