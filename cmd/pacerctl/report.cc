@@ -308,7 +308,9 @@ int WriteReport(const Client& c, const std::string& dir, Format format) {
          << Esc(a.kind()) << "</td><td>" << Esc(a.target()) << "</td><td>" << Esc(a.outcome())
          << (a.veto_reason().empty() ? "" : ": " + Esc(a.veto_reason())) << "</td><td>"
          << Fixed(100 * a.predicted_gain(), 1) << " %</td><td>"
-         << (a.measured() ? Fixed(100 * a.measured_gain(), 1) + " %" : "not yet") << "</td><td>"
+         << (a.measured() ? Fixed(100 * a.measured_gain(), 1) + " %"
+             : a.outcome() == "executed" ? "not yet" : "-")
+         << "</td><td>"
          << Esc(a.reason()) << "</td><td>" << Esc(a.detail()) << "</td></tr>";
   }
   acts << "</tbody></table>";
