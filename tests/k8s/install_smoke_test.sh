@@ -16,7 +16,9 @@
 set -uo pipefail
 BUILD=$1
 SRC=$2
-T=$(mktemp -d "${TEST_TMPDIR:-/tmp}/install-smoke.XXXXXX")
+# Under /tmp, not TEST_TMPDIR: uid 10001 must be able to reach it, and a build tree may lie
+# below a directory only root can enter (/root).
+T=$(mktemp -d /tmp/pacer-install-smoke.XXXXXX)
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
@@ -129,7 +131,7 @@ echo "import pacer: ok"
 # (In $T, and — as root — anywhere by uid 10001; /tmp is shared with other builds, so only the
 # uid tells ours apart.)
 written=$(find "$T" -xdev -newer "$T/marker" -type f 2>/dev/null |
-  grep -v -e "^$T/data/" -e "^$T/[a-z]*\.log$" -e "^${TEST_TMPDIR:-/nonexistent}/" || true)
+  grep -v -e "^$T/data/" -e "^$T/[a-z]*\.log$" || true)
 if [ "$(id -u)" = 0 ]; then
   other=$(find / -xdev -newer "$T/marker" -user 10001 -type f 2>/dev/null | grep -v "^$T/data/" || true)
   written="$written$other"
