@@ -8,7 +8,7 @@ grpc::ServerUnaryReactor* GrpcAgentService::Heartbeat(grpc::CallbackServerContex
                                                       const AgentHeartbeat* req,
                                                       AgentHeartbeatReply* reply) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  absl::Status s = auth_->RequireNode(ctx->client_metadata(), req->node(), "agent heartbeat");
   reactor->Finish(ToGrpcStatus(s.ok() ? registry_->Heartbeat(*req, reply) : s));
   return reactor;
 }

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   int64_t workers = o.num_workers, first_rank = 0, world_size = 0, nnodes = 0, node_rank = -1,
           master_port = 0, max_restarts = o.restart.max_restarts;
   std::string scope = "group";
+  std::string worker_credentials = "mint";
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   o.node = host;
@@ -70,6 +71,10 @@ int main(int argc, char** argv) {
       ("restart-scope", po::value(&scope)->default_value(scope),
        "what a crash restarts: group (every local worker, torchrun's model, for synchronous "
        "training) or worker (only the crashed one: asynchronous workers, parameter servers)")
+      ("worker-credentials", po::value(&worker_credentials)->default_value(worker_credentials),
+       "mint: each worker gets its own credential in PACER_TOKEN, minted from the job token "
+       "(rank 0 the chief's); inherit: workers get the agent's token (parameter servers, which "
+       "verify the workers' credentials)")
       ("max-restarts", po::value(&max_restarts)->default_value(max_restarts),
        "crash restarts (of the group, or per worker with --restart-scope worker) before giving up")
       ("backoff-initial-ms", po::value(&o.restart.backoff_initial_ms)->default_value(o.restart.backoff_initial_ms),
@@ -165,6 +170,12 @@ int main(int argc, char** argv) {
   if (nnodes > 0 && node_rank >= nnodes) {
     pacer::ExitWithError("pacer-agent", "--node-rank " + std::to_string(node_rank) +
                                             " must be below --nnodes " + std::to_string(nnodes));
+  }
+  if (worker_credentials == "mint" || worker_credentials == "inherit") {
+    o.mint_worker_credentials = worker_credentials == "mint";
+  } else {
+    pacer::ExitWithError("pacer-agent", "--worker-credentials must be mint or inherit, not '" +
+                                            worker_credentials + "'");
   }
   if (scope == "group") {
     o.restart.scope = pacer::RestartScope::kGroup;

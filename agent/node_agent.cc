@@ -81,6 +81,14 @@ absl::StatusOr<uint16_t> PickFreePort() {
   return ntohs(addr.sin_port);
 }
 
+// The PACER_TOKEN a worker is launched with: its own credential, or the agent's token.
+std::string WorkerToken(const NodeAgentOptions& o, const WorkerSpec& s) {
+  if (!o.mint_worker_credentials || o.token.empty()) return o.token;
+  auto c = MintCredential(o.token, s.rank == 0 ? CredentialKind::kChief : CredentialKind::kWorker,
+                          s.worker_id);
+  return c.ok() ? *c : std::string();  // Create() has checked that minting works
+}
+
 std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
                                          const std::vector<std::string>& base_env) {
   const uint32_t world = o.world_size ? o.world_size : o.num_workers;
@@ -96,7 +104,7 @@ std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
         {"PACER_ADDR", o.address},
         {"PACER_JOB", o.job},
         {"PACER_WORKER_ID", s.worker_id},
-        {"PACER_TOKEN", o.token},
+        {"PACER_TOKEN", WorkerToken(o, s)},
         {"PACER_NODE", o.node},
         {"PACER_RUN_ID", o.run_id.empty() ? o.job : o.run_id},
         {"PACER_RANK", std::to_string(s.rank)},
@@ -196,6 +204,18 @@ absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Create(NodeAgentOptions op
   }
   if (!options.address.empty() && options.token.empty()) {
     return absl::InvalidArgumentError("a job token is required to talk to pacerd");
+  }
+  if (options.mint_worker_credentials && !options.token.empty()) {
+    if (IsCredential(options.token)) {
+      return absl::InvalidArgumentError(
+          "--worker-credentials mint needs the job token, and this agent holds a credential: "
+          "give it the job token, or pass --worker-credentials inherit");
+    }
+    if (absl::Status s = MintCredential(options.token, CredentialKind::kWorker,
+                                        options.worker_id_prefix + "0").status();
+        !s.ok()) {
+      return absl::InvalidArgumentError("--worker-id-prefix: " + std::string(s.message()));
+    }
   }
   if (options.agent_id.empty()) options.agent_id = options.node;
   std::unique_ptr<NodeAgent> a(new NodeAgent(std::move(options), clock));

@@ -67,6 +67,10 @@ constexpr int kAgentExitMigrated = 75;  // EX_TEMPFAIL: "run me somewhere else"
 struct NodeAgentOptions {
   std::string address;   // pacerd HOST:PORT; empty = supervise only, no heartbeats
   std::string token;     // job token
+  // Each launched worker gets its own credential (common/auth.h) in PACER_TOKEN, minted from the
+  // job token — the chief credential for global rank 0 — instead of the job token itself. False:
+  // workers inherit `token` (parameter servers, which verify the workers' credentials, need it).
+  bool mint_worker_credentials = true;
   std::string tls_ca;    // PEM of the CA for TLS to pacerd; empty = plaintext
   std::string job = "job";
   std::string node;      // required

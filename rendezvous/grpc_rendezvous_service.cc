@@ -35,13 +35,35 @@ class WaitingGet final : public grpc::ServerUnaryReactor {
     return reactor;                                                                            \
   }
 
-PACER_RENDEZVOUS_HANDLER(Join, RendezvousJoinRequest, RendezvousJoinResponse)
-PACER_RENDEZVOUS_HANDLER(Reform, RendezvousReformRequest, RendezvousReformResponse)
 PACER_RENDEZVOUS_HANDLER(Set, RendezvousSetRequest, RendezvousSetResponse)
 PACER_RENDEZVOUS_HANDLER(Add, RendezvousAddRequest, RendezvousAddResponse)
 PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse)
 
 #undef PACER_RENDEZVOUS_HANDLER
+
+// Join and Reform act as the request's worker; only the chief (or the job / admin token) opens
+// the group, so no stray Join can fix the world size for everyone.
+grpc::ServerUnaryReactor* GrpcRendezvousService::Join(grpc::CallbackServerContext* ctx,
+                                                      const RendezvousJoinRequest* req,
+                                                      RendezvousJoinResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto caller = auth_->Identify(ctx->client_metadata());
+  absl::Status s = caller.status();
+  if (s.ok()) s = auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous join");
+  if (s.ok()) s = impl_->Join(*req, resp, JoinAuthority{caller->chief()});
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GrpcRendezvousService::Reform(grpc::CallbackServerContext* ctx,
+                                                        const RendezvousReformRequest* req,
+                                                        RendezvousReformResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous reform");
+  if (s.ok()) s = impl_->Reform(*req, resp);
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* GrpcRendezvousService::Get(grpc::CallbackServerContext* ctx,
                                                      const RendezvousGetRequest* req,

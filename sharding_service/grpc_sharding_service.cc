@@ -4,12 +4,14 @@
 
 namespace pacer {
 
-// One line per RPC: authenticate, delegate, finish when the impl is done.
-#define PACER_SHARDING_HANDLER(Method, Request, Response, Role)                                 \
+// One line per RPC: authorize, delegate, finish when the impl is done. `Check` is evaluated with
+// the call's metadata `md` and request `req` in scope and yields an absl::Status.
+#define PACER_SHARDING_HANDLER(Method, Request, Response, Check)                                \
   grpc::ServerUnaryReactor* GrpcShardingService::Method(grpc::CallbackServerContext* ctx,       \
                                                         const Request* req, Response* resp) {   \
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                  \
-    if (absl::Status s = auth_->Require(ctx->client_metadata(), Role); !s.ok()) {               \
+    const auto& md = ctx->client_metadata();                                                    \
+    if (absl::Status s = (Check); !s.ok()) {                                                    \
       reactor->Finish(ToGrpcStatus(s));                                                         \
       return reactor;                                                                           \
     }                                                                                           \
@@ -17,21 +19,26 @@ namespace pacer {
     return reactor;                                                                             \
   }
 
-PACER_SHARDING_HANDLER(RegisterDataset, RegisterDatasetRequest, RegisterDatasetResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(FetchShard, FetchShardRequest, FetchShardResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(ReportProgress, ProgressRequest, ProgressResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(CompleteShard, CompleteShardRequest, CompleteShardResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(ReleaseShard, ReleaseShardRequest, ReleaseShardResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(Heartbeat, HeartbeatRequest, HeartbeatResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(SaveCheckpoint, CheckpointRequest, CheckpointResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(RestoreCheckpoint, CheckpointRequest, CheckpointResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(ListDatasets, ListDatasetsRequest, ListDatasetsResponse, Role::kWorker)
-PACER_SHARDING_HANDLER(SetAllocation, SetAllocationRequest, SetAllocationResponse, Role::kAdmin)
-PACER_SHARDING_HANDLER(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse, Role::kAdmin)
-PACER_SHARDING_HANDLER(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse, Role::kAdmin)
-PACER_SHARDING_HANDLER(ResetDataset, ResetDatasetRequest, ResetDatasetResponse, Role::kAdmin)
+#define PACER_ANY_CALLER auth_->Require(md, Role::kWorker)
+#define PACER_AS_WORKER(what) auth_->RequireWorker(md, req->worker_id(), what)
 
+PACER_SHARDING_HANDLER(RegisterDataset, RegisterDatasetRequest, RegisterDatasetResponse, PACER_ANY_CALLER)
+PACER_SHARDING_HANDLER(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse, PACER_AS_WORKER("register worker"))
+PACER_SHARDING_HANDLER(FetchShard, FetchShardRequest, FetchShardResponse, PACER_AS_WORKER("fetch shard"))
+PACER_SHARDING_HANDLER(ReportProgress, ProgressRequest, ProgressResponse, PACER_AS_WORKER("report progress"))
+PACER_SHARDING_HANDLER(CompleteShard, CompleteShardRequest, CompleteShardResponse, PACER_AS_WORKER("complete shard"))
+PACER_SHARDING_HANDLER(ReleaseShard, ReleaseShardRequest, ReleaseShardResponse, PACER_AS_WORKER("release shard"))
+PACER_SHARDING_HANDLER(Heartbeat, HeartbeatRequest, HeartbeatResponse, PACER_AS_WORKER("heartbeat"))
+PACER_SHARDING_HANDLER(SaveCheckpoint, CheckpointRequest, CheckpointResponse, auth_->RequireChief(md, "save checkpoint"))
+PACER_SHARDING_HANDLER(RestoreCheckpoint, CheckpointRequest, CheckpointResponse, auth_->RequireChief(md, "restore checkpoint"))
+PACER_SHARDING_HANDLER(ListDatasets, ListDatasetsRequest, ListDatasetsResponse, PACER_ANY_CALLER)
+PACER_SHARDING_HANDLER(SetAllocation, SetAllocationRequest, SetAllocationResponse, auth_->Require(md, Role::kAdmin))
+PACER_SHARDING_HANDLER(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse, auth_->Require(md, Role::kAdmin))
+PACER_SHARDING_HANDLER(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse, auth_->Require(md, Role::kAdmin))
+PACER_SHARDING_HANDLER(ResetDataset, ResetDatasetRequest, ResetDatasetResponse, auth_->Require(md, Role::kAdmin))
+
+#undef PACER_AS_WORKER
+#undef PACER_ANY_CALLER
 #undef PACER_SHARDING_HANDLER
 
 }  // namespace pacer

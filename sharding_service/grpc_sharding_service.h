@@ -1,9 +1,12 @@
 // GrpcShardingService: the gRPC adapter of the sharding service (callback API).
 //
-// Each handler authenticates the caller's role and hands the request to ShardingServiceImpl;
-// the RPC finishes when the impl's `done` runs (after the journal made the update durable), so
-// no server thread blocks on an fsync. Data-plane calls, checkpoints and listing need the job
-// token (or the admin token); SetAllocation, SetTailBackup, DeleteDataset and ResetDataset need the admin token.
+// Each handler authorizes the caller and hands the request to ShardingServiceImpl; the RPC
+// finishes when the impl's `done` runs (after the journal made the update durable), so no
+// server thread blocks on an fsync. Worker calls (RegisterWorker, FetchShard, ReportProgress,
+// CompleteShard, ReleaseShard, Heartbeat) need a credential for the request's worker_id (or the
+// job or admin token); checkpoints need the chief credential (or the job or admin token);
+// RegisterDataset and ListDatasets any caller; SetAllocation, SetTailBackup, DeleteDataset and
+// ResetDataset the admin token (common/auth.h, docs/security.md).
 #pragma once
 
 #include "common/auth.h"

@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   Reconciler* reconciler = d->reconciler_.get();
   reconciler->SetAgentDispatcher(
       [agents = d->agents_.get()](const Action& a) { return DispatchAgentAction(*agents, a); });
-  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(RendezvousOptions{}, &d->metrics_);
+  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(d->options_.rendezvous, &d->metrics_);
   d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
   d->sharding_->SetHeartbeatHook([reconciler, rendezvous = d->rendezvous_.get()](
                                      const HeartbeatRequest& req, HeartbeatResponse* resp) {

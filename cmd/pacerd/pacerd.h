@@ -54,6 +54,7 @@ struct PacerdOptions {
   std::string policy_file;    // empty: the "none" policy (observe, never act)
   ReconcilerOptions reconciler;
   AgentRegistryOptions agents;
+  RendezvousOptions rendezvous;  // the store's limits
   // The housekeeping thread (lease expiry, monitor windows, reconcile) on a real-time timer.
   // Tests that drive a SimulatedClock turn it off and call those steps themselves, so nothing
   // races their script.

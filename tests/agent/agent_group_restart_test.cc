@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,7 @@ class AgentGroupRestartTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::ofstream(dir_.Sub("token")) << kToken << "\n";
+    ::chmod(dir_.Sub("token").c_str(), 0600);  // token files others can read are refused
     std::filesystem::create_directories(dir_.Sub("env"));
   }
   ~AgentGroupRestartTest() override {

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -37,7 +38,10 @@ using namespace std::chrono_literals;
 
 class AgentTest : public ::testing::Test {
  protected:
-  void SetUp() override { std::ofstream(dir_.Sub("token")) << kToken << "\n"; }
+  void SetUp() override {
+    std::ofstream(dir_.Sub("token")) << kToken << "\n";
+    ::chmod(dir_.Sub("token").c_str(), 0600);  // token files others can read are refused
+  }
 
   // Starts pacer-agent against `address` with `workers` workers running `worker_args`.
   void StartAgent(const std::string& address, int workers, std::vector<std::string> worker_args,
@@ -465,7 +469,10 @@ TEST_F(AgentTest, BusyWorkerShowsInNodeMetricsAndOnTheRightWorker) {
                          "PACER_WORLD_SIZE=2", "PACER_NODE=node-a", "PACER_JOB=testjob"}) {
     EXPECT_NE(env.find(kv), std::string::npos) << kv << " missing in\n" << env;
   }
-  EXPECT_NE(env.find(std::string("PACER_TOKEN=") + kToken), std::string::npos);
+  // Its own credential, not the job token (common/auth.h).
+  EXPECT_NE(env.find("PACER_TOKEN=" + *MintCredential(kToken, CredentialKind::kWorker, "w1") + "\n"),
+            std::string::npos) << env;
+  EXPECT_EQ(env.find(std::string("PACER_TOKEN=") + kToken + "\n"), std::string::npos);
   EXPECT_NE(env.find("PACER_ADDR=" + server.address()), std::string::npos);
   // Worker output is forwarded with its id.
   EXPECT_TRUE(WaitFor([&] { return Log().find("[w1] started") != std::string::npos; }, 20s)) << Log();
