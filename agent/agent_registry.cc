@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
+#include "agent/agent_metrics.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -20,20 +21,20 @@ const char* CommandStateName(CommandState s) {
   return "?";
 }
 
+// The series are declared in agent/agent_metrics.h (PACER_AGENT_METRICS); these are the ones the
+// registry counts, looked up once.
 struct AgentRegistry::Metrics {
   explicit Metrics(MetricsRegistry* r)
-      : heartbeats(r->Counter("pacer_agent_heartbeats_total", "agent heartbeats accepted")),
-        rejected(r->Counter("pacer_agent_heartbeats_rejected_total", "agent heartbeats refused")),
-        registrations(r->Counter("pacer_agent_registrations_total",
-                                 "agent incarnations (re)registered")),
-        queued(r->Counter("pacer_agent_commands_total", "agent commands by outcome",
-                          {{"outcome", "queued"}})),
-        done(r->Counter("pacer_agent_commands_total", "agent commands by outcome",
-                        {{"outcome", "done"}})),
-        refused(r->Counter("pacer_agent_commands_total", "agent commands by outcome",
-                           {{"outcome", "refused"}})),
-        exits(r->Counter("pacer_agent_worker_exits_total", "worker process exits reported")) {}
-  std::unique_ptr<MetricsRegistry> own;
+      : declared(r),
+        heartbeats(declared.heartbeats.Get()),
+        rejected(declared.rejected.Get()),
+        registrations(declared.registrations.Get()),
+        queued(declared.commands.With({"queued"})),
+        done(declared.commands.With({"done"})),
+        refused(declared.commands.With({"refused"})),
+        exits(declared.exits.Get()) {}
+  std::unique_ptr<MetricsRegistry> own;  // set after construction; destroyed last
+  AgentMetrics declared;
   prometheus::Counter& heartbeats;
   prometheus::Counter& rejected;
   prometheus::Counter& registrations;

@@ -4,25 +4,15 @@
 
 namespace pacer {
 
-RendezvousServiceImpl::Metrics RendezvousServiceImpl::MakeMetrics(MetricsRegistry* r) {
-  return Metrics{
-      r->Gauge("pacer_rendezvous_generation", "Current generation of the job's collective group"),
-      r->Counter("pacer_rendezvous_regroups_total",
-                 "Generation changes after the first (a worker restarted or a collective failed)"),
-      r->Gauge("pacer_rendezvous_keys", "Keys in the current generation's store"),
-      r->Gauge("pacer_rendezvous_waiting_gets", "Get calls waiting for keys"),
-  };
-}
-
 RendezvousServiceImpl::RendezvousServiceImpl(RendezvousOptions options, MetricsRegistry* metrics)
     : options_(options),
       own_metrics_(metrics ? nullptr : std::make_unique<MetricsRegistry>()),
-      metrics_(MakeMetrics(metrics ? metrics : own_metrics_.get())) {}
+      metrics_(metrics ? metrics : own_metrics_.get()) {}
 
 void RendezvousServiceImpl::UpdateGauges() {
-  metrics_.generation.Set(static_cast<double>(generation_));
-  metrics_.keys.Set(static_cast<double>(kv_.size()));
-  metrics_.waiting.Set(static_cast<double>(waiters_.size()));
+  metrics_.generation.Get().Set(static_cast<double>(generation_));
+  metrics_.keys.Get().Set(static_cast<double>(kv_.size()));
+  metrics_.waiting.Get().Set(static_cast<double>(waiters_.size()));
 }
 
 RendezvousServiceImpl::~RendezvousServiceImpl() {
@@ -74,7 +64,7 @@ absl::Status RendezvousServiceImpl::CheckGeneration(uint64_t generation) const {
 void RendezvousServiceImpl::Bump(std::vector<Completion>* out) {
   if (generation_ > 0) {
     ++regroups_;
-    metrics_.regroups.Increment();
+    metrics_.regroups.Get().Increment();
   }
   ++generation_;
   kv_.clear();

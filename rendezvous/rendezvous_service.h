@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "rendezvous/rendezvous_metrics.h"
 #include "proto/pacer/rendezvous.pb.h"
 #include "proto/pacer/sharding.pb.h"
 
@@ -101,17 +102,10 @@ class RendezvousServiceImpl {
   static void Run(std::vector<Completion>& completions);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  struct Metrics {
-    prometheus::Gauge& generation;
-    prometheus::Counter& regroups;
-    prometheus::Gauge& keys;
-    prometheus::Gauge& waiting;
-  };
-  static Metrics MakeMetrics(MetricsRegistry* registry);
 
   const RendezvousOptions options_;
   std::unique_ptr<MetricsRegistry> own_metrics_;
-  Metrics metrics_;
+  RendezvousMetrics metrics_;  // rendezvous/rendezvous_metrics.h
   mutable absl::Mutex mu_;
   uint32_t world_size_ ABSL_GUARDED_BY(mu_) = 0;  // 0: no Join yet
   std::map<int32_t, Member> members_ ABSL_GUARDED_BY(mu_);  // by rank

@@ -12,23 +12,12 @@ constexpr std::array<const char*, 7> kWorkerStates = {"unknown", "running", "bac
 }  // namespace
 
 PacerdMetrics::PacerdMetrics(MetricsRegistry* r, double unix_s)
-    : own_(r), agents_(r), rendezvous_(r), controller_(r) {
+    : own_(r), agents_(r), controller_(r) {
   own_.start_time.Get().Set(unix_s);
   own_.journal_healthy.Get().Set(1);
-  own_.journal_recoveries.Get();
-  own_.data_loss_accepted.Get();
-  agents_.heartbeats.Get();
-  agents_.rejected.Get();
-  agents_.registrations.Get();
   for (const char* outcome : {"queued", "done", "refused"}) agents_.commands.With({outcome});
-  agents_.exits.Get();
   for (const char* state : {"connected", "leaving", "lost"}) agents_.agents.With({state}).Set(0);
   for (const char* state : kWorkerStates) agents_.workers.With({state}).Set(0);
-  agents_.heartbeat_age.Get();
-  rendezvous_.generation.Get();
-  rendezvous_.regroups.Get();
-  rendezvous_.keys.Get();
-  rendezvous_.waiting.Get();
 }
 
 void PacerdMetrics::Publish(const AgentRegistry& agents, const Reconciler& reconciler,

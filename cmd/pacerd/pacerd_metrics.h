@@ -3,9 +3,9 @@
 // updates: the agents' (agent/agent_metrics.h) and the controller's
 // (controller/controller_metrics.h). docs/metrics.md is generated from these lists.
 //
-// Families other components also register on the same registry (the agent registry's
-// counters, the rendezvous store's) are declared here too so that the catalogue holds them:
-// prometheus-cpp merges a family registered twice under one name.
+// The agent gauges share their list with the agent registry's counters: both instantiate
+// AgentMetrics on the same registry, and prometheus-cpp merges a family registered twice under
+// one name.
 // Thread-compatible: Publish() runs on the housekeeping thread only.
 #pragma once
 
@@ -17,7 +17,6 @@
 #include "controller/controller_metrics.h"
 #include "controller/reconciler.h"
 #include "monitor/monitor_service.h"
-#include "rendezvous/rendezvous_metrics.h"
 
 #define PACER_PACERD_METRICS(X)                                                                \
   X(start_time, Gauge, "pacer_pacerd_start_time_seconds",                                      \
@@ -36,7 +35,7 @@ PACER_DECLARE_METRICS(PacerdMetricSeries, PACER_PACERD_METRICS);
 
 class PacerdMetrics {
  public:
-  // Sets the start time to now (`unix_s`) and creates every series.
+  // Sets the start time to now (`unix_s`) and creates every bounded series.
   PacerdMetrics(MetricsRegistry* registry, double unix_s);
   PacerdMetricSeries& own() { return own_; }
   // Refreshes the agents' and the controller's gauges (`now_ms` on the agents' clock).
@@ -46,7 +45,6 @@ class PacerdMetrics {
  private:
   PacerdMetricSeries own_;
   AgentMetrics agents_;
-  RendezvousMetrics rendezvous_;
   ControllerMetrics controller_;
 };
 

@@ -194,8 +194,8 @@ TEST_F(K8sAgentTest, ForbiddenNodeLabelIsAClearErrorDeletesNothingAndIsNotRetrie
   AgentServer server;
   FakeKubeApi api(dir_.path());
   api.SetDefault({403, KubeStatusBody(403, "Forbidden",
-                                      "nodes \"node-a\" is forbidden: User \"system:serviceaccount:pacer-jobs:"
-                                      "pacer-agent\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope")});
+                                      "nodes node-a is forbidden: User system:serviceaccount:pacer-jobs:"
+                                      "pacer-agent cannot patch resource nodes in API group at the cluster scope")});
   StartAgent(server, api, "mlp", {"--k8s-mark-node"}, {"--", BinaryPath("agent_test_worker"), "sleep"});
   AgentRegistry& r = server.registry();
   ASSERT_TRUE(WaitFor([&] { return W(r, "w0").state() == WORKER_STATE_RUNNING; }, 20s)) << Log();
@@ -206,6 +206,7 @@ TEST_F(K8sAgentTest, ForbiddenNodeLabelIsAClearErrorDeletesNothingAndIsNotRetrie
   ASSERT_TRUE(WaitFor([&] { return CommandEnded(r, *first); }, 30s)) << Log();
   const auto cmd = *r.Command(*first);
   EXPECT_EQ(cmd.state, CommandState::kRefused);
+  EXPECT_EQ(cmd.reason.find("\"kind\""), std::string::npos) << "the raw body, not the API's message: " << cmd.reason;
   for (const char* part : {"node not marked (pod not deleted)", "403 Forbidden", "cannot patch resource",
                            "RBAC", "'patch' on 'nodes'", "deploy/node-marking"}) {
     EXPECT_NE(cmd.reason.find(part), std::string::npos) << part << " missing from: " << cmd.reason;

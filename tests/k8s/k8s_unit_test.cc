@@ -80,7 +80,7 @@ TEST_F(MarkNodeTest, PatchesExactlyTheOneLabelOnTheOwnNode) {
 }
 
 TEST_F(MarkNodeTest, AMissingNodeIsAnErrorNotGone) {
-  api_.SetDefault({404, KubeStatusBody(404, "NotFound", "nodes \"gpu-node-7\" not found")});
+  api_.SetDefault({404, KubeStatusBody(404, "NotFound", "nodes gpu-node-7 not found")});
   auto r = Run({Mark});
   ASSERT_EQ(r.size(), 1u);
   ASSERT_FALSE(r[0].ok());
@@ -98,7 +98,7 @@ TEST_F(MarkNodeTest, WithoutANodeNameNothingIsSent) {
 }
 
 TEST_F(MarkNodeTest, AfterA403NothingIsAskedWhileTheHoldLasts) {
-  api_.SetDefault({403, KubeStatusBody(403, "Forbidden", "cannot patch resource \"nodes\"")});
+  api_.SetDefault({403, KubeStatusBody(403, "Forbidden", "cannot patch resource nodes")});
   options_.refusal_hold_ms = 60'000;
   auto r = Run({Mark, Mark, [](KubeClient& c, KubeClient::DeleteDone d) { c.DeletePod(std::move(d)); }});
   ASSERT_EQ(r.size(), 3u);
