@@ -153,6 +153,10 @@ def check_training_pods(objs):
                     got = env.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
                     check(got == path, f"{name}: {var} from the downward API {path}, not {got}")
             check(pod.get("serviceAccountName") == "pacer-agent", f"{name}: runs as the pacer-agent account")
+            args = a.get("args") or []
+            check(flag(args, "tls-ca") and flag(args, "tls-cert") and flag(args, "tls-key")
+                  and "--allow-insecure" not in args,
+                  f"{name}: the agent dials pacerd over TLS with a client certificate (prod is mTLS)")
             if "--attach" in " ".join(a.get("args") or []):
                 check(pod.get("shareProcessNamespace") is True, f"{name}: --attach needs shareProcessNamespace")
                 check(a.get("restartPolicy") == "Always" and a in (pod.get("initContainers") or []),
