@@ -1,13 +1,46 @@
 #include "common/flags.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <typeinfo>
 
 #include "common/version.h"
 
 namespace po = boost::program_options;
 
 namespace pacer {
+namespace {
+
+bool IsUnsigned(const std::type_info& t) {
+  return t == typeid(unsigned char) || t == typeid(unsigned short) || t == typeid(unsigned) ||
+         t == typeid(unsigned long) || t == typeid(unsigned long long);
+}
+
+// The checks every numeric flag of every binary needs, whatever it means: boost parses "-1" into
+// an unsigned flag as 2^64 - 1 (a wrapped limit, silently), and "nan" / "inf" into a double.
+void CheckNumbers(const std::string& program, const po::parsed_options& parsed,
+                  const po::variables_map& vm) {
+  for (const po::option& opt : parsed.options) {
+    if (opt.string_key.empty() || opt.string_key == "pacer-positional" || !vm.count(opt.string_key)) {
+      continue;
+    }
+    const boost::any& v = vm[opt.string_key].value();
+    const std::string given = opt.value.empty() ? "" : opt.value.front();
+    if (IsUnsigned(v.type()) && given.find('-') != std::string::npos) {
+      ExitWithError(program, "--" + opt.string_key + " must be a number >= 0, not '" + given + "'");
+    }
+    double d = 0;
+    if (v.type() == typeid(double)) d = boost::any_cast<double>(v);
+    if (v.type() == typeid(float)) d = boost::any_cast<float>(v);
+    if (!std::isfinite(d)) {
+      ExitWithError(program, "--" + opt.string_key + " must be a finite number, not '" + given + "'");
+    }
+  }
+}
+
+}  // namespace
 
 void ExitWithError(const std::string& program, const std::string& message, int code) {
   std::cerr << program << ": " << message << std::endl;
@@ -39,7 +72,9 @@ ParsedFlags ParseFlagsOrExit(int argc, char** argv, const std::string& usage,
   po::positional_options_description pos;
   pos.add("pacer-positional", -1);
   try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), out.vm);
+    po::parsed_options parsed = po::command_line_parser(args).options(all).positional(pos).run();
+    po::store(parsed, out.vm);
+    CheckNumbers(program, parsed, out.vm);
     if (out.vm.count("help")) {
       std::cout << usage << "\n\n" << options << "\n" << common << std::endl;
       std::exit(0);

@@ -158,6 +158,16 @@ bool HasContent(const std::string& text) {
 
 }  // namespace
 
+std::optional<std::pair<int, int>> SecondYamlDocument(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser events(in);
+  DocumentCounter counter;
+  while (counter.documents < 2 && events.HandleNextDocument(counter)) {
+  }
+  if (counter.documents < 2) return std::nullopt;
+  return std::make_pair(counter.second.line + 1, counter.second.column + 1);
+}
+
 absl::StatusOr<PolicyConfig> ParsePolicy(std::string_view yaml_text,
                                          std::string_view file_name_view) {
   const std::string file_name(file_name_view);
@@ -174,13 +184,12 @@ absl::StatusOr<PolicyConfig> ParsePolicy(std::string_view yaml_text,
       return parser.Located(YAML::Mark(), "malformed YAML: no document could be read");
     // A second document ("---") is refused rather than silently ignored. Bounded to two
     // documents, so the LoadAll loop above cannot happen here.
-    std::istringstream in(text);
-    YAML::Parser events(in);
-    DocumentCounter counter;
-    while (counter.documents < 2 && events.HandleNextDocument(counter)) {
+    if (auto second = SecondYamlDocument(text)) {
+      YAML::Mark at;
+      at.line = second->first - 1;
+      at.column = second->second - 1;
+      return parser.Error(at, "", "only one YAML document is allowed");
     }
-    if (counter.documents >= 2)
-      return parser.Error(counter.second, "", "only one YAML document is allowed");
     return parser.Parse(root);
   } catch (const YAML::Exception& e) {
     return parser.Located(e.mark, absl::StrCat("malformed YAML: ", e.msg));

@@ -13,6 +13,10 @@
 // as INVALID_ARGUMENT. Stateless and thread-safe.
 #pragma once
 
+#include <optional>
+#include <string>
+#include <utility>
+
 #include <string>
 #include <string_view>
 
@@ -26,6 +30,11 @@ inline constexpr size_t kMaxPolicyFileBytes = 1 << 20;
 
 // Parses policy YAML. `file_name` is used only in messages.
 absl::StatusOr<PolicyConfig> ParsePolicy(std::string_view yaml_text, std::string_view file_name);
+
+// Where a second YAML document ("---") starts in `text`: 1-based {line, column}, or nullopt
+// when there is at most one. Reads at most two documents (never yaml-cpp's LoadAll, which can
+// loop forever on malformed input). May throw YAML::Exception on malformed input.
+std::optional<std::pair<int, int>> SecondYamlDocument(const std::string& text);
 
 // Reads and parses a file. NOT_FOUND when it cannot be opened; otherwise as ParsePolicy.
 absl::StatusOr<PolicyConfig> LoadPolicyFile(const std::string& path);

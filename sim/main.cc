@@ -1,5 +1,7 @@
 // pacer-sim: runs the real monitor, controller and sharding state against modelled workers
 // and compares policies with the balanced bound (docs/design.md §7, docs/simulator.md).
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -28,7 +30,9 @@ int main(int argc, char** argv) {
       ("svg", po::value<std::string>(), "write a throughput-over-time plot to this file")
       ("json-file", po::value<std::string>(), "also write the JSON report to this file")
       ("threads", po::value<int>()->default_value(0),
-       "policies run in parallel (0 = one per core); results do not depend on it");
+       "policies run in parallel (0 = one per core); results do not depend on it")
+      ("max-wall-s", po::value<double>()->default_value(1800),
+       "give up (exit 4) when the comparison runs longer than this many wall-clock seconds");
   pacer::ParsedFlags f = pacer::ParseFlagsOrExit(
       argc, argv, "usage: pacer-sim --scenario FILE [--policy NAME|FILE ...] [--json] [--svg FILE] [--json-file FILE]",
       opts);
@@ -47,7 +51,20 @@ int main(int argc, char** argv) {
     policies.push_back(std::move(*p));
   }
   int threads = f.vm["threads"].as<int>();
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads < 0 || threads > 1024) pacer::ExitWithError(prog, "--threads must be in 0..1024");
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double max_wall_s = f.vm["max-wall-s"].as<double>();
+  if (!(max_wall_s > 0 && max_wall_s <= 7 * 24 * 3600)) {
+    pacer::ExitWithError(prog, "--max-wall-s must be in (0, 604800]");
+  }
+  // The wall-clock limit: a watchdog that ends the process (the simulation holds no resource
+  // that outlives it), so no scenario, however large, runs unbounded.
+  std::thread([max_wall_s, name = f.vm["scenario"].as<std::string>()] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(max_wall_s));
+    std::cerr << "pacer-sim: " << name << " still running after --max-wall-s " << max_wall_s
+              << " s: giving up (raise --max-wall-s, or simulate fewer hours or workers)" << std::endl;
+    std::_Exit(4);
+  }).detach();
   auto c = pacer::sim::RunComparison(*sc, policies, threads);
   if (!c.ok()) pacer::ExitWithError(prog, std::string(c.status().message()), 1);
   std::cout << (f.vm.count("json") ? pacer::sim::FormatJson(*c) : pacer::sim::FormatTable(*c));

@@ -1,5 +1,7 @@
 #include "sim/scenario.h"
 
+#include "controller/policy_loader.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -324,11 +326,17 @@ absl::Status ValidateScenario(const Scenario& sc) {
 }
 
 absl::StatusOr<Scenario> ParseScenario(std::string_view yaml_text, std::string_view file_name) {
-  if (yaml_text.size() > (1u << 20))
+  if (yaml_text.size() > kMaxScenarioBytes)
     return absl::InvalidArgumentError(absl::StrCat(std::string(file_name), ": larger than 1 MiB"));
   try {
     // YAML::Load reads the first document (not LoadAll: it can loop forever in yaml-cpp 0.7).
-    YAML::Node root = YAML::Load(std::string(yaml_text));
+    const std::string text(yaml_text);
+    YAML::Node root = YAML::Load(text);
+    if (auto second = SecondYamlDocument(text)) {  // refused, as in policy files
+      return absl::InvalidArgumentError(absl::StrCat(std::string(file_name), ":", second->first, ":",
+                                                     second->second,
+                                                     ": only one YAML document is allowed"));
+    }
     ScenarioParser parser(file_name);
     return parser.Parse(root);
   } catch (const YAML::Exception& e) {
@@ -344,9 +352,11 @@ absl::StatusOr<Scenario> ParseScenario(std::string_view yaml_text, std::string_v
 absl::StatusOr<Scenario> LoadScenarioFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the scenario file"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseScenario(text.str(), path);
+  // At most one byte past the limit is read, so /dev/zero or a huge file cannot exhaust memory.
+  std::string text(kMaxScenarioBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return ParseScenario(text, path);
 }
 
 }  // namespace pacer::sim

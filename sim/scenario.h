@@ -112,6 +112,9 @@ struct Scenario {
 
 const char* EventKindName(EventKind kind);
 
+// Largest scenario file accepted (a larger one is refused after reading one byte past it).
+inline constexpr size_t kMaxScenarioBytes = 1u << 20;
+
 // Parses scenario YAML; `file_name` is used in messages ("FILE:LINE:COL: field 'job.x': ...").
 // INVALID_ARGUMENT on malformed YAML, an unknown or duplicate key, a wrong type, a value out of
 // range or a missing required field. Never throws.
