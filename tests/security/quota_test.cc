@@ -1,0 +1,172 @@
+// Quotas against a real pacerd on loopback: a flood of agent heartbeats (agent credentials, each
+// for its own node) reaches the agent-table quota with RESOURCE_EXHAUSTED while pacerd's memory
+// stays bounded, and an honest agent's heartbeat is served promptly during the flood (heartbeat
+// validation looks workers up in an index: it no longer compares every listed worker with every
+// worker of every agent under the registry's lock); the rendezvous store's byte cap holds for
+// keys written through Add as for Set.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cmd/pacerd/pacerd.h"
+#include "common/auth.h"
+#include "proto/pacer/agent.grpc.pb.h"
+#include "proto/pacer/rendezvous.grpc.pb.h"
+#include "tests/testing/test_util.h"
+
+namespace pacer {
+namespace {
+
+using namespace std::chrono_literals;
+
+int64_t RssKb() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb;
+    }
+    std::getline(in, key);
+  }
+  return -1;
+}
+
+AgentHeartbeat Heartbeat(const std::string& node, int workers, int first_worker) {
+  AgentHeartbeat hb;
+  hb.set_job("job");
+  hb.set_node(node);
+  hb.set_agent_id(node);
+  hb.set_incarnation(1);
+  for (int i = 0; i < workers; ++i) {
+    WorkerProcess* w = hb.add_workers();
+    w->set_worker_id("w" + std::to_string(first_worker + i));
+    w->set_pid(1000 + i);
+    w->set_state(WORKER_STATE_RUNNING);
+  }
+  return hb;
+}
+
+class QuotaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PacerdOptions o;
+    o.data_dir = dir_.Sub("data");
+    o.listen = "127.0.0.1:0";
+    o.metrics_listen = "";
+    o.agents.max_agents = 64;
+    o.agents.max_workers_per_agent = 1024;
+    o.rendezvous.max_bytes = 4 << 20;
+    auto d = Pacerd::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    pacerd_ = std::move(*d);
+    channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
+  }
+  std::string Agent(const std::string& node) {
+    return MintCredential(pacerd_->job_token(), CredentialKind::kAgent, node).value();
+  }
+  static std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    AttachToken(ctx.get(), token);
+    ctx->set_deadline(std::chrono::system_clock::now() + 30s);
+    return ctx;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Pacerd> pacerd_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(QuotaTest, AnAgentFloodReachesTheTableQuotaAndDoesNotDelayAnHonestAgent) {
+  auto stub = AgentService::NewStub(channel_);
+  AgentHeartbeatReply reply;
+  ASSERT_TRUE(stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 8, 900000), &reply).ok());
+  const int64_t rss0 = RssKb();
+
+  // 63 flooding agents fill the table (64 with the honest one), each listing 1 000 workers: 63 000
+  // listed workers, more than the 40 000 that used to block an honest heartbeat for seconds.
+  std::atomic<bool> stop{false};
+  std::atomic<int> flood_ok{0}, flood_exhausted{0}, flood_other{0};
+  std::thread flood([&] {
+    for (int round = 0; !stop.load(); ++round) {
+      for (int a = 0; a < 80 && !stop.load(); ++a) {  // 80 > the 63 free places
+        const std::string node = "flood-" + std::to_string(a);
+        grpc::Status s = stub->Heartbeat(Ctx(Agent(node)).get(), Heartbeat(node, 1000, a * 1000), &reply);
+        if (s.ok()) {
+          ++flood_ok;
+        } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+          ++flood_exhausted;
+        } else {
+          ++flood_other;
+        }
+      }
+    }
+  });
+  // The honest agent keeps heartbeating through the flood; its slowest heartbeat is reported.
+  ASSERT_TRUE(testing::WaitFor([&] { return flood_exhausted.load() > 0; }, 60s));
+  double worst_ms = 0;
+  for (int i = 0; i < 50; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    grpc::Status s = stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 8, 900000), &reply);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    worst_ms = std::max(worst_ms, ms);
+  }
+  stop = true;
+  flood.join();
+  const int64_t rss1 = RssKb();
+  std::cout << "flood: " << flood_ok << " heartbeats accepted, " << flood_exhausted
+            << " RESOURCE_EXHAUSTED, " << flood_other << " other; agents "
+            << pacerd_->agents()->Agents().size() << "; honest heartbeat worst " << worst_ms
+            << " ms; RSS " << rss0 / 1024 << " -> " << rss1 / 1024 << " MiB" << std::endl;
+  EXPECT_EQ(flood_other.load(), 0);
+  EXPECT_GT(flood_exhausted.load(), 0);
+  EXPECT_EQ(pacerd_->agents()->Agents().size(), 64u);
+  // A bound an order of magnitude above what the index needs (a few ms on a loaded 2-core
+  // machine) and below the seconds the quadratic check took.
+  EXPECT_LT(worst_ms, 1500.0);
+  // 64 agents x 1 000 workers of state: tens of MiB at most, not the gigabytes of an unbounded table.
+  EXPECT_LT(rss1 - rss0, 256 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
+
+  // One heartbeat past the per-agent list limit is refused whole.
+  grpc::Status s = stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 1025, 900000), &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+}
+
+TEST_F(QuotaTest, TheRendezvousStoreCapHoldsForAdd) {
+  auto stub = Rendezvous::NewStub(channel_);
+  const std::string chief = MintCredential(pacerd_->job_token(), CredentialKind::kChief, "w0").value();
+  RendezvousJoinRequest join;
+  join.set_worker_id("w0");
+  join.set_rank(0);
+  join.set_world_size(1);
+  RendezvousJoinResponse joined;
+  ASSERT_TRUE(stub->Join(Ctx(chief).get(), join, &joined).ok());
+  const int64_t rss0 = RssKb();
+  RendezvousAddRequest add;
+  add.set_generation(joined.generation());
+  add.set_delta(1);
+  grpc::Status last;
+  RendezvousAddResponse added;
+  int n = 0;
+  for (; n < 5000 && last.ok(); ++n) {  // 4 MiB / ~4 KiB per key: about 1 000 fit
+    add.set_key(std::to_string(n) + std::string(4000, 'k'));
+    last = stub->Add(Ctx(chief).get(), add, &added);
+  }
+  const int64_t rss1 = RssKb();
+  std::cout << "rendezvous Add: " << n - 1 << " keys stored before " << last.error_message()
+            << "; RSS " << rss0 / 1024 << " -> " << rss1 / 1024 << " MiB" << std::endl;
+  EXPECT_EQ(last.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_GT(n, 900);
+  EXPECT_LT(n, 1100);
+  EXPECT_LE(pacerd_->rendezvous()->stats().keys, 1100u);
+  EXPECT_LT(rss1 - rss0, 64 * 1024);
+}
+
+}  // namespace
+}  // namespace pacer
