@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -23,7 +24,7 @@ namespace po = boost::program_options;
 int main(int argc, char** argv) {
   pacer::SetLogProgramName("pacer-agent");
   pacer::NodeAgentOptions o;
-  std::string token_file, tls_ca_file, method = "auto";
+  std::string token_file, method = "auto";
   std::vector<std::string> contention;
   bool kubernetes = false, mark_node = false;
   int64_t attach_poll_ms = o.attach_poll_ms, attach_restart_timeout_ms = o.attach_restart_timeout_ms;
@@ -46,7 +47,6 @@ int main(int argc, char** argv) {
   desc.add_options()
       ("addr", po::value(&o.address), "pacerd HOST:PORT (default $PACER_ADDR); empty: no pacerd")
       ("token-file", po::value(&token_file), "job token file (default $PACER_TOKEN)")
-      ("tls-ca", po::value(&tls_ca_file), "CA certificate (PEM) for TLS to pacerd")
       ("job", po::value(&o.job)->default_value(o.job), "job name (PACER_JOB for workers)")
       ("node", po::value(&o.node)->default_value(o.node), "node name (default $PACER_NODE or the host name)")
       ("agent-id", po::value(&o.agent_id), "agent id (default: the node name)")
@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
        "API attempts on 5xx / connection errors before the migrate command fails")
       ("k8s-backoff-initial-ms", po::value(&kube_backoff_ms)->default_value(kube_backoff_ms),
        "delay before the first API retry (doubles per retry, at most 8 s)");
+  pacer::AddTlsClientFlags(desc, &o.tls);  // --tls-ca/--tls-cert/--tls-key/--tls-server-name/--allow-insecure
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv,
       "Usage: pacer-agent [options] -- <worker command ...>\n\n"
@@ -227,10 +228,14 @@ int main(int argc, char** argv) {
     if (!t.ok()) pacer::ExitWithError("pacer-agent", std::string(t.status().message()));
     o.token = *t;
   }
-  if (!tls_ca_file.empty()) {
-    auto ca = pacer::ReadSmallFile(tls_ca_file);
-    if (!ca.ok()) pacer::ExitWithError("pacer-agent", std::string(ca.status().message()));
-    o.tls_ca = *ca;
+  o.tls.FillFromEnvironment();
+  for (std::string* f : {&o.tls.ca_file, &o.tls.cert_file, &o.tls.key_file}) {
+    if (!f->empty()) *f = std::filesystem::absolute(*f).string();  // workers may run elsewhere
+  }
+  if (!o.address.empty()) {  // the files and plaintext off loopback, checked before anything starts
+    if (auto c = pacer::MakeChannelCredentials(o.tls, o.address); !c.ok()) {
+      pacer::ExitWithError("pacer-agent", std::string(c.status().message()));
+    }
   }
   if (kubernetes) {
     auto k = pacer::ResolveKubeClientOptions(kube, pacer::KubeEnvironment());

@@ -125,6 +125,14 @@ std::vector<WorkerSpec> BuildWorkerSpecs(const NodeAgentOptions& o,
         {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.restart.max_restarts)},
         {"TORCHELASTIC_USE_AGENT_STORE", "False"},  // the workers' own TCPStore at MASTER_*
     };
+    // TLS to pacerd: the agent's files (main() made the paths absolute).
+    const std::pair<const char*, const std::string*> tls_env[] = {
+        {"PACER_TLS_CA", &o.tls.ca_file}, {"PACER_TLS_CERT", &o.tls.cert_file},
+        {"PACER_TLS_KEY", &o.tls.key_file}, {"PACER_TLS_SERVER_NAME", &o.tls.server_name}};
+    for (const auto& [name, value] : tls_env) {
+      if (!value->empty()) ours[name] = *value;
+    }
+    if (o.tls.allow_insecure) ours["PACER_ALLOW_INSECURE"] = "1";
     if (SetsMasterAddress(o)) {
       ours["MASTER_ADDR"] = o.master_addr.empty() ? "127.0.0.1" : o.master_addr;
     }
@@ -277,13 +285,13 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    ApplyTlsChannelArgs(options_.tls, &args);
     std::shared_ptr<grpc::ChannelCredentials> creds;
-    if (!options_.tls_ca.empty()) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = options_.tls_ca;
-      creds = grpc::SslCredentials(ssl);
+    if (auto c = MakeChannelCredentials(options_.tls, options_.address); c.ok()) {
+      creds = *c;
     } else {
-      creds = grpc::InsecureChannelCredentials();
+      PACER_LOG(ERROR) << "TLS to pacerd: " << c.status().message();
+      creds = grpc::SslCredentials(grpc::SslCredentialsOptions());  // fails closed, never plaintext
     }
     stub_ = AgentService::NewStub(grpc::CreateCustomChannel(options_.address, creds, args));
   }

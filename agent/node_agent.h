@@ -56,6 +56,7 @@
 #include "agent/restart_backoff.h"
 #include "agent/worker_supervisor.h"
 #include "common/clock.h"
+#include "common/tls.h"
 #include "proto/pacer/agent.grpc.pb.h"
 
 namespace pacer {
@@ -71,7 +72,11 @@ struct NodeAgentOptions {
   // job token — the chief credential for global rank 0 — instead of the job token itself. False:
   // workers inherit `token` (parameter servers, which verify the workers' credentials, need it).
   bool mint_worker_credentials = true;
-  std::string tls_ca;    // PEM of the CA for TLS to pacerd; empty = plaintext
+  // TLS to pacerd (common/tls.h): CA, client certificate and key for mTLS, server name. The
+  // workers it launches get the same files in PACER_TLS_* (and PACER_ALLOW_INSECURE when set).
+  // Without TLS only a loopback pacerd is dialled unless tls.allow_insecure; main() checks
+  // the files, and a failure here logs and fails closed (TLS with the system roots).
+  TlsClientOptions tls;
   std::string job = "job";
   std::string node;      // required
   std::string agent_id;  // default: node

@@ -1,6 +1,11 @@
 #include "common/net.h"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstring>
 
 #include "absl/status/status.h"
 
@@ -39,8 +44,26 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& s) {
   return hp;
 }
 
-bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+bool IsLoopbackHost(const std::string& host_in) {
+  std::string host = host_in;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  std::string lower = host;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  // The name only, never what it resolves to: a resolver could map anything to 127.0.0.1.
+  if (lower == "localhost") return true;
+  // An IP literal, parsed (inet_pton takes only four decimal octets): "127.attacker.example"
+  // or "127.0.0.1.nip.io" are names, not loopback.
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    // ::ffff:127.x.y.z, an IPv4 loopback address mapped into IPv6
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
 }
 
 }  // namespace pacer

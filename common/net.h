@@ -17,7 +17,9 @@ struct HostPort {
 // (the OS picks one).
 absl::StatusOr<HostPort> ParseHostPort(const std::string& s);
 
-// True for 127.0.0.0/8, ::1 and "localhost": plaintext is acceptable only there.
+// True for an IP literal in 127.0.0.0/8, ::1 (also [::1] and ::ffff:127.x.y.z) and the name
+// "localhost" (any case; the name itself, never resolved): plaintext is acceptable only there.
+// Anything else is not loopback, "127.attacker.example" included.
 bool IsLoopbackHost(const std::string& host);
 
 }  // namespace pacer

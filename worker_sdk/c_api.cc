@@ -62,6 +62,11 @@ pacer_code pacer_client_connect(const pacer_client_options* options, pacer_clien
       if (options->rpc_timeout_ms > 0) o.rpc_timeout_ms = options->rpc_timeout_ms;
       if (options->initial_micro_batch > 0) o.initial_micro_batch = options->initial_micro_batch;
       o.honors_exclusion = options->honors_exclusion != 0;
+      if (options->tls_ca) o.tls.ca_file = options->tls_ca;
+      if (options->tls_cert) o.tls.cert_file = options->tls_cert;
+      if (options->tls_key) o.tls.key_file = options->tls_key;
+      if (options->tls_server_name) o.tls.server_name = options->tls_server_name;
+      o.tls.allow_insecure = options->allow_insecure != 0;
     }
     auto c = pacer::Client::Connect(std::move(o));
     if (!c.ok()) return Report(c.status(), err);

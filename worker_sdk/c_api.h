@@ -63,6 +63,14 @@ typedef struct pacer_client_options {
   /* Non-zero: the trainer carries out EXCLUDE_WORKERS (see pacer_client_excluded); pacerd
    * excludes nobody while any live worker of the job leaves this 0. */
   int honors_exclusion;
+  /* TLS to pacerd (docs/tls.md); NULL takes PACER_TLS_CA / _CERT / _KEY / _SERVER_NAME. A CA
+   * turns TLS on; a certificate and key (both) add mTLS. Without TLS only a loopback address is
+   * dialled unless allow_insecure is non-zero (or PACER_ALLOW_INSECURE=1). */
+  const char* tls_ca;
+  const char* tls_cert;
+  const char* tls_key;
+  const char* tls_server_name;
+  int allow_insecure;
 } pacer_client_options;
 
 typedef enum pacer_outcome { PACER_RECORDS = 0, PACER_WAIT = 1, PACER_END_OF_DATA = 2 } pacer_outcome;

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   so.rpc_timeout_ms = options.rpc_timeout_ms;
   so.retry_budget_ms = options.connect_budget_ms;
   so.credentials = options.credentials;
+  so.tls = options.tls;
   so.test_lose_lease_reply = options.test_lose_lease_reply;
   auto sharding = ShardingClient::Connect(so);
   if (!sharding.ok()) {
@@ -70,8 +71,10 @@ Client::Client(ClientOptions options, std::unique_ptr<ShardingClient> sharding)
   if (sharding_->registration().heartbeat_interval_ms() <= 0 && options_.heartbeat_interval_ms <= 0) {
     interval_ms_ = 1'000;
   }
-  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
-  monitor_channel_ = grpc::CreateChannel(options_.address, creds);
+  // Resolve() made the credentials (common/tls.h).
+  grpc::ChannelArguments args;
+  ApplyTlsChannelArgs(options_.tls, &args);
+  monitor_channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
   monitor_ = Monitor::NewStub(monitor_channel_);
 }
 

@@ -66,6 +66,12 @@ absl::Status ClientOptions::Resolve() {
   if (initial_micro_batch == 0 || initial_accumulation_steps == 0) {
     return absl::InvalidArgumentError("initial micro batch and accumulation steps must be > 0");
   }
+  tls.FillFromEnvironment();
+  if (credentials == nullptr) {
+    auto creds = MakeChannelCredentials(tls, address);
+    if (!creds.ok()) return creds.status();
+    credentials = *creds;
+  }
   return absl::OkStatus();
 }
 
@@ -82,6 +88,7 @@ void AddClientFlags(boost::program_options::options_description& desc, ClientOpt
        "heartbeat interval (default: the one pacerd gives at registration)")
       ("connect-budget-ms", po::value(&o->connect_budget_ms),
        "how long to retry an unreachable pacerd at start");
+  AddTlsClientFlags(desc, &o->tls);
 }
 
 }  // namespace pacer

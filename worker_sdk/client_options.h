@@ -26,6 +26,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/status.h"
+#include "common/tls.h"
 
 namespace boost::program_options {
 class options_description;
@@ -65,17 +66,26 @@ struct ClientOptions {
   uint32_t initial_micro_batch = 32;
   uint32_t initial_accumulation_steps = 1;
 
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback only)
+  // TLS to pacerd (common/tls.h): --tls-ca/--tls-cert/--tls-key/--tls-server-name or
+  // PACER_TLS_CA/_CERT/_KEY/_SERVER_NAME; without TLS only a loopback address is dialled unless
+  // allow_insecure (--allow-insecure, PACER_ALLOW_INSECURE=1).
+  TlsClientOptions tls;
+  // Set by Resolve() from `tls` when empty; a caller may set its own (then `tls` only adds the
+  // server name override).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   LoseReplyHook test_lose_lease_reply;  // tests only (above)
 
   // Fills empty fields from the environment (PACER_*, then torchrun's, above), then reads
   // token_file when the token is still empty. INVALID_ARGUMENT names what is missing or
   // unreadable, by its environment variable (what every SDK language reads) and, after it,
-  // the C++ tools' flag.
+  // the C++ tools' flag. Then makes `credentials` from `tls` (INVALID_ARGUMENT for plaintext to
+  // a non-loopback address, or a TLS file that is missing or wrong).
   absl::Status Resolve();
 };
 
-// Adds --addr, --job, --worker-id, --token, --token-file, --node, --heartbeat-ms to `desc`,
+// Adds --addr, --job, --worker-id, --token, --token-file, --node, --heartbeat-ms and the TLS
+// flags (AddTlsClientFlags: --tls-ca, --tls-cert, --tls-key, --tls-server-name,
+// --allow-insecure) to `desc`,
 // writing into `options` (flags override the environment; call Resolve() after parsing).
 void AddClientFlags(boost::program_options::options_description& desc, ClientOptions* options);
 

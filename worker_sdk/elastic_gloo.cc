@@ -19,6 +19,7 @@ RendezvousClientOptions RendezvousOptionsFor(const Client& client) {
   o.address = client.options().address;
   o.token = client.options().token;
   o.credentials = client.options().credentials;
+  o.tls = client.options().tls;
   o.rpc_timeout_ms = client.options().rpc_timeout_ms;
   return o;
 }

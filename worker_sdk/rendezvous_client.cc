@@ -13,13 +13,24 @@
 namespace pacer {
 
 RendezvousClient::RendezvousClient(RendezvousClientOptions options) : options_(std::move(options)) {
-  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
-  channel_ = grpc::CreateChannel(options_.address, creds);
+  if (options_.credentials == nullptr) {
+    auto creds = MakeChannelCredentials(options_.tls, options_.address);
+    if (creds.ok()) {
+      options_.credentials = *creds;
+    } else {
+      dial_status_ = creds.status();
+      options_.credentials = grpc::InsecureChannelCredentials();  // never used: calls fail first
+    }
+  }
+  grpc::ChannelArguments args;
+  ApplyTlsChannelArgs(options_.tls, &args);
+  channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
   stub_ = Rendezvous::NewStub(channel_);
 }
 
 template <typename Req, typename Resp, typename Call>
 absl::Status RendezvousClient::CallWithRetry(const Req& req, Resp* resp, Call call, bool retry) {
+  if (!dial_status_.ok()) return dial_status_;
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.retry_budget_ms);
   int64_t backoff_ms = 20;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tls.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
@@ -34,7 +35,10 @@ namespace pacer {
 struct RendezvousClientOptions {
   std::string address;  // pacerd host:port
   std::string token;    // job token
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
+  TlsClientOptions tls;  // common/tls.h; also the server name override with `credentials`
+  // Default: made from `tls` (plaintext only to loopback); when that fails every call returns
+  // the error.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   int64_t rpc_timeout_ms = 10'000;     // one attempt of a non-waiting call
   int64_t retry_budget_ms = 30'000;    // UNAVAILABLE retried this long
 };
@@ -62,6 +66,7 @@ class RendezvousClient {
   absl::Status CallWithRetry(const Req& req, Resp* resp, Call call, bool retry);
 
   RendezvousClientOptions options_;
+  absl::Status dial_status_;  // not OK when no credentials could be made (every call returns it)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Rendezvous::Stub> stub_;
 };

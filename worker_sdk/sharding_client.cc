@@ -30,17 +30,18 @@ void ShardingClientOptions::FillFromEnvironment() {
   FromEnv(token, "PACER_TOKEN");
   FromEnv(worker_id, "PACER_WORKER_ID");
   FromEnv(node, "PACER_NODE");
+  tls.FillFromEnvironment();
 }
 
 ShardingClient::ShardingClient(ShardingClientOptions options)
     : options_(std::move(options)), jitter_(std::random_device{}()) {
-  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
+  ApplyTlsChannelArgs(options_.tls, &args);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
+  channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
   stub_ = ShardingService::NewStub(channel_);
 }
 
@@ -50,6 +51,11 @@ absl::StatusOr<std::unique_ptr<ShardingClient>> ShardingClient::Connect(
     return absl::InvalidArgumentError("worker_id is required (or PACER_WORKER_ID)");
   }
   if (options.token.empty()) return absl::InvalidArgumentError("token is required (or PACER_TOKEN)");
+  if (options.credentials == nullptr) {
+    auto creds = MakeChannelCredentials(options.tls, options.address);
+    if (!creds.ok()) return creds.status();
+    options.credentials = *creds;
+  }
   std::unique_ptr<ShardingClient> c(new ShardingClient(std::move(options)));
   RETURN_IF_ERROR(c->Reregister());
   return c;

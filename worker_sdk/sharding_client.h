@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tls.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/pacer/sharding.grpc.pb.h"
@@ -50,9 +51,12 @@ struct ShardingClientOptions {
   int64_t retry_budget_ms = 120'000;  // total time to keep retrying one call
   int64_t backoff_initial_ms = 20;
   int64_t backoff_max_ms = 1'000;
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // default: insecure (loopback)
+  TlsClientOptions tls;  // common/tls.h; also the server name override with `credentials`
+  // Default: made from `tls` by Connect (plaintext only to loopback without allow_insecure).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   LoseReplyHook test_lose_lease_reply;  // tests only: lose leasing replies (client_options.h)
-  // Fills unset fields from PACER_ADDR, PACER_TOKEN, PACER_WORKER_ID, PACER_NODE.
+  // Fills unset fields from PACER_ADDR, PACER_TOKEN, PACER_WORKER_ID, PACER_NODE and the TLS
+  // fields from PACER_TLS_* / PACER_ALLOW_INSECURE.
   void FillFromEnvironment();
 };
 

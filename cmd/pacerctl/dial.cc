@@ -53,7 +53,12 @@ bool IsConnectFailure(const grpc::Status& s) {
 std::shared_ptr<grpc::Channel> Dial(const Target& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);  // a report's timeline can reach a few MB
-  return grpc::CreateCustomChannel(target.addr, grpc::InsecureChannelCredentials(), args);
+  auto channel = DialChannel(target.addr, target.tls, args);
+  if (!channel.ok()) {
+    std::cerr << "pacerctl: " << channel.status().message() << std::endl;
+    std::exit(kExitUsage);
+  }
+  return *channel;
 }
 
 std::unique_ptr<grpc::ClientContext> NewContext(const Target& target) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "common/tls.h"
 
 namespace pacer::ctl {
 
@@ -30,6 +31,7 @@ struct Target {
   std::string addr;            // HOST:PORT
   std::string token;           // admin (or job) token sent with every call
   std::chrono::milliseconds timeout{10'000};  // deadline of one call
+  TlsClientOptions tls;        // --tls-ca/--tls-cert/--tls-key, PACER_TLS_* (common/tls.h)
 };
 
 // The channel to pacerd. Every pacerctl call goes through it. Plaintext to a non-loopback

@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
       ("token", po::value(&token), "the admin token itself; visible in `ps`: prefer --token-file or $PACER_ADMIN_TOKEN")
       ("data-dir", po::value(&data_dir), "pacerd's data dir: its admin.token is used when no token is given (default $PACER_DATA_DIR, else pacer-data)")
       ("out", po::value(&out_dir), "report: the folder to write report.html and report.json to");
+  pacer::TlsClientOptions tls;
+  pacer::AddTlsClientFlags(desc, &tls);  // --tls-ca/--tls-cert/--tls-key/--tls-server-name/--allow-insecure
   auto flags = pacer::ParseFlagsOrExit(argc, argv, kUsage, desc, /*allow_positional=*/true);
   const auto& args = flags.positional;
   if (json) output = "json";
@@ -191,6 +193,8 @@ int main(int argc, char** argv) {
     token = *t;
   }
   c.target.token = token;
+  tls.FillFromEnvironment();
+  c.target.tls = tls;
   c.channel = Dial(c.target);
 
   if (read) return RunRead(c, read, *format, watch, interval_s);

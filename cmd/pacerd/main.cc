@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
       ("admin-token-file", po::value(&admin_token_file), "admin token (pacerctl); default DATA_DIR/admin.token")
       ("tls-cert", po::value(&o.tls_cert), "server certificate (PEM); enables TLS")
       ("tls-key", po::value(&o.tls_key), "server private key (PEM)")
-      ("tls-client-ca", po::value(&o.tls_client_ca), "CA for client certificates (mTLS)")
+      ("tls-client-ca", po::value(&o.tls_client_ca), "CA for client certificates (mTLS; needs --tls-cert/--tls-key)")
+      ("tls-reload-s", po::value(&o.tls_reload_s)->default_value(o.tls_reload_s),
+       "re-read the TLS files this often (seconds, 1..3600): a rotated certificate is served without a restart")
       ("allow-insecure", po::bool_switch(&o.allow_insecure), "allow plaintext on a non-loopback address")
       ("lease-timeout-ms", po::value(&o.sharding.lease_timeout_ms)->default_value(o.sharding.lease_timeout_ms),
        "a worker silent this long loses its leases")
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
       ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving");
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv, "Usage: pacerd [options]\n\nThe Pacer control plane of one training job.", desc);
+  if (o.tls_reload_s < 1 || o.tls_reload_s > 3600) pacer::ExitWithError("pacerd", "--tls-reload-s must be in 1..3600");
   const std::string mode = flags.vm["job-mode"].as<std::string>();
   if (mode != "sync" && mode != "async") pacer::ExitWithError("pacerd", "--job-mode must be sync or async");
   o.reconciler.mode = mode == "sync" ? pacer::JobMode::kSync : pacer::JobMode::kAsync;
@@ -60,6 +63,31 @@ int main(int argc, char** argv) {
     if (!policy.ok()) pacer::ExitWithError("pacerd", std::string(policy.status().message()));
   }
   if (o.sharding.snapshot_every == 0) pacer::ExitWithError("pacerd", "--snapshot-every must be > 0");
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"lease-timeout-ms", o.sharding.lease_timeout_ms},
+                                    {"worker-timeout-ms", o.sharding.worker_timeout_ms},
+                                    {"heartbeat-interval-ms", o.sharding.heartbeat_interval_ms},
+                                    {"reconcile-interval-ms", o.reconciler.interval_ms}}) {
+    if (value <= 0 || value > 24LL * 3600 * 1000) {
+      pacer::ExitWithError("pacerd", std::string("--") + flag + " must be in 1..86400000 (ms), not " +
+                                         std::to_string(value));
+    }
+  }
+  if (o.sharding.heartbeat_interval_ms >= o.sharding.lease_timeout_ms) {
+    pacer::ExitWithError("pacerd", "--heartbeat-interval-ms must be below --lease-timeout-ms");
+  }
+  if (o.reconciler.restart_cost_s < 0) pacer::ExitWithError("pacerd", "--restart-cost-s must be >= 0");
+  if (!o.tls_client_ca.empty() && (o.tls_cert.empty() || o.tls_key.empty())) {
+    pacer::ExitWithError("pacerd", "--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS "
+                                   "with client certificates; it cannot serve plaintext)");
+  }
+  if (!port_file.empty()) {
+    // Checked before serving: a port file that cannot be written would leave its reader waiting.
+    const std::filesystem::path dir = std::filesystem::path(port_file).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+      pacer::ExitWithError("pacerd", "--port-file: directory '" + dir.string() + "' does not exist");
+    }
+  }
   if (!job_token_file.empty()) {
     auto t = pacer::LoadToken(job_token_file, false);
     if (!t.ok()) pacer::ExitWithError("pacerd", std::string(t.status().message()));
@@ -92,12 +120,21 @@ int main(int argc, char** argv) {
                   << (*pacerd)->metrics_port() << ", data dir " << o.data_dir;
   if (!port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
+    bool written = false;
     {
       std::ofstream out(tmp);
       out << "{\"port\":" << (*pacerd)->port() << ",\"metrics_port\":" << (*pacerd)->metrics_port()
           << "}\n";
+      written = static_cast<bool>(out.flush());
     }
-    std::filesystem::rename(tmp, port_file);
+    std::error_code ec;
+    if (written) std::filesystem::rename(tmp, port_file, ec);
+    if (!written || ec) {
+      PACER_LOG(ERROR) << "cannot write the port file '" << port_file << "'"
+                       << (ec ? ": " + ec.message() : std::string()) << "; shutting down";
+      (*pacerd)->Shutdown();
+      return 1;
+    }
   }
   int sig = 0;
   sigwait(&signals, &sig);

@@ -11,20 +11,10 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "controller/policy_loader.h"
 
 namespace pacer {
-namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a) {
   switch (a.kind) {
@@ -88,28 +78,16 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   const bool has_identity = identity->has_value();
   auto listed = [&](const char* store) { return has_identity && (*identity)->Has(store); };
 
-  std::shared_ptr<grpc::ServerCredentials> creds;
-  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
-    grpc::SslServerCredentialsOptions ssl;
-    ASSIGN_OR_RETURN(std::string cert, ReadFile(options.tls_cert));
-    ASSIGN_OR_RETURN(std::string key, ReadFile(options.tls_key));
-    ssl.pem_key_cert_pairs.push_back({key, cert});
-    if (!options.tls_client_ca.empty()) {
-      ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.tls_client_ca));
-      ssl.client_certificate_request =
-          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-    }
-    creds = grpc::SslServerCredentials(ssl);
-  } else {
-    if (!IsLoopbackHost(listen.host) && !options.allow_insecure) {
-      return absl::InvalidArgumentError(
-          "refusing plaintext on non-loopback address '" + options.listen +
-          "': give --tls-cert/--tls-key, or --allow-insecure");
-    }
-    creds = grpc::InsecureServerCredentials();
-    PACER_LOG(WARNING) << "serving plaintext gRPC on " << options.listen
-                       << (IsLoopbackHost(listen.host) ? " (loopback only)" : " (INSECURE)");
-  }
+  // TLS from files gRPC re-reads every tls_reload_s (rotation without a restart); plaintext
+  // only on loopback unless --allow-insecure (common/tls.h).
+  TlsServerOptions tls;
+  tls.cert_file = options.tls_cert;
+  tls.key_file = options.tls_key;
+  tls.client_ca_file = options.tls_client_ca;
+  tls.allow_insecure = options.allow_insecure;
+  tls.reload_interval_s = options.tls_reload_s;
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                   MakeServerCredentials(tls, listen.host, "pacerd"));
 
   d->pacerd_metrics_ = std::make_unique<PacerdMetrics>(&d->metrics_, RealClock::Get()->NowSeconds());
   if (!options.metrics_listen.empty()) {

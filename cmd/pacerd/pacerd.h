@@ -48,6 +48,7 @@ struct PacerdOptions {
   std::string job_token;    // empty: read or create <data_dir>/job.token
   std::string admin_token;  // empty: read or create <data_dir>/admin.token
   std::string tls_cert, tls_key, tls_client_ca;  // TLS when cert+key are set; mTLS with a CA
+  int tls_reload_s = 10;  // the TLS files are re-read this often (common/tls.h), >= 1
   bool allow_insecure = false;  // plaintext on a non-loopback address
   ShardingServiceOptions sharding;
   MonitorOptions monitor;     // detection thresholds are taken from the policy

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       ("step-ms", po::value(&step_ms)->default_value(step_ms), "simulated compute time per batch")
       ("ledger", po::value(&ledger_path), "append counted records to this ledger")
       ("quiet", po::bool_switch(&quiet), "no per-shard log lines");
+  pacer::AddTlsClientFlags(desc, &opts.tls);  // --tls-ca/--tls-cert/--tls-key (common/tls.h)
   pacer::ParseFlagsOrExit(argc, argv, "Usage: pacer-consume [options]", desc);
   opts.FillFromEnvironment();
   if (!token_file.empty()) {
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
     opts.token = *t;
   }
   if (batch == 0) pacer::ExitWithError("pacer-consume", "--batch must be > 0");
+  if (step_ms < 0 || step_ms > 3'600'000) pacer::ExitWithError("pacer-consume", "--step-ms must be in 0..3600000");
 
   auto client = pacer::ShardingClient::Connect(opts);
   if (!client.ok()) pacer::ExitWithError("pacer-consume", std::string(client.status().message()), 1);

@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
   popts.servers = absl::StrSplit(ps_list, ',', absl::SkipEmpty());
   popts.token = client.options().token;
   popts.reporter = client.worker_id();
+  popts.tls = client.options().tls;  // the same CA / client certificate for pacer-ps as for pacerd
   auto ps_or = PsClient::Connect(popts);
   if (!ps_or.ok()) Fail("ps", ps_or.status());
   PsClient& ps = **ps_or;
@@ -246,7 +247,10 @@ int main(int argc, char** argv) {
     if (absl::Status s = ps.CreateTable(*t); !s.ok()) Fail("create table", s);
   }
 
-  auto monitor_channel = grpc::CreateChannel(client.options().address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments monitor_args;
+  ApplyTlsChannelArgs(client.options().tls, &monitor_args);
+  auto monitor_channel =
+      grpc::CreateCustomChannel(client.options().address, client.options().credentials, monitor_args);
   auto monitor = Monitor::NewStub(monitor_channel);
 
   auto reader_or = ShardReader::Create(&client, ropts);

@@ -91,9 +91,10 @@ PsTableSpec EmbSpec() {
   return s;
 }
 
-std::unique_ptr<PsClient> ClientFor(int port) {
+std::unique_ptr<PsClient> ClientFor(int port, const std::string& token) {
   PsClientOptions o;
   o.servers = {"127.0.0.1:" + std::to_string(port)};
+  o.token = token;  // pacer-ps checks the job token
   o.reporter = "w0";
   o.rpc_timeout_ms = 10'000;
   auto c = PsClient::Connect(o);
@@ -228,7 +229,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
       {BinaryPath("pacer-agent"), "--addr", pacerd_->address(), "--token-file", dir_.Sub("data/job.token"),
        "--node", "node-ps", "--job", "psjob", "--workers", std::to_string(kServers.size()),
        "--worker-id-prefix", "ps", "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml",
-       "--restart-scope", "worker", "--",
+       "--restart-scope", "worker", "--worker-credentials", "inherit", "--",  // pacer-ps needs the job token
        BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", dir_.Sub("ps/{worker_id}"),
        "--port-file", dir_.Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
       {}, dir_.Sub("agent.log"));
@@ -250,7 +251,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
   ASSERT_TRUE(reference.CreateTable(EmbSpec()).ok());
   std::vector<float> before;
   {
-    auto c = ClientFor(PortIn(PortFile("ps0")));
+    auto c = ClientFor(PortIn(PortFile("ps0")), pacerd_->job_token());
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(c->CreateTable(EmbSpec()).ok());
     for (int step = 0; step < 3; ++step) {
@@ -304,7 +305,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
         << a.target() << " " << a.outcome() << " " << a.reason();
 
   // ps0's rows survived the restart.
-  auto c = ClientFor(PortIn(PortFile("ps0")));
+  auto c = ClientFor(PortIn(PortFile("ps0")), pacerd_->job_token());
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->CreateTable(EmbSpec()).ok());  // the identical spec: the table came back
   std::vector<float> after;

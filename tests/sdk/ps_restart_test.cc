@@ -51,9 +51,13 @@ int PortIn(const std::string& port_file) {
   return std::regex_search(text, m, re) ? std::stoi(m[1]) : 0;
 }
 
-std::unique_ptr<PsClient> ClientFor(int port) {
+// The job token of the servers this fixture starts itself (pacer-ps requires one).
+const char kPsToken[] = "0123456789abcdef0123456789abcdef";
+
+std::unique_ptr<PsClient> ClientFor(int port, const std::string& token = kPsToken) {
   PsClientOptions o;
   o.servers = {"127.0.0.1:" + std::to_string(port)};
+  o.token = token;
   o.reporter = "w0";
   o.rpc_timeout_ms = 10'000;
   auto c = PsClient::Connect(o);
@@ -121,7 +125,7 @@ class PsRestartTest : public ::testing::Test {
     std::filesystem::remove(dir_.Sub("ps0.port"));
     server_ = Subprocess::Start({BinaryPath("pacer-ps"), "--server-id", "ps0", "--port-file", dir_.Sub("ps0.port"),
                                  "--state-dir", state_dir, "--snapshot-ms", std::to_string(snapshot_ms)},
-                                {}, dir_.Sub("ps.log"));
+                                {{"PACER_TOKEN", kPsToken}}, dir_.Sub("ps.log"));
     if (!expect_serving) return;
     ASSERT_TRUE(WaitFor([&] { return PortIn(dir_.Sub("ps0.port")) != 0; }, 15s)) << ReadFileOrEmpty(dir_.Sub("ps.log"));
     port_ = PortIn(dir_.Sub("ps0.port"));
@@ -266,6 +270,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
   Subprocess agent = Subprocess::Start(
       {BinaryPath("pacer-agent"), "--addr", (*pacerd)->address(), "--token-file", dir.Sub("data/job.token"),
        "--node", "node-ps", "--job", "psjob", "--workers", "1", "--worker-id-prefix", "ps",
+       "--worker-credentials", "inherit",  // pacer-ps needs the job token itself
        "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml", "--",
        BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", dir.Sub("ps/{worker_id}"),
        "--port-file", dir.Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
@@ -280,7 +285,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
 
   Model m;
   {
-    auto c = ClientFor(PortIn(port_file));
+    auto c = ClientFor(PortIn(port_file), (*pacerd)->job_token());
     ASSERT_TRUE(m.Create(*c).ok());
     for (int step = 0; step < 4; ++step) ASSERT_TRUE(m.Step(*c, step).ok());
   }
@@ -301,7 +306,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
   EXPECT_EQ(ReadFileOrEmpty("/proc/" + std::to_string(old_pid) + "/cmdline").find("pacer-ps"), std::string::npos)
       << "the old server still runs";
 
-  auto c = ClientFor(PortIn(port_file));
+  auto c = ClientFor(PortIn(port_file), (*pacerd)->job_token());
   ASSERT_TRUE(m.Create(*c).ok());
   std::vector<float> got, want;
   m.PullBoth(*c, &got, &want);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <unordered_set>
 
@@ -29,6 +30,11 @@ uint32_t PsServerFor(const std::string& table, uint64_t key, uint32_t num_server
   return static_cast<uint32_t>(SplitMix64(Fnv1a(table) ^ SplitMix64(key)) % num_servers);
 }
 
+ParameterStore::ParameterStore(PsLimits limits) : limits_(limits) {
+  if (limits_.max_server_bytes == 0) (void)limits_.Resolve();  // fills the automatic values
+  if (limits_.max_table_bytes == 0) limits_.max_table_bytes = limits_.max_server_bytes;
+}
+
 absl::StatusOr<bool> ParameterStore::CreateTable(const PsTableSpec& spec) {
   if (absl::Status v = ValidateSpec(spec); !v.ok()) return v;
   std::lock_guard<std::mutex> l(mu_);
@@ -37,6 +43,11 @@ absl::StatusOr<bool> ParameterStore::CreateTable(const PsTableSpec& spec) {
     if (google::protobuf::util::MessageDifferencer::Equals(it->second->spec, spec)) return false;
     return absl::AlreadyExistsError("table '" + spec.name() + "' exists with a different spec");
   }
+  if (tables_.size() >= limits_.max_tables) {
+    return absl::ResourceExhaustedError("table '" + spec.name() + "' refused: this server holds " +
+                                        std::to_string(tables_.size()) + " tables (--max-tables " +
+                                        std::to_string(limits_.max_tables) + ")");
+  }
   tables_.emplace(spec.name(), std::make_unique<Table>(spec));
   ++changes_;
   return true;
@@ -44,6 +55,7 @@ absl::StatusOr<bool> ParameterStore::CreateTable(const PsTableSpec& spec) {
 
 absl::Status ParameterStore::ValidateSpec(const PsTableSpec& spec) {
   if (spec.name().empty()) return absl::InvalidArgumentError("table name is empty");
+  if (spec.name().size() > 256) return absl::InvalidArgumentError("table name longer than 256 bytes");
   if (spec.dim() == 0 || spec.dim() > (1u << 20)) {
     return absl::InvalidArgumentError("table '" + spec.name() + "': dim must be 1..2^20");
   }
@@ -63,45 +75,99 @@ absl::StatusOr<ParameterStore::Table*> ParameterStore::Find(const std::string& n
   return it->second.get();
 }
 
-ParameterStore::Row& ParameterStore::RowFor(Table& t, uint64_t key) {
-  auto [it, inserted] = t.rows.try_emplace(key);
-  if (inserted) {
-    const uint32_t dim = t.spec.dim();
-    it->second.w.resize(dim);
-    const float scale = t.spec.init_scale();
-    for (uint32_t i = 0; i < dim; ++i) {
-      // uniform in [-scale, scale) from (seed, key, i): the same on every server and restart
-      const uint64_t r = SplitMix64(SplitMix64(t.spec.seed() ^ SplitMix64(key)) + i);
-      it->second.w[i] = scale == 0 ? 0.0f : scale * (2.0f * static_cast<float>(r >> 40) / 16777216.0f - 1.0f);
-    }
-    if (t.spec.optimizer().kind() == PsOptimizer::ADAGRAD) {
-      it->second.acc.assign(dim, t.spec.optimizer().initial_accumulator());
-    }
+void ParameterStore::InitialRow(const PsTableSpec& spec, uint64_t key, float* w) {
+  const uint32_t dim = spec.dim();
+  const float scale = spec.init_scale();
+  for (uint32_t i = 0; i < dim; ++i) {
+    // uniform in [-scale, scale) from (seed, key, i): the same on every server and restart
+    const uint64_t r = SplitMix64(SplitMix64(spec.seed() ^ SplitMix64(key)) + i);
+    w[i] = scale == 0 ? 0.0f : scale * (2.0f * static_cast<float>(r >> 40) / 16777216.0f - 1.0f);
   }
-  return it->second;
 }
 
-absl::Status ParameterStore::Pull(const std::string& table, const std::vector<uint64_t>& keys,
-                                  std::vector<float>* values) {
-  auto t = Find(table);
-  if (!t.ok()) return t.status();
-  Table& tab = **t;
-  const uint32_t dim = tab.spec.dim();
-  values->reserve(values->size() + keys.size() * dim);
-  std::lock_guard<std::mutex> l(tab.mu);
-  for (uint64_t k : keys) {
-    const Row& r = RowFor(tab, k);
-    values->insert(values->end(), r.w.begin(), r.w.end());
+ParameterStore::Row ParameterStore::NewRow(const PsTableSpec& spec, uint64_t key) {
+  Row r;
+  r.w.resize(spec.dim());
+  InitialRow(spec, key, r.w.data());
+  if (spec.optimizer().kind() == PsOptimizer::ADAGRAD) {
+    r.acc.assign(spec.dim(), spec.optimizer().initial_accumulator());
+  }
+  return r;
+}
+
+absl::Status ParameterStore::CheckRequest(const std::string& table, uint64_t keys, uint32_t dim) const {
+  if (keys > limits_.max_keys_per_request) {
+    return absl::ResourceExhaustedError("request to '" + table + "': " + std::to_string(keys) +
+                                        " keys, over --max-keys-per-request " +
+                                        std::to_string(limits_.max_keys_per_request));
+  }
+  if (keys * dim > limits_.max_values_per_request) {  // keys <= 2^23, dim <= 2^20: no overflow
+    return absl::ResourceExhaustedError("request to '" + table + "': " + std::to_string(keys) + " keys x dim " +
+                                        std::to_string(dim) + " = " + std::to_string(keys * dim) +
+                                        " values, over --max-values-per-request " +
+                                        std::to_string(limits_.max_values_per_request) + "; split it");
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, const std::vector<uint64_t>& keys,
-                                              const std::vector<float>& gradients) {
+absl::Status ParameterStore::Reserve(uint64_t rows, uint64_t bytes) {
+  uint64_t r = rows_.load();
+  do {
+    if (r + rows > limits_.max_server_rows) {
+      return absl::ResourceExhaustedError("this server holds " + std::to_string(r) + " rows; " +
+                                          std::to_string(rows) + " more would pass --max-server-rows " +
+                                          std::to_string(limits_.max_server_rows));
+    }
+  } while (!rows_.compare_exchange_weak(r, r + rows));
+  uint64_t b = bytes_.load();
+  do {
+    if (b + bytes > limits_.max_server_bytes) {
+      rows_ -= rows;
+      return absl::ResourceExhaustedError("this server holds " + std::to_string(b) + " bytes of rows; " +
+                                          std::to_string(bytes) + " more would pass --max-server-bytes " +
+                                          std::to_string(limits_.max_server_bytes));
+    }
+  } while (!bytes_.compare_exchange_weak(b, b + bytes));
+  return absl::OkStatus();
+}
+
+absl::Status ParameterStore::Pull(const std::string& table, absl::Span<const uint64_t> keys,
+                                  std::vector<float>* values) {
+  return PullInto(table, keys, [values](size_t n) {
+    const size_t at = values->size();
+    values->resize(at + n);
+    return values->data() + at;
+  });
+}
+
+absl::Status ParameterStore::PullInto(const std::string& table, absl::Span<const uint64_t> keys,
+                                      const std::function<float*(size_t)>& out) {
   auto t = Find(table);
   if (!t.ok()) return t.status();
   Table& tab = **t;
   const uint32_t dim = tab.spec.dim();
+  if (absl::Status c = CheckRequest(table, keys.size(), dim); !c.ok()) return c;
+  float* dst = out(keys.size() * dim);
+  std::lock_guard<std::mutex> l(tab.mu);
+  for (uint64_t k : keys) {
+    auto it = tab.rows.find(k);
+    if (it != tab.rows.end()) {
+      std::copy(it->second.w.begin(), it->second.w.end(), dst);
+    } else {
+      InitialRow(tab.spec, k, dst);  // not stored: only a push makes a row
+    }
+    dst += dim;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, absl::Span<const uint64_t> keys,
+                                              absl::Span<const float> gradients) {
+  auto t = Find(table);
+  if (!t.ok()) return t.status();
+  Table& tab = **t;
+  const uint32_t dim = tab.spec.dim();
+  if (absl::Status c = CheckRequest(table, keys.size(), dim); !c.ok()) return c;
   if (gradients.size() != keys.size() * dim) {
     return absl::InvalidArgumentError("push to '" + table + "': " + std::to_string(gradients.size()) +
                                       " gradients for " + std::to_string(keys.size()) + " keys of dim " +
@@ -110,19 +176,52 @@ absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, const st
   for (float g : gradients) {
     if (!std::isfinite(g)) return absl::InvalidArgumentError("push to '" + table + "': non-finite gradient");
   }
-  // Sum duplicates first: one optimizer step per row and push.
-  std::unordered_map<uint64_t, std::vector<float>> summed;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto& g = summed[keys[i]];
-    if (g.empty()) g.assign(dim, 0.0f);
-    for (uint32_t j = 0; j < dim; ++j) g[j] += gradients[i * dim + j];
-  }
+  // Duplicates are summed first: one optimizer step per row and push. The positions sorted by
+  // key group them (4 bytes a key; each key's gradients are summed into one dim-sized buffer).
+  std::vector<uint32_t> order(keys.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
   const PsOptimizer& opt = tab.spec.optimizer();
+  const bool adagrad = opt.kind() == PsOptimizer::ADAGRAD;
   const float lr = opt.learning_rate();
+  const uint64_t row_bytes = RowBytes(dim, adagrad);
   std::lock_guard<std::mutex> l(tab.mu);
-  for (const auto& [key, g] : summed) {
-    Row& r = RowFor(tab, key);
-    if (opt.kind() == PsOptimizer::ADAGRAD) {
+  uint64_t fresh = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint64_t key = keys[order[i]];
+    if ((i == 0 || keys[order[i - 1]] != key) && tab.rows.count(key) == 0) ++fresh;
+  }
+  if (fresh > 0) {
+    if (tab.rows.size() + fresh > limits_.max_table_rows) {
+      return absl::ResourceExhaustedError("push to '" + table + "' refused: " + std::to_string(fresh) +
+                                          " new rows would pass --max-table-rows " +
+                                          std::to_string(limits_.max_table_rows) + " (it holds " +
+                                          std::to_string(tab.rows.size()) + ")");
+    }
+    if (tab.bytes + fresh * row_bytes > limits_.max_table_bytes) {
+      return absl::ResourceExhaustedError("push to '" + table + "' refused: " + std::to_string(fresh) +
+                                          " new rows of " + std::to_string(row_bytes) +
+                                          " bytes would pass --max-table-bytes " +
+                                          std::to_string(limits_.max_table_bytes) + " (it holds " +
+                                          std::to_string(tab.bytes) + ")");
+    }
+    if (absl::Status r = Reserve(fresh, fresh * row_bytes); !r.ok()) {
+      return absl::ResourceExhaustedError("push to '" + table + "' refused: " + std::string(r.message()));
+    }
+    tab.bytes += fresh * row_bytes;
+  }
+  std::vector<float> g(dim);
+  for (size_t i = 0; i < order.size();) {
+    const uint64_t key = keys[order[i]];
+    std::fill(g.begin(), g.end(), 0.0f);
+    for (; i < order.size() && keys[order[i]] == key; ++i) {
+      const float* src = gradients.data() + static_cast<size_t>(order[i]) * dim;
+      for (uint32_t j = 0; j < dim; ++j) g[j] += src[j];
+    }
+    auto it = tab.rows.find(key);
+    if (it == tab.rows.end()) it = tab.rows.emplace(key, NewRow(tab.spec, key)).first;
+    Row& r = it->second;
+    if (adagrad) {
       for (uint32_t j = 0; j < dim; ++j) {
         r.acc[j] += g[j] * g[j];
         r.w[j] -= lr * g[j] / std::sqrt(r.acc[j]);
@@ -199,10 +298,37 @@ absl::Status ParameterStore::Restore(const PsSnapshot& snapshot) {
       if (!(x > 0) || !std::isfinite(x)) return absl::InvalidArgumentError(where + "an accumulator not > 0");
     }
   }
+  if (static_cast<uint64_t>(snapshot.tables_size()) > limits_.max_tables) {
+    return absl::ResourceExhaustedError("snapshot: " + std::to_string(snapshot.tables_size()) +
+                                        " tables, over --max-tables " + std::to_string(limits_.max_tables));
+  }
+  uint64_t total_rows = 0, total_bytes = 0;
+  for (const PsSnapshotTable& t : snapshot.tables()) {
+    const uint64_t n = static_cast<uint64_t>(t.keys_size());
+    const uint64_t b = n * RowBytes(t.spec().dim(), t.spec().optimizer().kind() == PsOptimizer::ADAGRAD);
+    if (n > limits_.max_table_rows || b > limits_.max_table_bytes) {
+      return absl::ResourceExhaustedError("snapshot table '" + t.spec().name() + "': " + std::to_string(n) +
+                                          " rows (" + std::to_string(b) + " bytes), over --max-table-rows " +
+                                          std::to_string(limits_.max_table_rows) + " / --max-table-bytes " +
+                                          std::to_string(limits_.max_table_bytes));
+    }
+    total_rows += n;
+    total_bytes += b;
+  }
+  if (total_rows > limits_.max_server_rows || total_bytes > limits_.max_server_bytes) {
+    return absl::ResourceExhaustedError("snapshot: " + std::to_string(total_rows) + " rows (" +
+                                        std::to_string(total_bytes) + " bytes), over --max-server-rows " +
+                                        std::to_string(limits_.max_server_rows) + " / --max-server-bytes " +
+                                        std::to_string(limits_.max_server_bytes));
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (!tables_.empty()) return absl::FailedPreconditionError("restore into a store that holds tables");
+  rows_ = total_rows;
+  bytes_ = total_bytes;
   for (const PsSnapshotTable& t : snapshot.tables()) {
     auto tab = std::make_unique<Table>(t.spec());
+    tab->bytes = static_cast<uint64_t>(t.keys_size()) *
+                 RowBytes(t.spec().dim(), t.spec().optimizer().kind() == PsOptimizer::ADAGRAD);
     const uint32_t dim = t.spec().dim();
     const bool adagrad = t.spec().optimizer().kind() == PsOptimizer::ADAGRAD;
     tab->pushes = t.pushes();

@@ -24,8 +24,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions opti
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   for (const auto& s : c->options_.servers) {
-    c->stubs_.push_back(ParameterServer::NewStub(
-        grpc::CreateCustomChannel(s, grpc::InsecureChannelCredentials(), args)));
+    auto channel = DialChannel(s, c->options_.tls, args);
+    if (!channel.ok()) {
+      return absl::InvalidArgumentError("parameter server " + s + ": " + std::string(channel.status().message()));
+    }
+    c->stubs_.push_back(ParameterServer::NewStub(*channel));
   }
   c->latencies_ms_.resize(c->stubs_.size());
   return c;

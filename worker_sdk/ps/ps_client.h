@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/ps.grpc.pb.h"
 
@@ -35,9 +36,12 @@ namespace pacer {
 struct PsClientOptions {
   std::vector<std::string> servers;  // host:port, the same order on every worker
   std::vector<std::string> server_ids;  // names for latency stats; default "ps<i>"
-  std::string token;                 // the job token (empty when servers run without one)
+  std::string token;                 // the job token (pacer-ps requires one unless run --insecure-no-auth)
   std::string reporter;              // this worker's id, in latency stats
   int64_t rpc_timeout_ms = 10'000;
+  // TLS to the servers (common/tls.h), the same for every server; without it only loopback
+  // servers are dialled unless allow_insecure. A trainer passes its ClientOptions::tls.
+  TlsClientOptions tls;
 };
 
 class PsClient {

@@ -1,6 +1,14 @@
 // PsServer: one pacer-ps parameter server (proto/pacer/ps.proto) — a thin gRPC adapter over a
-// ParameterStore. Each handler authenticates (the job token, when one is configured), converts
-// the request and forwards: ToGrpcStatus(store_.Method(...)).
+// ParameterStore. Each handler authenticates (the job token or a credential minted from it,
+// common/auth.h), converts the request and forwards: ToGrpcStatus(store_.Method(...)).
+//
+// Security (docs/tls.md): a job token is required; only insecure_no_auth on a loopback address
+// (pacer-ps --insecure-no-auth, development) serves without one. TLS / mTLS from `tls`
+// (common/tls.h; the files are re-read, so a rotated certificate is served without a restart);
+// plaintext off loopback is refused unless tls.allow_insecure. What a client can make the
+// server hold is bounded by `limits` (ps_limits.h: RESOURCE_EXHAUSTED past one); at most
+// max_threads calls run at once (gRPC's resource quota), and a request larger than the
+// per-request limits allow is refused by gRPC before it is parsed.
 //
 // Owns the gRPC server and the store; Start() binds (port 0: the OS picks) and serves on gRPC's
 // threads until Shutdown() or destruction. Thread-safe.
@@ -26,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/auth.h"
+#include "common/tls.h"
 #include "proto/pacer/ps.grpc.pb.h"
 #include "worker_sdk/ps/parameter_store.h"
 
@@ -34,7 +43,11 @@ namespace pacer {
 struct PsServerOptions {
   std::string listen = "127.0.0.1:0";
   std::string server_id = "ps0";
-  std::string job_token;  // empty: no authentication (tests on loopback only)
+  std::string job_token;  // required unless insecure_no_auth
+  bool insecure_no_auth = false;  // no token checked: only on a loopback address (development)
+  TlsServerOptions tls;   // cert + key: TLS; + client CA: mTLS
+  PsLimits limits;        // validated by Start (PsLimits::Resolve)
+  int max_threads = 8;    // calls served at once (1..1024)
   std::string state_dir;  // empty: rows in memory only
   int64_t snapshot_ms = 5'000;
 };
@@ -61,7 +74,7 @@ class PsServer final : public ParameterServer::Service {
   grpc::Status Stats(grpc::ServerContext* ctx, const PsStatsRequest* req, PsStatsResponse* resp) override;
 
  private:
-  explicit PsServer(PsServerOptions options);
+  explicit PsServer(PsServerOptions options, const PsLimits& limits);
   absl::Status Authorize(grpc::ServerContext* ctx) const;
   absl::Status LoadSnapshot();
   void SnapshotLoop();

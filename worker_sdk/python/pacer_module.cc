@@ -121,7 +121,9 @@ std::unique_ptr<PyClient> ConnectClient(std::optional<std::string> address, std:
                                         int64_t rpc_timeout_ms, int64_t call_budget_ms,
                                         int64_t heartbeat_interval_ms, bool report_steps,
                                         uint32_t initial_micro_batch, uint32_t initial_accumulation_steps,
-                                        bool honors_exclusion) {
+                                        bool honors_exclusion, std::optional<std::string> tls_ca,
+                                        std::optional<std::string> tls_cert, std::optional<std::string> tls_key,
+                                        std::optional<std::string> tls_server_name, bool allow_insecure) {
   ClientOptions o;
   // Explicit arguments win over the environment (Resolve fills only empty fields).
   if (address) o.address = *address;
@@ -138,6 +140,12 @@ std::unique_ptr<PyClient> ConnectClient(std::optional<std::string> address, std:
   o.initial_micro_batch = initial_micro_batch;
   o.initial_accumulation_steps = initial_accumulation_steps;
   o.honors_exclusion = honors_exclusion;
+  // TLS (docs/tls.md); None takes PACER_TLS_CA / _CERT / _KEY / _SERVER_NAME.
+  if (tls_ca) o.tls.ca_file = *tls_ca;
+  if (tls_cert) o.tls.cert_file = *tls_cert;
+  if (tls_key) o.tls.key_file = *tls_key;
+  if (tls_server_name) o.tls.server_name = *tls_server_name;
+  o.tls.allow_insecure = allow_insecure;
   if (initial_micro_batch == 0 || initial_accumulation_steps == 0) {
     Raise(absl::InvalidArgumentError("initial_micro_batch and initial_accumulation_steps must be > 0"));
   }
@@ -399,14 +407,16 @@ PYBIND11_MODULE(_pacer, m) {
   py::class_<PyClient>(m, "Client",
                        "A worker's connection to its job's pacerd. Arguments left as None come from the "
                        "environment the node agent sets (PACER_ADDR, PACER_JOB, PACER_WORKER_ID, PACER_TOKEN, "
-                       "PACER_NODE). Raises UnauthenticatedError (wrong token), UnavailableError (pacerd "
+                       "PACER_NODE; TLS: PACER_TLS_CA, PACER_TLS_CERT, PACER_TLS_KEY). Raises UnauthenticatedError (wrong token), UnavailableError (pacerd "
                        "unreachable for connect_budget_ms) or InvalidArgumentError (missing id/token).")
       .def(py::init(&ConnectClient), py::kw_only(), py::arg("address") = py::none(), py::arg("token") = py::none(),
            py::arg("token_file") = py::none(), py::arg("worker_id") = py::none(), py::arg("job") = py::none(),
            py::arg("node") = py::none(), py::arg("connect_budget_ms") = 60'000, py::arg("rpc_timeout_ms") = 10'000,
            py::arg("call_budget_ms") = 120'000, py::arg("heartbeat_interval_ms") = 0,
            py::arg("report_steps") = true, py::arg("initial_micro_batch") = 32,
-           py::arg("initial_accumulation_steps") = 1, py::arg("honors_exclusion") = false)
+           py::arg("initial_accumulation_steps") = 1, py::arg("honors_exclusion") = false,
+           py::arg("tls_ca") = py::none(), py::arg("tls_cert") = py::none(), py::arg("tls_key") = py::none(),
+           py::arg("tls_server_name") = py::none(), py::arg("allow_insecure") = false)
       .def_property_readonly("worker_id", [](PyClient& c) { return c.get().worker_id(); })
       .def_property_readonly("address", [](PyClient& c) { return c.get().options().address; })
       .def_property_readonly("heartbeat_interval_ms", [](PyClient& c) { return c.get().heartbeat_interval_ms(); })
