@@ -11,6 +11,8 @@
 // With --state-dir the rows survive a restart: loaded at start, saved every --snapshot-ms and on
 // SIGTERM/SIGINT (ps_server.h). Exit codes: 0 stopped (last snapshot saved), 1 startup error
 // (e.g. a corrupt snapshot), 2 bad flags, 4 the last snapshot could not be saved.
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -58,6 +60,11 @@ int main(int argc, char** argv) {
       ("snapshot-ms", po::value(&snapshot_ms)->default_value(snapshot_ms),
        "with --state-dir: save this often when rows changed (and always on SIGTERM)");
   pacer::ParseFlagsOrExit(argc, argv, "Usage: pacer-ps [options]", desc);
+  // Requests and replies of many MiB come and go: a fixed mmap threshold gives each one its own
+  // mapping, returned to the system when freed. glibc's default raises the threshold after the
+  // first such free, after which they land in the heap arenas and stay (the process grew by
+  // hundreds of MiB beyond its rows under a push flood).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   auto need = [](bool ok, const std::string& what) {
     if (!ok) pacer::ExitWithError("pacer-ps", what);
   };
