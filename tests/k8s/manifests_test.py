@@ -7,7 +7,8 @@ For deploy/overlays/dev, deploy/overlays/prod, deploy/cluster and deploy/example
      field, types right, required fields present, nothing cluster-scoped with a namespace;
   3. the properties the deployment promises hold on the rendered objects (one pacerd replica
      with its data dir on a claim, non-root, read-only root, probes, mTLS only in prod, every
-     training pod template avoids the node label its agent sets, identity from the downward API).
+     training pod template avoids the node label its agent sets, identity from the downward API,
+     every pod template within Pod Security Standards "restricted", which prod enforces).
 Then typos — in a core object, in a pod template inside a custom resource, in a custom resource
 itself — and a wrong type and a misplaced namespace must each fail with the path named.
 
@@ -164,6 +165,27 @@ def check_training_pods(objs):
     check(seen >= 5, f"examples: {seen} pod templates run pacer-agent (Job, JobSet, PyTorchJob x2, TrainJob)")
 
 
+def check_restricted(objs, where):
+    """Pod Security Standards 'restricted' (the prod namespace enforces it) for every pod template."""
+    templates = [(o, w, pod) for o in objs if o["kind"] != "TrainingRuntime" for w, pod in pod_templates(o)]
+    templates += list(trainjob_pods(objs))
+    for o, w, pod in templates:
+        name = f"{where}: {o['kind']} {o['metadata']['name']} ({w})"
+        psc = pod.get("securityContext") or {}
+        check(not (pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC")), f"{name}: no host namespaces")
+        check(not any("hostPath" in v for v in pod.get("volumes") or []), f"{name}: no hostPath volumes")
+        for c in containers(pod):
+            sc = c.get("securityContext") or {}
+            cn = f"{name} container {c['name']}"
+            check(sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, f"{cn}: runAsNonRoot")
+            check((sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") in ("RuntimeDefault", "Localhost"),
+                  f"{cn}: a seccomp profile")
+            check(sc.get("allowPrivilegeEscalation") is False, f"{cn}: allowPrivilegeEscalation false")
+            check("ALL" in ((sc.get("capabilities") or {}).get("drop") or []), f"{cn}: drops ALL capabilities")
+            check(not sc.get("privileged"), f"{cn}: not privileged")
+            check(sc.get("readOnlyRootFilesystem") is True, f"{cn}: read-only root filesystem")
+
+
 def expect_invalid(text, must_contain, what):
     errs, _ = k8s_validate.validate_documents(text, what)
     check(errs and any(must_contain in e for e in errs),
@@ -208,6 +230,9 @@ def main():
         check(crb["subjects"][0].get("namespace") == "pacer", "prod: the node marker binds the agent of namespace pacer")
     if "deploy/examples" in objs:
         check_training_pods(objs["deploy/examples"])
+    for d in ("deploy/overlays/dev", "deploy/overlays/prod", "deploy/examples"):
+        if d in objs:
+            check_restricted(objs[d], d)
 
     # Negative: a typo must fail, with the field named.
     prod = rendered.get("deploy/overlays/prod", "")
