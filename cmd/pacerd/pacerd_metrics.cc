@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 
+#include "common/version.h"
+
 namespace pacer {
 namespace {
 
@@ -14,6 +16,7 @@ constexpr std::array<const char*, 7> kWorkerStates = {"unknown", "running", "bac
 PacerdMetrics::PacerdMetrics(MetricsRegistry* r, double unix_s)
     : own_(r), agents_(r), controller_(r) {
   own_.start_time.Get().Set(unix_s);
+  own_.build_info.With({PacerVersion()}).Set(1);
   own_.journal_healthy.Get().Set(1);
   for (const char* outcome : {"queued", "done", "refused"}) agents_.commands.With({outcome});
   for (const char* state : {"connected", "leaving", "lost"}) agents_.agents.With({state}).Set(0);

@@ -21,6 +21,8 @@
 #define PACER_PACERD_METRICS(X)                                                                \
   X(start_time, Gauge, "pacer_pacerd_start_time_seconds",                                      \
     "When this pacerd process started (Unix time): changes() of it counts restarts")          \
+  X(build_info, Gauge, "pacer_build_info",                                                     \
+    "Always 1; the version label is what --version prints", "version")                        \
   X(journal_healthy, Gauge, "pacer_sharding_journal_healthy",                                  \
     "1 while the journal accepts updates; 0 while they are refused after a failed write (a "  \
     "full disk) until it reopens")                                                             \
