@@ -8,7 +8,8 @@
 //  - the sidecar form (--attach): the trainer is a process the test started, not the agent;
 //    the agent finds it by its command line, reports it and its CPU, restarts it by signal
 //    (the test plays the kubelet and starts it again), reports exits, refuses stop, and leaves
-//    it alone when the agent itself is stopped.
+//    it alone when the agent itself is stopped; a migrate from the sidecar marks the node and
+//    deletes the pod without signalling the trainer (the pod's deletion ends it).
 #include <signal.h>
 #include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
@@ -311,6 +312,28 @@ TEST_F(AttachTest, FindsATrainerItDidNotStartRestartsItBySignalAndReportsItsExit
   EXPECT_TRUE(WIFEXITED(agent_.exit_status()) && WEXITSTATUS(agent_.exit_status()) == 0) << Log();
   EXPECT_TRUE(trainer_.running()) << "the agent killed a trainer it did not start";
   EXPECT_EQ(r.Exits().size(), 2u);
+}
+
+TEST_F(AttachTest, MigrateFromTheSidecarMarksDeletesAndLeavesTheTrainerToTheKubelet) {
+  StartTrainer();
+  AgentServer server;
+  FakeKubeApi api(dir_.path());
+  StartAgent(server, api, "mlp", {"--attach-poll-ms", "100", "--k8s-mark-node"}, {"--attach", Pattern()});
+  AgentRegistry& r = server.registry();
+  ASSERT_TRUE(WaitFor([&] { return W(r, "w0").pid() == trainer_.pid(); }, 20s)) << Log();
+  auto id = r.Migrate("node-a", "node is slow");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(WaitFor([&] { return !agent_.running(); }, 30s)) << Log();
+  ASSERT_TRUE(WIFEXITED(agent_.exit_status())) << Log();
+  EXPECT_EQ(WEXITSTATUS(agent_.exit_status()), 75) << Log();
+  EXPECT_EQ(r.Command(*id)->state, CommandState::kDone) << r.Command(*id)->reason;
+  const auto reqs = api.Requests();
+  ASSERT_EQ(reqs.size(), 2u) << Log();
+  EXPECT_EQ(reqs[0].method + " " + reqs[0].target, "PATCH /api/v1/nodes/node-a");
+  EXPECT_EQ(reqs[1].method + " " + reqs[1].target, "DELETE /api/v1/namespaces/pacer-jobs/pods/trainer-pod-a");
+  // The pod's deletion ends the trainer's container; the agent itself does not signal it.
+  EXPECT_TRUE(trainer_.running());
+  EXPECT_TRUE(r.Exits().empty());
 }
 
 TEST(AttachFlagsTest, AttachExcludesAWorkerCommandAndNeedsOneWorker) {
