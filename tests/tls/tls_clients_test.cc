@@ -233,6 +233,49 @@ TEST_P(TlsClientsTest, ExampleTrainerWithPacerPsOverTls) {
   pctx.AddMetadata("authorization", "Bearer " + pacerd_->job_token());
   pctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   EXPECT_FALSE(plain->Stats(&pctx, PsStatsRequest(), &stats).ok());
+  if (mtls()) {  // TLS without a client certificate does not get through to the mTLS pacer-ps
+    TlsClientOptions no_cert;
+    no_cert.ca_file = pki_->ca();
+    auto ch = DialChannel(ps_addr, no_cert);
+    ASSERT_TRUE(ch.ok());
+    grpc::ClientContext nctx;
+    nctx.AddMetadata("authorization", "Bearer " + pacerd_->job_token());
+    nctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    EXPECT_FALSE(ParameterServer::NewStub(*ch)->Stats(&nctx, PsStatsRequest(), &stats).ok());
+  }
+}
+
+TEST_P(TlsClientsTest, PacerPsCertificateRotatesWithoutARestart) {
+  const testing::CertFiles served = {dir_.Sub("ps-served.pem"), dir_.Sub("ps-served.key")};
+  testing::InstallCert(pki_->server(), served);
+  const std::string port_file = dir_.Sub("ps1.port");
+  std::vector<std::string> ps = {BinaryPath("pacer-ps"), "--server-id", "ps1", "--listen", "127.0.0.1:0",
+                                 "--token-file", dir_.Sub("data/job.token"), "--port-file", port_file,
+                                 "--tls-cert", served.cert, "--tls-key", served.key, "--tls-reload-s", "1"};
+  if (mtls()) ps.insert(ps.end(), {"--tls-client-ca", pki_->ca()});
+  Subprocess server = Subprocess::Start(ps, {}, dir_.Sub("ps1.log"));
+  ASSERT_TRUE(WaitFor([&] { return PortFrom(port_file) > 0 || !server.running(); }, kDeadline));
+  ASSERT_GT(PortFrom(port_file), 0) << ReadFileOrEmpty(dir_.Sub("ps1.log"));
+  const std::string ps_addr = "127.0.0.1:" + std::to_string(PortFrom(port_file));
+  auto served_cn = [&]() -> std::string {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto channel = DialChannel(ps_addr, Tls(), args);
+    if (!channel.ok()) return "";
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + pacerd_->job_token());
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    PsStatsResponse stats;
+    if (!ParameterServer::NewStub(*channel)->Stats(&ctx, PsStatsRequest(), &stats).ok()) return "";
+    auto cn = ctx.auth_context()->FindPropertyValues("x509_common_name");
+    return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
+  };
+  ASSERT_EQ(served_cn(), "server-a");
+  testing::InstallCert(pki_->Issue("ps-server-b"), served);
+  std::string cn;
+  EXPECT_TRUE(WaitFor([&] { return (cn = served_cn()) == "ps-server-b"; }, kDeadline, std::chrono::milliseconds(100)))
+      << "still served: '" << cn << "'";
+  EXPECT_TRUE(server.running()) << "rotated without a restart";
 }
 
 TEST_P(TlsClientsTest, ServerCertificateRotatesWithoutARestart) {
