@@ -174,6 +174,12 @@ def check_restricted(objs, where):
         psc = pod.get("securityContext") or {}
         check(not (pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC")), f"{name}: no host namespaces")
         check(not any("hostPath" in v for v in pod.get("volumes") or []), f"{name}: no hostPath volumes")
+        for v in pod.get("volumes") or []:
+            if "secret" in v:
+                mode = v["secret"].get("defaultMode", 0o644)  # the API's default
+                check(mode & 0o007 == 0 and psc.get("fsGroup") is not None,
+                      f"{name}: Secret volume {v['name']} must not be readable by others (defaultMode "
+                      f"{oct(mode)}; Pacer refuses such token files) and the pod needs an fsGroup to read it")
         for c in containers(pod):
             sc = c.get("securityContext") or {}
             cn = f"{name} container {c['name']}"
