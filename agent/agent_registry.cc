@@ -96,6 +96,16 @@ absl::Status AgentRegistry::ValidateHeartbeat(const AgentHeartbeat& req) const {
         "agent '%s' incarnation %d is older than the registered %d (a zombie agent)",
         req.agent_id(), req.incarnation(), known->second.view.incarnation));
   }
+  if (static_cast<size_t>(req.workers_size()) > options_.max_workers_per_agent) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d workers listed; at most %d per agent",
+                                                      req.workers_size(), options_.max_workers_per_agent));
+  }
+  if (static_cast<size_t>(req.exits_size()) > options_.max_exits_per_heartbeat ||
+      static_cast<size_t>(req.acks_size()) > options_.max_acks_per_heartbeat) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d exits and %d acks in one heartbeat; at most %d and %d", req.exits_size(), req.acks_size(),
+        options_.max_exits_per_heartbeat, options_.max_acks_per_heartbeat));
+  }
   std::set<std::string> ids;
   for (const WorkerProcess& w : req.workers()) {
     if (w.worker_id().empty()) return absl::InvalidArgumentError("workers[].worker_id is empty");
@@ -106,14 +116,14 @@ absl::Status AgentRegistry::ValidateHeartbeat(const AgentHeartbeat& req) const {
       return absl::InvalidArgumentError(
           absl::StrFormat("worker '%s' has an invalid state %d", w.worker_id(), w.state()));
     }
-    for (const auto& [other_id, other] : agents_) {
-      if (other_id == req.agent_id() || other.view.leaving || IsLost(other.view)) continue;
-      for (const WorkerProcess& ow : other.view.workers) {
-        if (ow.worker_id() == w.worker_id()) {
-          return absl::FailedPreconditionError("worker '" + w.worker_id() +
-                                               "' is supervised by live agent '" + other_id + "'");
-        }
-      }
+    auto sup = supervisors_.find(w.worker_id());
+    if (sup == supervisors_.end()) continue;
+    for (const std::string& other_id : sup->second) {
+      if (other_id == req.agent_id()) continue;
+      const AgentEntry& other = agents_.at(other_id);
+      if (other.view.leaving || IsLost(other.view)) continue;
+      return absl::FailedPreconditionError("worker '" + w.worker_id() +
+                                           "' is supervised by live agent '" + other_id + "'");
     }
   }
   uint64_t prev = 0;
@@ -164,6 +174,11 @@ absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatR
       return s;
     }
     const int64_t now = clock_->NowMs();
+    if (!agents_.count(req.agent_id()) && agents_.size() >= options_.max_agents && !EvictOneLost()) {
+      metrics_->rejected.Increment();
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%d agents are registered and none is lost: the table is full", agents_.size()));
+    }
     auto [it, inserted] = agents_.try_emplace(req.agent_id());
     AgentEntry& a = it->second;
     const bool registered = inserted || req.incarnation() > a.view.incarnation;
@@ -183,7 +198,9 @@ absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatR
     a.view.last_heartbeat_ms = now;
     a.view.heartbeats++;
     a.view.leaving = req.leaving();
-    a.view.workers.assign(req.workers().begin(), req.workers().end());
+    std::vector<WorkerProcess> listed(req.workers().begin(), req.workers().end());
+    IndexWorkers(req.agent_id(), a.view.workers, listed);
+    a.view.workers = std::move(listed);
     if (req.has_node_metrics()) {
       metrics = req.node_metrics();
       metrics->set_node(req.node());
@@ -218,13 +235,57 @@ absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatR
   return absl::OkStatus();
 }
 
+void AgentRegistry::IndexWorkers(const std::string& agent_id,
+                                 const std::vector<WorkerProcess>& old_workers,
+                                 const std::vector<WorkerProcess>& new_workers) {
+  for (const WorkerProcess& w : old_workers) {
+    auto it = supervisors_.find(w.worker_id());
+    if (it == supervisors_.end()) continue;
+    it->second.erase(agent_id);
+    if (it->second.empty()) supervisors_.erase(it);
+  }
+  for (const WorkerProcess& w : new_workers) supervisors_[w.worker_id()].insert(agent_id);
+}
+
+bool AgentRegistry::EvictOneLost() {
+  // A lost agent with nothing pending first; else the one silent longest, whose pending commands
+  // are refused (it would never have received them).
+  auto victim = agents_.end();
+  for (auto it = agents_.begin(); it != agents_.end(); ++it) {
+    if (!IsLost(it->second.view)) continue;
+    if (it->second.pending.empty()) {
+      victim = it;
+      break;
+    }
+    if (victim == agents_.end() ||
+        it->second.view.last_heartbeat_ms < victim->second.view.last_heartbeat_ms) {
+      victim = it;
+    }
+  }
+  if (victim == agents_.end()) return false;
+  PACER_LOG(INFO) << "agent table full: forgetting lost agent " << victim->first << " ("
+                  << victim->second.pending.size() << " pending commands refused)";
+  for (const std::string& id : victim->second.pending) {
+    CommandStatus& c = commands_.at(id);
+    c.state = CommandState::kRefused;
+    c.reason = "the agent was lost and forgotten (agent table full)";
+    c.acked_ms = clock_->NowMs();
+    metrics_->refused.Increment();
+    finished_order_.push_back(id);
+  }
+  IndexWorkers(victim->first, victim->second.view.workers, {});
+  agents_.erase(victim);
+  TrimFinished();
+  return true;
+}
+
 absl::StatusOr<AgentRegistry::AgentEntry*> AgentRegistry::AgentOfWorker(
     const std::string& worker_id) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is required");
   AgentEntry* found = nullptr;
-  for (auto& [id, a] : agents_) {
-    for (const WorkerProcess& w : a.view.workers) {
-      if (w.worker_id() != worker_id) continue;
+  if (auto sup = supervisors_.find(worker_id); sup != supervisors_.end()) {
+    for (const std::string& id : sup->second) {
+      AgentEntry& a = agents_.at(id);
       // Prefer a live agent when a stale one still lists the worker (after a migration).
       if (found == nullptr || (IsLost(found->view) && !IsLost(a.view))) found = &a;
     }

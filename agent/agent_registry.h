@@ -29,6 +29,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,6 +51,12 @@ struct AgentRegistryOptions {
   uint64_t id_nonce = 0;                  // 0: drawn from /dev/urandom
   size_t max_exits_kept = 4096;           // recent exits kept for Exits()
   size_t max_finished_commands_kept = 4096;
+  // Limits a heartbeat can reach (RESOURCE_EXHAUSTED / INVALID_ARGUMENT past them). When the table
+  // is full, a new agent takes the place of a lost one with no pending command, if there is one.
+  size_t max_agents = 4096;
+  size_t max_workers_per_agent = 1024;
+  size_t max_exits_per_heartbeat = 4096;
+  size_t max_acks_per_heartbeat = 4096;
 };
 
 enum class CommandState { kPending, kDone, kRefused };
@@ -137,6 +144,12 @@ class AgentRegistry {
   void RecordAck(AgentEntry& agent, const CommandAck& ack) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Replaces the workers `agent_id` lists in supervisors_ (old list → new list).
+  void IndexWorkers(const std::string& agent_id, const std::vector<WorkerProcess>& old_workers,
+                    const std::vector<WorkerProcess>& new_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a table slot: forgets one lost agent with no pending command. False when none is.
+  bool EvictOneLost() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const AgentRegistryOptions options_;
   const Clock* clock_;
   uint64_t nonce_;
@@ -144,6 +157,9 @@ class AgentRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, AgentEntry> agents_ ABSL_GUARDED_BY(mu_);  // by agent id
+  // worker id → the agents whose last heartbeat lists it (a stale one may still, after a
+  // migration): keeps heartbeat validation and AgentOfWorker logarithmic in the table size.
+  std::map<std::string, std::set<std::string>> supervisors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, CommandStatus> commands_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);  // for trimming commands_
   std::deque<WorkerExit> exits_ ABSL_GUARDED_BY(mu_);

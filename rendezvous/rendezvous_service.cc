@@ -84,12 +84,17 @@ void RendezvousServiceImpl::Bump(std::vector<Completion>* out) {
 }
 
 absl::Status RendezvousServiceImpl::Join(const RendezvousJoinRequest& req,
-                                         RendezvousJoinResponse* resp) {
+                                         RendezvousJoinResponse* resp, JoinAuthority authority) {
   if (req.worker_id().empty()) return absl::InvalidArgumentError("rendezvous join: worker_id is empty");
   if (req.world_size() == 0) return absl::InvalidArgumentError("rendezvous join: world_size must be > 0");
   std::vector<Completion> out;
   {
     absl::MutexLock l(&mu_);
+    if (world_size_ == 0 && !authority.may_open) {
+      // Only the chief fixes the world size, so a stray Join cannot size the group for everyone.
+      return absl::UnavailableError(
+          "rendezvous join: the group is not open yet; the chief (rank 0) opens it — retrying");
+    }
     if (world_size_ != 0 && req.world_size() != world_size_) {
       return absl::InvalidArgumentError(
           "rendezvous join: world_size " + std::to_string(req.world_size()) +
@@ -150,6 +155,12 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
     if (generation_ == 0) {
       return absl::FailedPreconditionError("rendezvous reform: no group yet (Join first)");
     }
+    bool member = false;
+    for (const auto& [rank, m] : members_) member = member || m.worker_id == req.worker_id();
+    if (!member) {
+      return absl::PermissionDeniedError("rendezvous reform: worker '" + req.worker_id() +
+                                         "' is not a member of the group");
+    }
     if (req.generation() == generation_) Bump(&out);
     resp->set_generation(generation_);
     UpdateGauges();
@@ -160,6 +171,10 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
 
 absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, RendezvousSetResponse*) {
   if (req.key().empty()) return absl::InvalidArgumentError("rendezvous set: empty key");
+  if (req.key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError("rendezvous set: key of " + std::to_string(req.key().size()) +
+                                      " bytes is over " + std::to_string(options_.max_key_bytes));
+  }
   if (req.value().size() > options_.max_value_bytes) {
     return absl::InvalidArgumentError("rendezvous set: value of " +
                                       std::to_string(req.value().size()) + " bytes is over " +
@@ -187,26 +202,38 @@ absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, Rendezv
 
 absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp) {
   if (req.key().empty()) return absl::InvalidArgumentError("rendezvous add: empty key");
+  if (req.key().size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError("rendezvous add: key of " + std::to_string(req.key().size()) +
+                                      " bytes is over " + std::to_string(options_.max_key_bytes));
+  }
   std::vector<Completion> out;
   {
     absl::MutexLock l(&mu_);
     if (absl::Status s = CheckGeneration(req.generation()); !s.ok()) return s;
-    std::string& v = kv_[req.key()];
+    auto it = kv_.find(req.key());
     int64_t n = 0;
-    if (!v.empty()) {
+    if (it != kv_.end()) {
+      const std::string& v = it->second;
       auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (ec != std::errc() || p != v.data() + v.size()) {
+      if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
         return absl::FailedPreconditionError("rendezvous add: key '" + req.key() +
                                              "' holds a value that is not a counter");
       }
-    } else {
-      bytes_ += req.key().size();
     }
-    n += req.delta();
-    bytes_ -= v.size();
-    v = std::to_string(n);
-    bytes_ += v.size();
-    resp->set_value(n);
+    int64_t sum = 0;
+    if (__builtin_add_overflow(n, req.delta(), &sum)) {
+      return absl::OutOfRangeError("rendezvous add: counter '" + req.key() + "' would overflow int64");
+    }
+    const std::string value = std::to_string(sum);
+    const size_t old = it == kv_.end() ? 0 : it->first.size() + it->second.size();
+    const size_t now = req.key().size() + value.size();
+    if (bytes_ - old + now > options_.max_bytes) {
+      return absl::ResourceExhaustedError("rendezvous add: the store is over " +
+                                          std::to_string(options_.max_bytes) + " bytes");
+    }
+    bytes_ = bytes_ - old + now;
+    kv_[req.key()] = value;
+    resp->set_value(sum);
     WakeReady(&out);
     UpdateGauges();
   }
@@ -263,6 +290,10 @@ void RendezvousServiceImpl::Get(const RendezvousGetRequest& req, RendezvousGetRe
         s = absl::NotFoundError("rendezvous get: a key is not set");
       } else if (shutdown_) {
         s = absl::UnavailableError("rendezvous: pacerd is stopping");
+      } else if (waiters_.size() >= options_.max_waiting_gets) {
+        s = absl::ResourceExhaustedError("rendezvous get: " +
+                                         std::to_string(options_.max_waiting_gets) +
+                                         " Get calls are waiting already");
       } else if (waiters_.count(tag)) {
         s = absl::InternalError("rendezvous get: tag already waiting");
       } else {

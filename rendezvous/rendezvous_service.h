@@ -35,10 +35,20 @@
 
 namespace pacer {
 
+// Every limit a client can reach (RESOURCE_EXHAUSTED / INVALID_ARGUMENT past it).
 struct RendezvousOptions {
-  size_t max_bytes = 64 << 20;    // keys + values of the current generation
+  size_t max_bytes = 64 << 20;    // keys + values of the current generation (Set and Add)
   size_t max_keys_per_get = 4096;
   size_t max_value_bytes = 1 << 20;
+  size_t max_key_bytes = 4096;
+  size_t max_waiting_gets = 16384;  // Get calls parked at once
+};
+
+// Who may do what in a Join (from the caller's credential, common/auth.h).
+struct JoinAuthority {
+  // May open the group, i.e. fix its world size: the chief credential, the job or admin token.
+  // A Join without it waits (UNAVAILABLE, retried by the SDK) until the group is open.
+  bool may_open = true;
 };
 
 struct RendezvousStats {
@@ -59,7 +69,9 @@ class RendezvousServiceImpl {
   // stopping; the client retries against the next pacerd). Lets the server shut down at once.
   void Shutdown();
 
-  absl::Status Join(const RendezvousJoinRequest& req, RendezvousJoinResponse* resp);
+  absl::Status Join(const RendezvousJoinRequest& req, RendezvousJoinResponse* resp,
+                    JoinAuthority authority = {});
+  // Only a member of the group (by worker_id) may reform it.
   absl::Status Reform(const RendezvousReformRequest& req, RendezvousReformResponse* resp);
   absl::Status Set(const RendezvousSetRequest& req, RendezvousSetResponse* resp);
   absl::Status Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cmd/pacerd/data_dir_identity.h"
+#include "common/grpc_errors.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status.h"
@@ -217,6 +218,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   builder.RegisterService(d->operator_grpc_.get());
   builder.RegisterService(d->rendezvous_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.experimental().SetInterceptorCreators(UnparsableRequestInterceptors());
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || d->port_ == 0) {
     return absl::UnavailableError("cannot listen on '" + options.listen + "'");

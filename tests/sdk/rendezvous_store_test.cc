@@ -74,6 +74,7 @@ TEST(RendezvousServiceTest, GroupAndGenerationRules) {
 
   // Reform is compare-and-bump: the first report of generation 2 bumps, the second does not.
   RendezvousReformRequest rf;
+  rf.set_worker_id("a");  // only a member reforms
   rf.set_generation(2);
   RendezvousReformResponse rr;
   ASSERT_TRUE(s.Reform(rf, &rr).ok());
@@ -152,6 +153,7 @@ TEST(RendezvousServiceTest, RandomOperationsCompleteEveryGetExactlyOnce) {
         }
         case 1: {
           RendezvousReformRequest r;
+          r.set_worker_id("w" + std::to_string(pick(5)));  // w4 is never a member: refused
           r.set_generation(generation());
           RendezvousReformResponse rr;
           (void)s.Reform(r, &rr);

@@ -8,7 +8,11 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
+
+#include <grpcpp/generic/generic_stub.h>
 
 #include "cmd/pacerd/pacerd.h"
 #include "common/auth.h"
@@ -366,6 +370,40 @@ TEST_F(IdentityAttackTest, AWorkerCannotActAsAnotherAndTheHonestJobFinishesExact
   ASSERT_TRUE(s1.ok()) << s1;
   testing::ExpectEachRecordCountedOnce(ledgers, 1, kRecords);
   EXPECT_EQ(Dataset().records_done_total(), kRecords);
+}
+
+// A body that is not the method's message gets a status that says so (not an empty message),
+// and changes nothing.
+TEST_F(IdentityAttackTest, AGarbageRequestBodyGetsAClearError) {
+  auto channel = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  const std::string garbage = "\xff\xff\xff\xff\x0f garbage, not a protobuf";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1);
+  for (const char* method : {"/pacer.ShardingService/RegisterWorker", "/pacer.Rendezvous/Join",
+                             "/pacer.AgentService/Heartbeat"}) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, mallory_);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    grpc::ByteBuffer response;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      std::lock_guard<std::mutex> l(mu);
+      status = s;
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return done; }));
+    std::cout << method << ": " << status.error_code() << " '" << status.error_message() << "'" << std::endl;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_NE(status.error_message().find(std::string(method) + ": the request body is not a valid"),
+              std::string::npos) << status.error_message();
+  }
+  EXPECT_TRUE(pacerd_->agents()->Agents().empty());
 }
 
 }  // namespace
