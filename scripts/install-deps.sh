@@ -14,7 +14,8 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache curl
       librocksdb-dev libboost-dev libboost-program-options-dev prometheus-cpp-dev
       libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
       pybind11-dev python3-dev libabsl-dev nlohmann-json3-dev
-      libssl-dev  # libssl-dev: TLS to the Kubernetes API (agent/kube_client.cc, Boost.Beast)
+      libssl-dev  # libssl-dev: TLS to the Kubernetes API (agent/kube_client.cc, Boost.Beast), TLS files (common/tls.cc)
+      openssl     # openssl: the tests make their CA and certificates with it (tests/tls, tests/pacerd/tls_test.cc)
       prometheus  # prometheus: promtool + the server, for tests/monitoring/ (docs/metrics.md)
       python3-kubernetes python3-yaml)  # offline validation of deploy/ (tests/k8s, docs/kubernetes.md)
 # `kubectl kustomize` for tests/k8s: the machine's kubectl, else Debian's (kubernetes-client).
