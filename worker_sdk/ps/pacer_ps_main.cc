@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     // A refused configuration is a usage error (2); anything else a startup error (1).
     const bool usage = server.status().code() == absl::StatusCode::kInvalidArgument;
-    pacer::ExitWithError("pacer-ps", usage ? std::string(server.status().message()) : server.status().ToString(),
-                         usage ? 2 : 1);
+    std::string why = usage ? std::string(server.status().message()) : server.status().ToString();
+    if (const size_t at = why.find("pacer-ps: "); at != std::string::npos) why.erase(at, 10);  // said once
+    pacer::ExitWithError("pacer-ps", why, usage ? 2 : 1);
   }
   const std::string addr = (*server)->address();
   if (!port_file.empty()) {
