@@ -296,6 +296,35 @@ TEST_P(TlsClientsTest, ServerCertificateRotatesWithoutARestart) {
   EXPECT_TRUE((*c)->sharding().ListDatasets().ok()) << "a client connected before the rotation";
 }
 
+// mTLS: a client re-reads its own certificate files too. One set of credentials (one file
+// watcher) starts with a certificate pacerd's CA did not sign and is refused; once the files
+// hold a good one, a new connection made with the same credentials gets through.
+TEST_P(TlsClientsTest, ClientCertificateRotatesWithoutRecreatingTheClient) {
+  if (!mtls()) GTEST_SKIP() << "only an mTLS pacerd checks client certificates";
+  const testing::CertFiles mine = {dir_.Sub("me.pem"), dir_.Sub("me.key")};
+  testing::InstallCert(pki_->foreign_client(), mine);
+  TlsClientOptions t;
+  t.ca_file = pki_->ca();
+  t.cert_file = mine.cert;
+  t.key_file = mine.key;
+  t.reload_interval_s = 1;
+  auto creds = MakeChannelCredentials(t, addr());
+  ASSERT_TRUE(creds.ok()) << creds.status();
+  auto call_ok = [&] {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a new connection each time
+    auto stub = ShardingService::NewStub(grpc::CreateCustomChannel(addr(), *creds, args));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + pacerd_->job_token());
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    ListDatasetsResponse resp;
+    return stub->ListDatasets(&ctx, ListDatasetsRequest(), &resp).ok();
+  };
+  EXPECT_FALSE(call_ok()) << "a certificate from a foreign CA got through";
+  testing::InstallCert(pki_->client(), mine);
+  EXPECT_TRUE(WaitFor(call_ok, kDeadline, std::chrono::milliseconds(100)));
+}
+
 INSTANTIATE_TEST_SUITE_P(TlsAndMtls, TlsClientsTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "mTLS" : "TLS"; });
 
