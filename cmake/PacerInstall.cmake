@@ -49,6 +49,12 @@ install(DIRECTORY ${PROJECT_BINARY_DIR}/proto/pacer/ DESTINATION ${CMAKE_INSTALL
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/proto/pacer/ DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/proto/pacer
   FILES_MATCHING PATTERN "*.proto")
 
+# What operators need beside the daemons: pacer-policy (the policy files' headers tell users to
+# run `pacer-policy validate`), the policy presets and their JSON schema.
+install(TARGETS pacer-policy RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/policies/ DESTINATION ${CMAKE_INSTALL_DATADIR}/pacer/policies
+  FILES_MATCHING PATTERN "*.yaml" PATTERN "*.json")
+
 install(EXPORT pacerTargets NAMESPACE pacer:: DESTINATION ${PACER_INSTALL_CMAKEDIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/pacerConfig.cmake.in
   ${PROJECT_BINARY_DIR}/pacerConfig.cmake INSTALL_DESTINATION ${PACER_INSTALL_CMAKEDIR})

@@ -155,7 +155,9 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
     if (generation_ == 0) {
       return absl::FailedPreconditionError("rendezvous reform: no group yet (Join first)");
     }
-    bool member = false;
+    // A worker reforms only a group it is a member of. No worker id: pacerd itself or a launcher
+    // (the gRPC adapter lets only the job or admin token through without one).
+    bool member = req.worker_id().empty();
     for (const auto& [rank, m] : members_) member = member || m.worker_id == req.worker_id();
     if (!member) {
       return absl::PermissionDeniedError("rendezvous reform: worker '" + req.worker_id() +
