@@ -155,15 +155,13 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
     if (generation_ == 0) {
       return absl::FailedPreconditionError("rendezvous reform: no group yet (Join first)");
     }
-    // A worker reforms only a group it is a member of. No worker id: pacerd itself or a launcher
-    // (the gRPC adapter lets only the job or admin token through without one).
+    // Only a member moves the generation on. A worker that is not (yet) one — a rank that lost
+    // its group in a pacerd restart and reforms before it joins again, or a stray caller —
+    // learns the current generation and changes nothing. No worker id: pacerd itself, or a
+    // launcher through the gRPC adapter (which lets only the job or admin token omit it).
     bool member = req.worker_id().empty();
     for (const auto& [rank, m] : members_) member = member || m.worker_id == req.worker_id();
-    if (!member) {
-      return absl::PermissionDeniedError("rendezvous reform: worker '" + req.worker_id() +
-                                         "' is not a member of the group");
-    }
-    if (req.generation() == generation_) Bump(&out);
+    if (member && req.generation() == generation_) Bump(&out);
     resp->set_generation(generation_);
     UpdateGauges();
   }

@@ -71,8 +71,9 @@ class RendezvousServiceImpl {
 
   absl::Status Join(const RendezvousJoinRequest& req, RendezvousJoinResponse* resp,
                     JoinAuthority authority = {});
-  // A request naming a worker_id reforms only when that worker is a member of the group (no
-  // worker_id: pacerd itself, or a launcher through the gRPC adapter).
+  // A request naming a worker_id moves the generation on only when that worker is a member of
+  // the group; otherwise it returns the current generation and changes nothing (no worker_id:
+  // pacerd itself, or a launcher through the gRPC adapter).
   absl::Status Reform(const RendezvousReformRequest& req, RendezvousReformResponse* resp);
   absl::Status Set(const RendezvousSetRequest& req, RendezvousSetResponse* resp);
   absl::Status Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp);
