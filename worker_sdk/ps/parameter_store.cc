@@ -59,11 +59,20 @@ absl::Status ParameterStore::ValidateSpec(const PsTableSpec& spec) {
   if (spec.dim() == 0 || spec.dim() > (1u << 20)) {
     return absl::InvalidArgumentError("table '" + spec.name() + "': dim must be 1..2^20");
   }
-  if (!(spec.optimizer().learning_rate() > 0)) {
-    return absl::InvalidArgumentError("table '" + spec.name() + "': learning_rate must be > 0");
+  if (!PsOptimizer::Kind_IsValid(spec.optimizer().kind())) {
+    return absl::InvalidArgumentError("table '" + spec.name() + "': unknown optimizer kind " +
+                                      std::to_string(spec.optimizer().kind()));
   }
-  if (spec.optimizer().kind() == PsOptimizer::ADAGRAD && !(spec.optimizer().initial_accumulator() > 0)) {
-    return absl::InvalidArgumentError("table '" + spec.name() + "': Adagrad needs initial_accumulator > 0");
+  // Finite and bounded, so that no row starts, or is pushed, out of the floats' range.
+  if (!(spec.optimizer().learning_rate() > 0 && spec.optimizer().learning_rate() <= 1e6f)) {
+    return absl::InvalidArgumentError("table '" + spec.name() + "': learning_rate must be in (0, 1e6]");
+  }
+  if (spec.optimizer().kind() == PsOptimizer::ADAGRAD &&
+      !(spec.optimizer().initial_accumulator() > 0 && spec.optimizer().initial_accumulator() <= 1e12f)) {
+    return absl::InvalidArgumentError("table '" + spec.name() + "': Adagrad needs initial_accumulator in (0, 1e12]");
+  }
+  if (!(spec.init_scale() >= 0 && spec.init_scale() <= 1e6f)) {
+    return absl::InvalidArgumentError("table '" + spec.name() + "': init_scale must be in [0, 1e6]");
   }
   return absl::OkStatus();
 }
@@ -210,7 +219,13 @@ absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, absl::Sp
     }
     tab.bytes += fresh * row_bytes;
   }
+  // Two passes: the updated rows are computed first and applied only when every value is finite,
+  // so a push whose gradients (or their sum over duplicate keys) would overflow a weight changes
+  // nothing — a non-finite weight would poison every later pull and the snapshot.
+  std::vector<uint64_t> unique;
+  std::vector<float> new_w, new_acc;
   std::vector<float> g(dim);
+  bool finite = true;
   for (size_t i = 0; i < order.size();) {
     const uint64_t key = keys[order[i]];
     std::fill(g.begin(), g.end(), 0.0f);
@@ -218,16 +233,46 @@ absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, absl::Sp
       const float* src = gradients.data() + static_cast<size_t>(order[i]) * dim;
       for (uint32_t j = 0; j < dim; ++j) g[j] += src[j];
     }
+    unique.push_back(key);
+    const size_t at = new_w.size();
     auto it = tab.rows.find(key);
-    if (it == tab.rows.end()) it = tab.rows.emplace(key, NewRow(tab.spec, key)).first;
-    Row& r = it->second;
-    if (adagrad) {
-      for (uint32_t j = 0; j < dim; ++j) {
-        r.acc[j] += g[j] * g[j];
-        r.w[j] -= lr * g[j] / std::sqrt(r.acc[j]);
-      }
+    if (it != tab.rows.end()) {
+      new_w.insert(new_w.end(), it->second.w.begin(), it->second.w.end());
+      if (adagrad) new_acc.insert(new_acc.end(), it->second.acc.begin(), it->second.acc.end());
     } else {
-      for (uint32_t j = 0; j < dim; ++j) r.w[j] -= lr * g[j];
+      new_w.resize(at + dim);
+      InitialRow(tab.spec, key, new_w.data() + at);
+      if (adagrad) new_acc.resize(at + dim, opt.initial_accumulator());
+    }
+    for (uint32_t j = 0; j < dim; ++j) {
+      float& w = new_w[at + j];
+      if (adagrad) {
+        float& a = new_acc[at + j];
+        a += g[j] * g[j];
+        w -= lr * g[j] / std::sqrt(a);
+        finite = finite && std::isfinite(a);
+      } else {
+        w -= lr * g[j];
+      }
+      finite = finite && std::isfinite(w);
+    }
+  }
+  if (!finite) {
+    if (fresh > 0) {
+      tab.bytes -= fresh * row_bytes;  // the reservation above is given back
+      rows_ -= fresh;
+      bytes_ -= fresh * row_bytes;
+    }
+    return absl::InvalidArgumentError("push to '" + table + "' refused: it would make a weight or "
+                                      "accumulator non-finite (gradients too large for the learning rate)");
+  }
+  for (size_t u = 0; u < unique.size(); ++u) {
+    Row& r = tab.rows[unique[u]];
+    const float* w = new_w.data() + u * dim;
+    r.w.assign(w, w + dim);
+    if (adagrad) {
+      const float* a = new_acc.data() + u * dim;
+      r.acc.assign(a, a + dim);
     }
   }
   ++changes_;
