@@ -296,15 +296,15 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
       resp->set_created(false);
       return state_.last_seq();
     }
-    if (state_.datasets().size() >= kMaxDatasets) {
+    if (state_.datasets().size() >= std::min(options_.max_datasets, kMaxDatasets)) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("at most ", kMaxDatasets, " datasets per job"));
+          absl::StrCat("at most ", std::min(options_.max_datasets, kMaxDatasets), " datasets per job"));
     }
     uint64_t files = spec.files().files_size();
     for (const auto& [name, ds] : state_.datasets()) files += ds.spec->files().files_size();
-    if (files > kMaxFilesTotal) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("at most ", kMaxFilesTotal, " files over every dataset of a job"));
+    if (files > std::min(options_.max_files_total, kMaxFilesTotal)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "at most ", std::min(options_.max_files_total, kMaxFilesTotal), " files over every dataset of a job"));
     }
     Update u;
     *u.mutable_register_dataset()->mutable_spec() = req.spec();
@@ -327,8 +327,9 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
           absl::StrCat("node: at most ", kMaxWorkerIdLength, " characters"));
     }
     const auto* before = state_.FindWorker(req.worker_id());
-    if (before == nullptr && state_.workers().size() >= kMaxWorkers) {
-      return absl::ResourceExhaustedError(absl::StrCat("at most ", kMaxWorkers, " workers per job"));
+    if (before == nullptr && state_.workers().size() >= std::min(options_.max_workers, kMaxWorkers)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("at most ", std::min(options_.max_workers, kMaxWorkers), " workers per job"));
     }
     const uint64_t previous = before ? before->incarnation : 0;
     Update u;

@@ -43,6 +43,12 @@ struct ShardingServiceOptions {
   int64_t heartbeat_interval_ms = 1'000;
   uint64_t snapshot_every = 10'000;     // updates between snapshots
   bool sync = true;                     // fsync the journal (always, outside benchmarks)
+  // Quotas (RESOURCE_EXHAUSTED past them; docs/security.md): datasets registered, files over
+  // every dataset, workers registered. The defaults are the hard limits of sharding_state.h;
+  // lower them for a smaller pacerd.
+  size_t max_datasets = kMaxDatasets;
+  uint64_t max_files_total = kMaxFilesTotal;
+  size_t max_workers = kMaxWorkers;
   // The journal's other settings (high-water mark, must_exist, accept_data_loss, an injected
   // file system); its dir and sync are data_dir and sync above.
   JournalOptions journal;

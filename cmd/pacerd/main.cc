@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
        "heartbeat interval suggested to workers")
       ("snapshot-every", po::value(&o.sharding.snapshot_every)->default_value(o.sharding.snapshot_every),
        "journal updates between snapshots")
+      ("max-datasets", po::value(&o.sharding.max_datasets)->default_value(o.sharding.max_datasets),
+       "datasets a job may register (1..1024)")
+      ("max-files", po::value(&o.sharding.max_files_total)->default_value(o.sharding.max_files_total),
+       "files over every dataset of the job (1..2000000; each costs pacerd about 400 bytes)")
+      ("max-workers", po::value(&o.sharding.max_workers)->default_value(o.sharding.max_workers),
+       "workers a job may register (1..65536)")
       ("accept-data-loss", po::bool_switch(&o.accept_data_loss),
        "start although the journal or controller store is damaged, missing or shorter than "
        "acknowledged: accept the loss (logged, audited, recorded in DATA_DIR/DATA-LOSS-ACCEPTED)")
@@ -63,6 +69,15 @@ int main(int argc, char** argv) {
     if (!policy.ok()) pacer::ExitWithError("pacerd", std::string(policy.status().message()));
   }
   if (o.sharding.snapshot_every == 0) pacer::ExitWithError("pacerd", "--snapshot-every must be > 0");
+  if (o.sharding.max_datasets == 0 || o.sharding.max_datasets > pacer::kMaxDatasets) {
+    pacer::ExitWithError("pacerd", "--max-datasets must be in 1.." + std::to_string(pacer::kMaxDatasets));
+  }
+  if (o.sharding.max_files_total == 0 || o.sharding.max_files_total > pacer::kMaxFilesTotal) {
+    pacer::ExitWithError("pacerd", "--max-files must be in 1.." + std::to_string(pacer::kMaxFilesTotal));
+  }
+  if (o.sharding.max_workers == 0 || o.sharding.max_workers > pacer::kMaxWorkers) {
+    pacer::ExitWithError("pacerd", "--max-workers must be in 1.." + std::to_string(pacer::kMaxWorkers));
+  }
   for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"lease-timeout-ms", o.sharding.lease_timeout_ms},
                                     {"worker-timeout-ms", o.sharding.worker_timeout_ms},
                                     {"heartbeat-interval-ms", o.sharding.heartbeat_interval_ms},

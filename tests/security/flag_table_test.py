@@ -28,6 +28,9 @@ ROWS = [
     ("pacerd", ["--tls-client-ca", "ca.pem"], "--tls-client-ca"),
     ("pacerd", ["--port-file", "/nonexistent/dir/p"], "--port-file"),
     ("pacerd", ["--tls-reload-s", "0"], "--tls-reload-s"),
+    ("pacerd", ["--max-files", "0"], "--max-files"),
+    ("pacerd", ["--max-workers", "70000"], "--max-workers"),
+    ("pacerd", ["--max-datasets", "-1"], "--max-datasets"),
     # pacer-agent
     ("pacer-agent", ["--workers", "-1", "--", "true"], "--workers"),
     ("pacer-agent", ["--workers", "0", "--", "true"], "--workers"),

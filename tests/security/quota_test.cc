@@ -16,6 +16,7 @@
 #include "common/auth.h"
 #include "proto/pacer/agent.grpc.pb.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
+#include "proto/pacer/sharding.grpc.pb.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -62,6 +63,9 @@ class QuotaTest : public ::testing::Test {
     o.agents.max_agents = 64;
     o.agents.max_workers_per_agent = 1024;
     o.rendezvous.max_bytes = 4 << 20;
+    o.sharding.max_datasets = 50;
+    o.sharding.max_files_total = 100'000;
+    o.sharding.max_workers = 2'000;
     auto d = Pacerd::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
     pacerd_ = std::move(*d);
@@ -166,6 +170,61 @@ TEST_F(QuotaTest, TheRendezvousStoreCapHoldsForAdd) {
   EXPECT_LT(n, 1100);
   EXPECT_LE(pacerd_->rendezvous()->stats().keys, 1100u);
   EXPECT_LT(rss1 - rss0, 64 * 1024);
+}
+
+// The sharding quotas, reached over gRPC by the job token (a launcher: a worker credential can
+// register only itself, so a junk-worker flood needs the job token): datasets, files over every
+// dataset and workers each end in RESOURCE_EXHAUSTED, and pacerd's memory stays bounded.
+TEST_F(QuotaTest, DatasetFileAndWorkerQuotasBoundPacerdsMemory) {
+  auto stub = ShardingService::NewStub(channel_);
+  const std::string launcher = pacerd_->job_token();
+  const int64_t rss0 = RssKb();
+  // Files: 20 000 per dataset, the quota of 100 000 reached at the sixth dataset.
+  grpc::Status files_refused;
+  int file_datasets = 0;
+  for (; file_datasets < 10 && files_refused.ok(); ++file_datasets) {
+    RegisterDatasetRequest req;
+    DatasetSpec* spec = req.mutable_spec();
+    spec->set_name("files-" + std::to_string(file_datasets));
+    for (int f = 0; f < 20'000; ++f) {
+      FileSpec* file = spec->mutable_files()->add_files();
+      file->set_path("/data/part-" + std::to_string(f) + ".rec");
+      file->set_num_records(10);
+    }
+    RegisterDatasetResponse resp;
+    files_refused = stub->RegisterDataset(Ctx(launcher).get(), req, &resp);
+  }
+  EXPECT_EQ(files_refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << files_refused.error_message();
+  EXPECT_EQ(file_datasets, 6);
+  // Datasets: 50 in all.
+  grpc::Status datasets_refused;
+  int datasets = file_datasets - 1;
+  for (; datasets < 200 && datasets_refused.ok(); ++datasets) {
+    RegisterDatasetRequest req;
+    req.mutable_spec()->set_name("d-" + std::to_string(datasets));
+    req.mutable_spec()->set_num_records(1000);
+    RegisterDatasetResponse resp;
+    datasets_refused = stub->RegisterDataset(Ctx(launcher).get(), req, &resp);
+  }
+  EXPECT_EQ(datasets_refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << datasets_refused.error_message();
+  // Workers: 2 000 junk workers.
+  grpc::Status workers_refused;
+  int workers = 0;
+  for (; workers < 3000 && workers_refused.ok(); ++workers) {
+    RegisterWorkerRequest req;
+    req.set_worker_id("junk-" + std::to_string(workers));
+    RegisterWorkerResponse resp;
+    workers_refused = stub->RegisterWorker(Ctx(launcher).get(), req, &resp);
+  }
+  EXPECT_EQ(workers_refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << workers_refused.error_message();
+  EXPECT_EQ(workers, 2001);
+  const int64_t rss1 = RssKb();
+  std::cout << "sharding quotas: files refused after " << file_datasets - 1 << " x 20 000 ('"
+            << files_refused.error_message() << "'), datasets after " << datasets - 1 << " ('"
+            << datasets_refused.error_message() << "'), workers after " << workers - 1 << " ('"
+            << workers_refused.error_message() << "'); RSS " << rss0 / 1024 << " -> " << rss1 / 1024
+            << " MiB" << std::endl;
+  EXPECT_LT(rss1 - rss0, 512 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
 }
 
 }  // namespace
