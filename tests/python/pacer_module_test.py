@@ -54,6 +54,22 @@ class BadInputTest(unittest.TestCase):
         self.assertTrue(e.status_message)
         self.assertIn(e.status_message, str(e))
 
+    def test_minted_credential_acts_only_as_its_worker(self):
+        cred = pacer.mint_credential(self.pacerd.token, "worker", "w-cred")
+        self.assertTrue(cred.startswith("pacer-cred-v1:worker:w-cred:"))
+        self.assertNotIn(self.pacerd.token, cred)
+        with pacer.Client(address=self.pacerd.address, token=cred, worker_id="w-cred",
+                          connect_budget_ms=5_000):
+            pass
+        with self.assertRaises(pacer.PermissionDeniedError) as cm:
+            pacer.Client(address=self.pacerd.address, token=cred, worker_id="w-other",
+                         connect_budget_ms=5_000)
+        self.assertIn("cannot act as worker 'w-other'", cm.exception.status_message)
+        with self.assertRaises(pacer.InvalidArgumentError):
+            pacer.mint_credential(self.pacerd.token, "boss", "w0")
+        with self.assertRaises(pacer.InvalidArgumentError):
+            pacer.mint_credential(cred, "worker", "w0")  # minting needs the job token itself
+
     def test_unreachable_pacerd_raises_unavailable_within_budget(self):
         start = time.monotonic()
         with self.assertRaises(pacer.UnavailableError) as cm:

@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "proto/pacer/sharding.pb.h"
 #include "worker_sdk/batch_plan.h"
 #include "worker_sdk/client.h"
@@ -389,6 +390,20 @@ PYBIND11_MODULE(_pacer, m) {
     m.attr(name) = type;
     (*g_errors)[code] = type;
   }
+
+  m.def(
+      "mint_credential",
+      [](const std::string& job_token, const std::string& kind, const std::string& id) {
+        auto k = ParseCredentialKind(kind);
+        Check(k.status());
+        auto c = MintCredential(job_token, *k, id);
+        Check(c.status());
+        return *c;
+      },
+      py::arg("job_token"), py::arg("kind"), py::arg("id"),
+      "A credential bound to one id, minted from the job token (docs/security.md): kind is "
+      "'worker', 'chief' (global rank 0), 'agent' (id = node) or 'server'. Give each worker its "
+      "own in PACER_TOKEN instead of the job token; pacer-agent does this by itself.");
 
   py::class_<LocalBatch>(m, "LocalBatch", "This worker's batch for a step (micro batch x accumulation).")
       .def_readonly("version", &LocalBatch::version)

@@ -41,6 +41,7 @@ from pacer._pacer import (  # noqa: F401
     UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
+    mint_credential,
 )
 
 Outcome = ShardReader.Outcome
