@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The repository stands alone for anyone who clones it: no file refers to a path outside it
-(a parent folder such as ../shared, or an absolute path of the machine it was written on), and
+(the team's notes folder beside the checkout, or an absolute path of the machine it was written
+on), and
 every relative link in a Markdown file points at a file or folder that exists in the repository.
 
 Usage: repo_links_test.py SOURCE_DIR
@@ -14,8 +15,9 @@ ROOT = os.path.realpath(sys.argv[1])
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
 TEXT_EXT = {".md", ".cc", ".h", ".c", ".py", ".txt", ".yaml", ".yml", ".json", ".sh", ".in", ".cmake",
             ".proto", ".html", ".toml", ""}
+NOTES = ".." + "/" + "shared"  # spelt in pieces, so this file does not refer to it itself
 OUTSIDE = [
-    (re.compile(r"\.\./shared\b"), "../shared"),
+    (re.compile(re.escape(NOTES) + r"\b"), "the notes folder beside the checkout"),
     (re.compile(r"(?<![\w.])/work/(?:main|shared)\b"), "/work/..."),
 ]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -39,8 +41,6 @@ def main():
     for rel in files():
         path = os.path.join(ROOT, rel)
         if os.path.splitext(rel)[1] not in TEXT_EXT or not os.path.isfile(path):
-            continue
-        if rel == "tests/repo_links_test.py":
             continue
         try:
             text = open(path, encoding="utf-8").read()
