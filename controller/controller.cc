@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
 #include "controller/policies/action_rules.h"
 #include "controller/safety_gate.h"
@@ -151,14 +152,108 @@ absl::Status Controller::ApplyPolicy(const PolicyConfig& config, int64_t now_ms)
   return absl::OkStatus();
 }
 
+bool Controller::StepRuleConfigured() const {
+  return config_.policy == "non-dedicated" && config_.burst_exclusion.step_factor > 0 &&
+         config_.burst_exclusion.max_workers > 0;
+}
+
+bool Controller::StepRuleActive(int64_t now_ms) const {
+  return StepRuleConfigured() && last_view_ && burst_view_.job.mode == JobMode::kSync &&
+         burst_view_.job.can_exclude_workers && bursts_.HasFreshTimings(now_ms);
+}
+
+void Controller::ObserveSteps(const std::vector<StepTiming>& timings) {
+  if (!StepRuleConfigured()) return;
+  for (const StepTiming& t : timings) bursts_.Observe(t);
+}
+
+absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
+  ReconcileResult result;
+  if (!StepRuleConfigured() || !last_view_ || burst_view_.job.mode != JobMode::kSync)
+    return result;
+  ClusterView& view = burst_view_;
+  view.now_ms = now_ms;
+  std::vector<Action> proposals;
+  std::string inputs;
+  if (!view.job.can_exclude_workers) {
+    if (auto a = EndExclusions(view, history_, "burst exclusion")) proposals.push_back(std::move(*a));
+    inputs = "step timings; a live worker cannot carry out an exclusion";
+  } else if (bursts_.HasFreshTimings(now_ms)) {
+    BurstDecision d =
+        bursts_.Decide(history_.excluded_workers(), config_.burst_exclusion, now_ms);
+    // Only workers the last view knows as live are excluded (a timing from a worker the
+    // reconciler has not seen yet, or one restarting, is not acted on).
+    auto live = [&](const std::string& id) {
+      const WorkerView* w = view.FindWorker(id);
+      return w && w->alive && !w->restarting;
+    };
+    std::vector<std::string> added, excluded;
+    for (const auto& id : d.excluded)
+      if (live(id) || !std::binary_search(d.added.begin(), d.added.end(), id))
+        excluded.push_back(id);
+    for (const auto& id : d.added)
+      if (live(id)) added.push_back(id);
+    inputs = absl::StrFormat("step timings of %d workers, median step %.3fs, excluded %s",
+                             static_cast<int>(bursts_.workers()), d.median_step_s,
+                             history_.excluded_workers().empty()
+                                 ? std::string("none")
+                                 : absl::StrJoin(history_.excluded_workers(), ","));
+    if (!d.rejoined.empty()) {
+      Action a;
+      a.kind = ActionKind::kExcludeWorkers;
+      for (const auto& id : history_.excluded_workers())
+        if (!std::binary_search(d.rejoined.begin(), d.rejoined.end(), id))
+          a.excluded_workers.push_back(id);
+      a.target = absl::StrJoin(d.rejoined, ",");
+      a.mandatory = true;  // waiting for everyone again is the default; nothing to predict
+      a.reason = d.rejoin_reason;
+      proposals.push_back(std::move(a));
+    }
+    if (!added.empty() && d.predicted_gain > 0) {
+      Action a;
+      a.kind = ActionKind::kExcludeWorkers;
+      a.excluded_workers = excluded;
+      a.target = absl::StrJoin(added, ",");
+      a.predicted_gain = d.predicted_gain;
+      a.reason = d.add_reason;
+      proposals.push_back(std::move(a));
+    }
+  }
+  ReviewAndExecute(proposals, view, inputs, /*check_members=*/false, result);
+  return result;
+}
+
 absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   if (absl::Status s = ValidateClusterView(view); !s.ok()) return s;
   ReconcileResult result;
   const std::string inputs = SummarizeView(view);
+  if (StepRuleConfigured()) {
+    // What the step path needs of the view between reconciles (job facts, who is live).
+    burst_view_.job = view.job;
+    burst_view_.workers.clear();
+    burst_view_.workers.reserve(view.workers.size());
+    for (const auto& w : view.workers) {
+      WorkerView v;
+      v.id = w.id;
+      v.alive = w.alive;
+      v.restarting = w.restarting;
+      burst_view_.workers.push_back(std::move(v));
+    }
+    last_view_ = true;
+  }
   MeasureAndRollBack(view, inputs, result);
 
   NoteQuietWorkers(view);
   std::vector<Action> proposals = decide_(view, history_, config_);
+  // The step rule, while it has timings, manages exclusions between reconciles (DecideBursts);
+  // the window rule's proposals would undo its decisions a window late.
+  if (StepRuleActive(view.now_ms)) {
+    proposals.erase(std::remove_if(proposals.begin(), proposals.end(),
+                                   [](const Action& a) {
+                                     return a.kind == ActionKind::kExcludeWorkers;
+                                   }),
+                    proposals.end());
+  }
   // Exclusions inherited from an earlier policy end with it: only these two manage them.
   if (config_.policy != "non-dedicated" && config_.policy != "backup-workers") {
     if (auto a = EndExclusions(view, history_, absl::StrCat("policy '", config_.policy, "'"))) {
@@ -167,11 +262,18 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
       proposals.push_back(std::move(*a));
     }
   }
+  ReviewAndExecute(proposals, view, inputs, /*check_members=*/true, result);
+  return result;
+}
+
+void Controller::ReviewAndExecute(std::vector<Action>& proposals, const ClusterView& view,
+                                  const std::string& inputs, bool check_members,
+                                  ReconcileResult& result) {
   // Executed actions are in the history at once, where the gate counts them; dry-run ones are
   // not, so the gate is told about them to apply the same limits within this reconcile.
   std::vector<Action> dry_run_admitted;
   for (Action& action : proposals) {
-    SafetyVerdict verdict = KeepsQuietMembers(action, view);
+    SafetyVerdict verdict = check_members ? KeepsQuietMembers(action, view) : SafetyVerdict{true, ""};
     if (verdict.admitted)
       verdict = ReviewAction(action, view, history_, config_.safety, dry_run_admitted);
     if (verdict.admitted && !config_.dry_run) {
@@ -189,7 +291,6 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
     r.action = std::move(action);
     result.audit_ids.push_back(history_.Record(std::move(r), config_.audit.max_records));
   }
-  return result;
 }
 
 void Controller::NoteQuietWorkers(const ClusterView& view) {
@@ -280,6 +381,9 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
         gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
       continue;
     if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;
+    // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again
+    // as soon as its probe is fast): a job throughput 60 s later says nothing about them.
+    if (rec.action.kind == ActionKind::kExcludeWorkers && StepRuleActive(view.now_ms)) continue;
     Action undo;
     undo.kind = rec.action.kind;
     undo.target = rec.action.target;

@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "controller/action.h"
+#include "controller/burst_detector.h"
 #include "controller/cluster_view.h"
 #include "controller/history.h"
 #include "controller/policies/policy.h"
@@ -61,6 +62,22 @@ class Controller {
   // INVALID_ARGUMENT when the view is malformed (nothing changes then).
   absl::StatusOr<ReconcileResult> Reconcile(const ClusterView& view);
 
+  // The step path of the burst rule (controller/burst_detector.h), between reconciles.
+  // ObserveSteps: every per-step timing a worker's heartbeat carries (steps it finished since
+  // its last heartbeat; an excluded worker's probes marked as such). Cheap: one map update per
+  // timing. DecideBursts: once per heartbeat interval (~1 s), after that interval's timings;
+  // returns the EXCLUDE_WORKERS actions to dispatch in the next heartbeat replies — a rejoin
+  // (mandatory) and/or a new exclusion (through the SafetyGate, audited like any action).
+  // It acts only while StepRuleActive(now): the policy manages exclusions (non-dedicated) with
+  // burst_exclusion.step_factor > 0, the last reconciled view is a sync job whose workers can
+  // carry exclusion out, and timings are fresh. While it is active, Reconcile() leaves
+  // exclusions to it (the window rule proposes none, and exclusions are not judged by the
+  // job's throughput: each one is re-judged per step by the rule itself). Until timings
+  // arrive (a pacerd that does not feed them), the window rule runs as before.
+  void ObserveSteps(const std::vector<StepTiming>& timings);
+  absl::StatusOr<ReconcileResult> DecideBursts(int64_t now_ms);
+  bool StepRuleActive(int64_t now_ms) const;
+
   // Hot reload: validates `config` first; on error the running policy stays in force.
   // Audited as a kPolicy record at `now_ms`.
   absl::Status ApplyPolicy(const PolicyConfig& config, int64_t now_ms);
@@ -75,15 +92,26 @@ class Controller {
 
   void MeasureAndRollBack(const ClusterView& view, const std::string& inputs,
                           ReconcileResult& result);
+  // Steps 4–6 of Reconcile for `proposals` (check_members: step 4's membership check).
+  void ReviewAndExecute(std::vector<Action>& proposals, const ClusterView& view,
+                        const std::string& inputs, bool check_members, ReconcileResult& result);
   void Execute(Action action, const ClusterView& view, const std::string& inputs,
                ReconcileResult& result);
   // Step 4's membership check (member_grace_s); quiet_since_ms_ is updated first.
   void NoteQuietWorkers(const ClusterView& view);
   SafetyVerdict KeepsQuietMembers(const Action& action, const ClusterView& view) const;
 
+  bool StepRuleConfigured() const;
+
   PolicyConfig config_;
   DecideFn decide_;
   History history_;
+  // The step path's inputs: the newest timing per worker, and what the last reconciled view
+  // said about the job (mode, who is live, whether exclusion can be carried out). Not durable:
+  // after a pacerd restart the rule waits for fresh timings and the next reconcile.
+  BurstDetector bursts_;
+  bool last_view_ = false;
+  ClusterView burst_view_;  // job facts and workers (id, alive, restarting) only
   // Worker id → when it was first seen quiet (in the view, not alive, not restarting). Not
   // durable: after a restart of pacerd the grace counts from the first view it sees, which
   // only delays a plan without the worker.

@@ -19,6 +19,16 @@ PolicyConfigError FindPolicyConfigError(const PolicyConfig& config) {
     return {"detection.leader_threshold",
             absl::InvalidArgumentError("field 'detection.leader_threshold': must be above "
                                        "detection.straggler_threshold")};
+  if (config.burst_exclusion.step_factor > 0 &&
+      config.burst_exclusion.step_factor <= 1)
+    return {"actions.burst_exclusion.step_factor",
+            absl::InvalidArgumentError("field 'actions.burst_exclusion.step_factor': must be 0 "
+                                       "(off) or above 1 (a step slower than the median)")};
+  if (config.burst_exclusion.step_factor > 0 &&
+      config.burst_exclusion.rejoin_factor > config.burst_exclusion.step_factor)
+    return {"actions.burst_exclusion.rejoin_factor",
+            absl::InvalidArgumentError("field 'actions.burst_exclusion.rejoin_factor': must not "
+                                       "exceed actions.burst_exclusion.step_factor")};
   return {};
 }
 

@@ -70,6 +70,13 @@ struct BackupWorkersConfig {
 // burst rule: non-dedicated; see ProposeBurstExclusions in policies/action_rules.h).
 struct BurstExclusionConfig {
   int64_t max_workers = 0;  // at most this many workers not waited for at once; 0 = off
+  // The step rule (controller/burst_detector.h), when per-step timings reach the controller
+  // (Controller::ObserveSteps): a worker whose newest step took more than step_factor × the
+  // median worker's step is not waited for, and is waited for again once its newest step (its
+  // probe) is within rejoin_factor × the median. 0 = the window rule only (last window's
+  // speeds, straggler_threshold), which also runs while no step timings arrive.
+  double step_factor = 0;
+  double rejoin_factor = 1.5;
 };
 
 struct TimeoutRelaunchConfig {

@@ -74,6 +74,8 @@ std::vector<PolicyField> BuildFields() {
 
       PF_INT("actions.backup_workers.count", backup_workers.count, 0, 1024),
       PF_INT("actions.burst_exclusion.max_workers", burst_exclusion.max_workers, 0, 1024),
+      PF_REAL("actions.burst_exclusion.step_factor", burst_exclusion.step_factor, 0, 100),
+      PF_REAL("actions.burst_exclusion.rejoin_factor", burst_exclusion.rejoin_factor, 1, 100),
       PF_REAL("actions.timeout_relaunch.factor", timeout_relaunch.factor, 1, 1000),
 
       PF_REAL("safety.min_gain", safety.min_gain, 0, 10),

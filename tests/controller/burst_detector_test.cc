@@ -1,0 +1,278 @@
+// The step-granular burst rule (controller/burst_detector.h) and its path through the
+// Controller (ObserveSteps / DecideBursts): scripted per-step timings on a simulated clock, no
+// threads, no real time.
+#include "controller/burst_detector.h"
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "controller/controller.h"
+#include "tests/controller/view_builder.h"
+
+namespace pacer {
+namespace {
+
+using testing::SyncView;
+
+BurstExclusionConfig Rule(int64_t max_workers = 8) {
+  BurstExclusionConfig c;
+  c.max_workers = max_workers;
+  c.step_factor = 2;
+  c.rejoin_factor = 1.5;
+  return c;
+}
+
+StepTiming T(const std::string& id, int64_t step, double compute_s, int64_t samples,
+             int64_t time_ms, bool probe = false) {
+  StepTiming t;
+  t.worker_id = id;
+  t.step = step;
+  t.compute_s = compute_s;
+  t.samples = samples;
+  t.time_ms = time_ms;
+  t.probe = probe;
+  return t;
+}
+
+// n workers at 0.16 s per 64-sample step, one timing each at step `step`, time `ms`.
+void Steady(BurstDetector& d, int n, int64_t step, int64_t ms, double noise = 0) {
+  for (int i = 0; i < n; ++i)
+    d.Observe(T("w" + std::to_string(i), step, 0.16 * (1 + noise * ((i % 3) - 1)), 64, ms));
+}
+
+TEST(BurstDetector, ExcludesAWorkerWhoseNewestStepIsFourTimesTheMedian) {
+  BurstDetector d;
+  Steady(d, 16, 10, 1000, 0.05);
+  d.Observe(T("w5", 11, 0.64, 64, 1200));
+  BurstDecision r = d.Decide({}, Rule(), 1500);
+  ASSERT_EQ(r.excluded, std::vector<std::string>{"w5"});
+  EXPECT_EQ(r.added, std::vector<std::string>{"w5"});
+  EXPECT_TRUE(r.rejoined.empty());
+  EXPECT_NEAR(r.median_step_s, 0.16, 0.01);
+  // (1 − 1/16) × 0.64 / 0.168 − 1 ≈ 2.57.
+  EXPECT_GT(r.predicted_gain, 2.0);
+  EXPECT_NE(r.add_reason.find("w5"), std::string::npos) << r.add_reason;
+}
+
+TEST(BurstDetector, OrdinaryNoiseAndTheSlowestOfManyNoisyStepsAreNotABurst) {
+  BurstDetector d;
+  Steady(d, 32, 10, 1000, 0.12);
+  d.Observe(T("w7", 11, 0.16 * 1.9, 64, 1100));  // a slow step, below 2× the median
+  EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
+}
+
+TEST(BurstDetector, SeveralEquallySlowWorkersAreDroppedTogether) {
+  BurstDetector d;
+  Steady(d, 32, 10, 1000);
+  for (const char* id : {"w1", "w2", "w3"}) d.Observe(T(id, 11, 0.64, 64, 1100));
+  BurstDecision r = d.Decide({}, Rule(), 1500);
+  EXPECT_EQ(r.excluded, (std::vector<std::string>{"w1", "w2", "w3"}));
+  // Not more than max_workers: with room for two only, dropping two of three equally slow
+  // workers gains nothing, so nobody is dropped.
+  EXPECT_TRUE(d.Decide({}, Rule(2), 1500).excluded.empty());
+}
+
+TEST(BurstDetector, ABatchPlanOrAHalfBatchProbeIsNotABurst) {
+  BurstDetector d;
+  Steady(d, 8, 10, 1000);
+  // A plan gave a worker twice as fast twice the samples: the same step seconds.
+  d.Observe(T("w0", 11, 0.16, 128, 1100));
+  // A worker's newest timing is a probe (half its batch) at the median's pace: its step at
+  // its training batch is the median's, not half of it (and not a burst either).
+  d.Observe(T("w1", 11, 0.08, 32, 1100, /*probe=*/true));
+  BurstDecision r = d.Decide({}, Rule(), 1500);
+  EXPECT_TRUE(r.excluded.empty());
+  EXPECT_NEAR(r.median_step_s, 0.16, 1e-9);
+  // Its batch is the newest training step's: at 3× the median per sample, a probe shows a
+  // worker in a burst even though the probe itself took less time than a full step.
+  d.Observe(T("w2", 12, 0.24, 32, 1200, /*probe=*/true));
+  EXPECT_EQ(d.Decide({}, Rule(), 1500).excluded, std::vector<std::string>{"w2"});
+}
+
+TEST(BurstDetector, StaysExcludedWhileItsProbeIsSlowAndRejoinsWhenItIsFast) {
+  BurstDetector d;
+  Steady(d, 8, 10, 1000);
+  d.Observe(T("w3", 11, 0.64, 64, 1100));
+  ASSERT_EQ(d.Decide({}, Rule(), 1500).excluded, std::vector<std::string>{"w3"});
+  // Excluded: others go on; its probe (half batch) at 3× per sample: still slow enough to stay
+  // (above the rejoin line of 1.5×, below the entry line of 2× would also stay).
+  Steady(d, 8, 20, 3000);
+  d.Observe(T("w3", 21, 0.24, 32, 3100, /*probe=*/true));
+  BurstDecision r = d.Decide({"w3"}, Rule(), 3500);
+  EXPECT_EQ(r.excluded, std::vector<std::string>{"w3"});
+  EXPECT_TRUE(r.added.empty());
+  EXPECT_TRUE(r.rejoined.empty());
+  // The probe back at the median's pace: waited for again.
+  Steady(d, 8, 30, 5000);
+  d.Observe(T("w3", 31, 0.085, 32, 5100, /*probe=*/true));
+  r = d.Decide({"w3"}, Rule(), 5500);
+  EXPECT_TRUE(r.excluded.empty());
+  EXPECT_EQ(r.rejoined, std::vector<std::string>{"w3"});
+  EXPECT_NE(r.rejoin_reason.find("burst over"), std::string::npos) << r.rejoin_reason;
+}
+
+TEST(BurstDetector, AQuietWorkerIsNotCountedAndAQuietExcludedOneIsWaitedForAgain) {
+  BurstDetector d;
+  Steady(d, 8, 10, 1000);
+  d.Observe(T("w3", 11, 0.64, 64, 1100));
+  // 10 s later only the others report: w3's timing is stale (> 5 s and > 3 of its steps).
+  for (int i = 0; i < 8; ++i)
+    if (i != 3) d.Observe(T("w" + std::to_string(i), 70, 0.16, 64, 11000));
+  BurstDecision r = d.Decide({"w3"}, Rule(), 11500);
+  EXPECT_TRUE(r.excluded.empty());
+  EXPECT_EQ(r.rejoined, std::vector<std::string>{"w3"});
+  EXPECT_FALSE(BurstDetector().HasFreshTimings(0));
+}
+
+TEST(BurstDetector, OlderTimingsDoNotReplaceNewerOnesAndBadOnesAreIgnored) {
+  BurstDetector d;
+  Steady(d, 8, 10, 1000);
+  d.Observe(T("w2", 12, 0.16, 64, 1200));
+  d.Observe(T("w2", 11, 0.64, 64, 1300));  // an older step arriving late
+  d.Observe(T("w2", 13, -1, 64, 1300));    // nonsense
+  d.Observe(T("w2", 13, 0.64, 0, 1300));
+  EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
+}
+
+TEST(BurstDetector, TooFewWorkersOrTheRuleOffDecideNothing) {
+  BurstDetector d;
+  Steady(d, 2, 10, 1000);
+  d.Observe(T("w1", 11, 0.64, 64, 1100));
+  EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
+  Steady(d, 8, 10, 1000);
+  d.Observe(T("w1", 11, 0.64, 64, 1100));
+  BurstExclusionConfig off = Rule();
+  off.step_factor = 0;
+  EXPECT_TRUE(d.Decide({}, off, 1500).excluded.empty());
+  // The rule off with workers excluded: they are waited for again.
+  EXPECT_EQ(d.Decide({"w1"}, off, 1500).rejoined, std::vector<std::string>{"w1"});
+}
+
+// Through the Controller: the gate, the audit, and the window rule kept out of the way.
+PolicyConfig StepPolicy() {
+  PolicyConfig c;
+  c.name = "test-nd-steps";
+  c.policy = "non-dedicated";
+  c.adjust_batch.enabled = false;
+  c.safety.min_gain = 0.05;
+  c.safety.cooldown_s = 120;
+  c.safety.window_s = 600;
+  c.safety.max_actions_per_window = 400;
+  c.safety.min_live_workers = 2;
+  c.safety.rollback.evaluate_after_s = 60;
+  c.burst_exclusion.max_workers = 8;
+  c.burst_exclusion.step_factor = 2;
+  c.burst_exclusion.rejoin_factor = 1.5;
+  return c;
+}
+
+class BurstControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = Controller::Create(StepPolicy());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ctl_ = std::move(*c);
+    view_ = SyncView(8, 512);  // 64 samples each
+    view_.job.can_exclude_workers = true;
+  }
+  void Steps(int64_t step, double w3_compute_s, bool w3_probe = false) {
+    std::vector<StepTiming> ts;
+    for (int i = 0; i < 8; ++i) {
+      const std::string id = "w" + std::to_string(i);
+      if (id == "w3")
+        ts.push_back(T(id, step, w3_compute_s, w3_probe ? 32 : 64, clock_.NowMs(), w3_probe));
+      else
+        ts.push_back(T(id, step, 0.16, 64, clock_.NowMs()));
+    }
+    ctl_->ObserveSteps(ts);
+  }
+  ReconcileResult Reconcile() {
+    view_.now_ms = clock_.NowMs();
+    auto r = ctl_->Reconcile(view_);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+  ReconcileResult Bursts() {
+    auto r = ctl_->DecideBursts(clock_.NowMs());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+  SimulatedClock clock_;
+  std::unique_ptr<Controller> ctl_;
+  ClusterView view_;
+};
+
+TEST_F(BurstControllerTest, ExcludedWithinOneHeartbeatRejoinedByItsProbeAndAudited) {
+  Reconcile();  // the view the step path works from
+  Steps(10, 0.16);
+  EXPECT_TRUE(Bursts().dispatch.empty());
+  clock_.AdvanceMs(1000);
+  Steps(11, 0.64);  // the burst's first step
+  ReconcileResult r = Bursts();
+  ASSERT_EQ(r.dispatch.size(), 1u);
+  EXPECT_EQ(r.dispatch[0].kind, ActionKind::kExcludeWorkers);
+  EXPECT_EQ(r.dispatch[0].excluded_workers, std::vector<std::string>{"w3"});
+  EXPECT_EQ(ctl_->history().excluded_workers(), std::vector<std::string>{"w3"});
+  EXPECT_TRUE(ctl_->StepRuleActive(clock_.NowMs()));
+
+  // While it is excluded, the window rule (last window's speeds) does not touch the set, and
+  // a 60 s evaluation does not roll the exclusion back on the job's throughput.
+  for (int s = 0; s < 70; ++s) {
+    clock_.AdvanceMs(1000);
+    Steps(12 + s, 0.24, /*probe=*/true);
+    EXPECT_TRUE(Bursts().dispatch.empty());
+    if (s % 10 == 9) {
+      view_.job.throughput = 100;  // a bad window, for whatever reason
+      EXPECT_TRUE(Reconcile().dispatch.empty());
+    }
+  }
+  EXPECT_EQ(ctl_->history().excluded_workers(), std::vector<std::string>{"w3"});
+
+  clock_.AdvanceMs(1000);
+  Steps(100, 0.08, /*probe=*/true);  // its probe is fast again
+  r = Bursts();
+  ASSERT_EQ(r.dispatch.size(), 1u);
+  EXPECT_TRUE(r.dispatch[0].mandatory);
+  EXPECT_TRUE(r.dispatch[0].excluded_workers.empty());
+  EXPECT_TRUE(ctl_->history().excluded_workers().empty());
+  int executed = 0;
+  for (const auto& rec : ctl_->history().audit())
+    executed += rec.outcome == AuditRecord::Outcome::kExecuted &&
+                rec.action.kind == ActionKind::kExcludeWorkers;
+  EXPECT_EQ(executed, 2);
+}
+
+TEST_F(BurstControllerTest, NothingBeforeAViewOrWhileAWorkerCannotCarryItOut) {
+  Steps(11, 0.64);
+  EXPECT_TRUE(Bursts().dispatch.empty()) << "no view reconciled yet";
+  view_.job.can_exclude_workers = false;
+  Reconcile();
+  EXPECT_FALSE(ctl_->StepRuleActive(clock_.NowMs()));
+  EXPECT_TRUE(Bursts().dispatch.empty());
+}
+
+TEST_F(BurstControllerTest, TheCooldownStopsOneWorkerFlapping) {
+  Reconcile();
+  Steps(11, 0.64);
+  ASSERT_EQ(Bursts().dispatch.size(), 1u);
+  clock_.AdvanceMs(1000);
+  Steps(12, 0.08, true);
+  ASSERT_EQ(Bursts().dispatch.size(), 1u);  // rejoined
+  clock_.AdvanceMs(1000);
+  Steps(13, 0.64);  // slow again within cooldown_s
+  ReconcileResult r = Bursts();
+  EXPECT_TRUE(r.dispatch.empty());
+  EXPECT_TRUE(ctl_->history().excluded_workers().empty());
+}
+
+TEST_F(BurstControllerTest, WithoutTimingsTheWindowRuleStillRuns) {
+  // pacerd that does not feed step timings: a slow last window excludes as before.
+  view_.workers[3].speed = view_.workers[3].last_window_speed = 25;
+  ReconcileResult r = Reconcile();
+  ASSERT_EQ(r.dispatch.size(), 1u);
+  EXPECT_EQ(r.dispatch[0].kind, ActionKind::kExcludeWorkers);
+  EXPECT_FALSE(ctl_->StepRuleActive(clock_.NowMs()));
+}
+
+}  // namespace
+}  // namespace pacer
