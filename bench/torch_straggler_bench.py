@@ -159,6 +159,7 @@ class Run:
                 "throughput": round(tput, 1) if tput else None, "bound": round(bound, 1) if bound else None,
                 "throughput_over_bound": round(tput / bound, 3) if tput and bound else None,
                 "lost": lost, "duplicated": dup, "repeats": [r["repeats"] for r in results],
+                "tail_releases": [r.get("tail_releases", 0) for r in results],
                 "samples": [r["samples"] for r in results]}
 
 

@@ -299,6 +299,19 @@ absl::Status ShardReader::SaveCheckpoint(const std::string& tag, int64_t flush_t
   return client_->sharding().SaveCheckpoint(tag);
 }
 
+uint64_t ShardReader::records_held() const {
+  uint64_t n = 0;
+  for (const OpenLease& o : open_) {
+    if (!o.cancelled) n += o.total - std::min(o.handed, o.total);
+  }
+  std::lock_guard<std::mutex> l(q_mu_);
+  for (const Lease& lease : ready_) {
+    const uint64_t total = lease.end() - lease.begin();
+    n += total - std::min<uint64_t>(lease.records_done(), total);
+  }
+  return n;
+}
+
 absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   {

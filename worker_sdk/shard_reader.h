@@ -118,6 +118,9 @@ class ShardReader : public ReportListener {
   bool holding_off() const;
 
   uint64_t records_read() const { return records_read_; }
+  // Records this reader holds leased but has not handed out yet (the rest of the open leases
+  // and the prefetched ones): what ReleaseAll() would give back. Training thread.
+  uint64_t records_held() const;
   uint64_t leases_read() const { return leases_read_; }
   // After kEndOfData: records of the dataset quarantined as poison (on_poison: continue) and so
   // never trained on; 0 when the data ended without a hole.

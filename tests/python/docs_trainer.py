@@ -127,7 +127,7 @@ def main():
         accuracy = (model(xs).argmax(dim=1) == ys).float().mean().item()
     result = {"rank": rank, "attempt": attempt, "accuracy": round(accuracy, 4), "steps": loader.step,
               "samples": samples, "seconds": round(seconds, 2), "repeats": loader.repeats,
-              "plans_applied": loader.plans_applied,
+              "plans_applied": loader.plans_applied, "tail_releases": loader.tail_releases,
               "checksum": float(sum(p.double().sum() for p in model.parameters()))}
     with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
         f.write(json.dumps(result) + "\n")

@@ -545,6 +545,9 @@ PYBIND11_MODULE(_pacer, m) {
                              "True between release_all() and resume().")
       .def_property_readonly("records_read", [](PyShardReader& r) { return r.get().records_read(); })
       .def_property_readonly(
+          "records_held", [](PyShardReader& r) { return r.get().records_held(); },
+          "Records leased but not handed out yet (what release_all() would give back).")
+      .def_property_readonly(
           "records_quarantined", [](PyShardReader& r) { return r.get().records_quarantined(); },
           "After END_OF_DATA: records quarantined as poison (on_poison: continue) and never "
           "trained on; 0 when the data ended without a hole.")

@@ -266,6 +266,10 @@ class _HookState:
     def __init__(self):
         self.weight = 0           # samples of this rank's batch that count (0: a repeat)
         self.ended = False        # this rank has no batch after this one
+        self.waiting = False      # a repeat because the others hold the rest of the epoch
+        self.batch = 0            # this rank's planned batch
+        self.others_waiting = 0   # ranks other than this one that waited so, after backward
+        self.waiting_batch = 0.0  # their mean planned batch
         self.last_total = None    # sum of the weights over the group, after backward
         self.all_ended = False    # every rank's data has ended after this step
         self.max_launch_ns = 0
@@ -274,10 +278,66 @@ class _HookState:
         self.forward_wait_ns = 0  # waited in DDP's forward collective (buffer broadcast)
         self._outer_ns = 0
         self.lock = threading.Lock()
+        # Module buffers synced in the step's last all-reduce (instead of DDP's broadcast of
+        # rank 0's buffers at every forward): BatchNorm running statistics as the mean over the
+        # ranks weighted by the samples that counted (a repeat batch, weight 0, moves nothing);
+        # any other floating-point buffer as rank 0's value.
+        self.stat_buffers = []    # BatchNorm running_mean / running_var
+        self.other_buffers = []   # other floating-point buffers
+        self.rank = 0
+        self._snapshot = None     # the statistics before a weight-0 forward
 
-    def begin_step(self, weight, ended):
+    def set_buffers(self, module, rank):
+        self.rank = rank
+        stats = set()
+        for m in module.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats:
+                for b in (m.running_mean, m.running_var):
+                    if b is not None:
+                        stats.add(id(b))
+                        self.stat_buffers.append(b)
+        self.other_buffers = [b for b in module.buffers()
+                              if b.is_floating_point() and id(b) not in stats]
+
+    def buffer_numel(self):
+        return sum(b.numel() for b in self.stat_buffers) + sum(b.numel() for b in self.other_buffers)
+
+    def pack_buffers(self, out, weight):
+        """Writes [w * stats, rank 0 ? others : 0] into ``out``."""
+        i = 0
+        for b in self.stat_buffers:
+            n = b.numel()
+            out[i:i + n].copy_(b.reshape(-1)).mul_(weight)
+            i += n
+        for b in self.other_buffers:
+            n = b.numel()
+            if self.rank == 0:
+                out[i:i + n].copy_(b.reshape(-1))
+            else:
+                out[i:i + n].zero_()
+            i += n
+
+    def unpack_buffers(self, reduced, total):
+        i = 0
+        with torch.no_grad():
+            for k, b in enumerate(self.stat_buffers):
+                n = b.numel()
+                if total > 0:
+                    b.copy_(reduced[i:i + n].view_as(b).div(total))
+                elif self._snapshot is not None:
+                    b.copy_(self._snapshot[k])  # every rank repeated: the statistics stay
+                i += n
+            for b in self.other_buffers:
+                n = b.numel()
+                b.copy_(reduced[i:i + n].view_as(b))
+                i += n
+        self._snapshot = None
+
+    def begin_step(self, weight, ended, waiting=False, batch=0):
         self.weight = weight
         self.ended = ended
+        self.waiting = waiting
+        self.batch = batch
         self.max_launch_ns = self.max_finish_ns = 0
         self.forward_wait_ns = 0
         self._outer_ns = 0
@@ -288,7 +348,9 @@ class _HookState:
     def enter_forward(self, *_):
         self._outer_ns = time.monotonic_ns()
 
-    def enter_module(self, *_):
+    def enter_module(self, module, _inputs):
+        if self.weight == 0 and module.training and self.stat_buffers:
+            self._snapshot = [b.detach().clone() for b in self.stat_buffers]
         if self._outer_ns:
             self.forward_wait_ns += time.monotonic_ns() - self._outer_ns
             self._outer_ns = 0
@@ -337,15 +399,24 @@ def _close_session():
 
 
 def _pacer_hook(state, bucket):
-    """DDP comm hook of ``DistributedDataParallel``: one all-reduce of [w_i g_i, w_i, ended_i]
-    per bucket; the gradient becomes sum_i w_i g_i / sum_i w_i."""
+    """DDP comm hook of ``DistributedDataParallel``: one all-reduce of [w_i g_i, (buffers),
+    waiting_i * batch_i, waiting_i, w_i, ended_i] per bucket; the gradient becomes
+    sum_i w_i g_i / sum_i w_i."""
     grad = bucket.buffer()
     w = float(state.weight)
-    packed = torch.empty(grad.numel() + 2, dtype=grad.dtype, device=grad.device)
+    g = grad.numel()
+    # The module's buffers ride with the step's last bucket (DDP's own broadcast of them at
+    # every forward is off: one collective per step instead of two).
+    nbuf = state.buffer_numel() if bucket.is_last() else 0
+    packed = torch.empty(g + nbuf + 4, dtype=grad.dtype, device=grad.device)
     if w > 0:
-        torch.mul(grad.reshape(-1), w, out=packed[:-2])
+        torch.mul(grad.reshape(-1), w, out=packed[:g])
     else:
-        packed[:-2].zero_()  # a repeat batch (or a NaN mean over nothing) contributes nothing
+        packed[:g].zero_()  # a repeat batch (or a NaN mean over nothing) contributes nothing
+    if nbuf:
+        state.pack_buffers(packed[g:g + nbuf], w)
+    packed[-4] = float(state.batch) if state.waiting else 0.0
+    packed[-3] = 1.0 if state.waiting else 0.0
     packed[-2] = w
     packed[-1] = 1.0 if state.ended else 0.0
     group = _SESSION.process_group
@@ -359,13 +430,19 @@ def _pacer_hook(state, bucket):
         reduced = f.value()[0]
         total = float(reduced[-2].item())
         ended = float(reduced[-1].item())
+        waiting = int(round(float(reduced[-3].item()))) - (1 if state.waiting else 0)
+        waiting_batch = float(reduced[-4].item()) - (state.batch if state.waiting else 0)
         with state.lock:
+            state.others_waiting = waiting
+            state.waiting_batch = waiting_batch / waiting if waiting > 0 else 0.0
             state.max_finish_ns = max(state.max_finish_ns, time.monotonic_ns())
             state.last_total = total
             state.all_ended = ended >= world - 0.5
             state.steps_reduced += 1
+        if nbuf:
+            state.unpack_buffers(reduced[g:g + nbuf], total)
         if total > 0:
-            grad.copy_(reduced[:-2].view_as(grad).div_(total))
+            grad.copy_(reduced[:g].view_as(grad).div_(total))
         else:
             grad.zero_()
         return grad
@@ -382,8 +459,15 @@ def DistributedDataParallel(module, *args, **kwargs):
     mean over the local batch (as ``F.cross_entropy`` gives by default). One model per process."""
     if _SESSION.model_attached:
         raise RuntimeError("pacer.torch.DistributedDataParallel: one wrapped model per process")
+    # The buffers (BatchNorm statistics) are synced inside the gradient all-reduce, weighted by
+    # each rank's samples, unless the caller asks for DDP's broadcast of rank 0's buffers.
+    own_buffers = "broadcast_buffers" not in kwargs and len(args) < 4  # (device_ids, output_device, dim, broadcast_buffers, ...)
+    if own_buffers:
+        kwargs["broadcast_buffers"] = False
     ddp = torch.nn.parallel.DistributedDataParallel(module, *args, **kwargs)
     _SESSION.process_group = kwargs.get("process_group")
+    if own_buffers:
+        _SESSION.hook.set_buffers(ddp.module, dist.get_rank(_SESSION.process_group))
     ddp.register_comm_hook(_SESSION.hook, _pacer_hook)
     ddp.register_forward_pre_hook(_SESSION.hook.enter_forward)
     ddp.module.register_forward_pre_hook(_SESSION.hook.enter_module)
@@ -430,8 +514,12 @@ class _LeaseBatchSampler:
 
     def _take(self):
         ld = self.loader
-        if self.ended:
+        if self.ended or ld._release_pending:
             return _Item(0, ld._reader.records_read), []
+        if ld._reader.holding_off:
+            if ld._step < ld._resume_at:
+                return _Item(0, ld._reader.records_read), []
+            ld._reader.resume()
         n = max(ld._batch, ld.min_batch)
         blocking = pacer.Blocking.UNTIL_PREFETCHED if ld._lockstep else pacer.Blocking.UNTIL_DATA
         outcome, ids = ld._reader.next(n, blocking)
@@ -548,6 +636,9 @@ class DataLoader:
         self.weight = 0             # samples of the batch handed out last that count
         self.plans_applied = 0
         self.repeats = 0            # steps this rank trained with weight 0
+        self.tail_releases = 0      # times this rank handed its leases to waiting ranks
+        self._release_pending = False
+        self._resume_at = 0
 
     # -- what users read --------------------------------------------------------------------
     def __len__(self):
@@ -588,16 +679,23 @@ class DataLoader:
         hook = _SESSION.hook
         try:
             while True:
-                stepped = self._end_step()
-                if stepped and self._lockstep:
+                stepped = self._consume_step()
+                if stepped is not None and self._lockstep:
                     if hook.last_total is None:
                         raise RuntimeError(
                             "pacer.torch.DataLoader: the step ran no backward through the "
                             "pacer.torch.DistributedDataParallel model (every batch needs forward "
                             "and backward on every rank)")
                     if hook.all_ended:
+                        self._report_step(stepped)
                         break
-                data = next(it)
+                    self._tail_release(sampler)
+                try:
+                    data = next(it)
+                finally:
+                    # The step lasts until the next batch is here: waiting for the loader
+                    # processes (decoding, augmentation) is this rank's own cost.
+                    self._report_step(stepped)
                 item = self._pipeline.popleft()
                 if isinstance(data, _Empty) or item.weight == 0:
                     data = self._repeat_batch()
@@ -611,11 +709,37 @@ class DataLoader:
                 self._begin_step(item, sampler.ended and not self._real_ahead(sampler))
                 yield data
         except StopIteration:
-            self._end_step()  # not lockstep: the sampler ended
+            pass  # not lockstep: the sampler ended (the last step was reported above)
         finally:
             del it
         self._finished = True
         self.client.flush(30_000)
+
+    def _tail_release(self, sampler):
+        """The end of an epoch: when ranks with larger batches (faster ones, under a plan) wait
+        for data while this rank still holds leased records for more than two of its steps, it
+        stops taking records, trains what its loader processes already hold, and then hands
+        its leases back at their trained prefix (``release_all``) so the waiting ranks finish
+        the rest; it leases again two steps later. Records are handed back only once every
+        record handed out was trained, so a checkpoint in between stays exact."""
+        hook = _SESSION.hook
+        reader = self._reader
+        if sampler.ended:
+            return
+        if self._release_pending:
+            if self._real_ahead(sampler):
+                return  # batches of this rank's records still in the loader processes
+            try:
+                reader.release_all(5_000)
+            except pacer.Error:
+                return  # pacerd slow or away: try again at the next step
+            self._release_pending = False
+            self._resume_at = self._step + 2
+            self.tail_releases += 1
+            return
+        if (hook.others_waiting > 0 and hook.waiting_batch > self._batch and not reader.holding_off
+                and reader.records_held > 2 * max(self._batch, self.min_batch)):
+            self._release_pending = True
 
     def _real_ahead(self, sampler):
         """Whether a batch with records follows the one being handed out."""
@@ -629,7 +753,9 @@ class DataLoader:
 
     def _begin_step(self, item, ended):
         hook = _SESSION.hook
-        hook.begin_step(item.weight, ended)
+        waiting = (item.weight == 0 and not ended and not self._release_pending and
+                   not self._reader.holding_off)
+        hook.begin_step(item.weight, ended, waiting=waiting, batch=self._batch)
         hook.last_total = None
         self._handed = item
         self.weight = item.weight
@@ -642,20 +768,26 @@ class DataLoader:
         _SESSION.timer.begin_step(self._step)
         self._step += 1
 
-    def _end_step(self):
-        """The batch handed out last is trained: declare its records, report the step."""
+    def _consume_step(self):
+        """The batch handed out last is trained: declare its records. Returns its item (None
+        before the first step)."""
         item = self._handed
         if item is None:
-            return False
+            return None
         self._handed = None
         self._reader.mark_consumed(through=item.end_pos)
-        if item.weight > 0:
-            wait = _SESSION.hook.wait_ns() if self._lockstep else 0
-            if wait:
-                _SESSION.timer.add(pacer.Phase.COMMUNICATION, wait)
-            _SESSION.timer.end_step(self._batch, item.weight)
         self._done_pos = item.end_pos
-        return True
+        return item
+
+    def _report_step(self, item):
+        """Reports the step of ``item``: its wall time from its hand-out to now (the next batch
+        fetched), minus the time the step's collectives kept this rank waiting for the others."""
+        if item is None or item.weight == 0:
+            return
+        wait = _SESSION.hook.wait_ns() if self._lockstep else 0
+        if wait:
+            _SESSION.timer.add(pacer.Phase.COMMUNICATION, wait)
+        _SESSION.timer.end_step(self._batch, item.weight)
 
     # -- checkpoints -------------------------------------------------------------------------
     def _barrier(self):
