@@ -34,8 +34,8 @@ class SyntheticDataset(torch.utils.data.Dataset):
     """Record i: a point drawn from seed i, labelled by a fixed teacher; `cost` rounds of extra
     CPU work per sample stand in for decoding and augmentation."""
 
-    def __init__(self, n, cost, seed_base=0):
-        self.n, self.cost, self.seed_base = n, cost, seed_base
+    def __init__(self, n, cost, seed_base=0, stall_s=0.0):
+        self.n, self.cost, self.seed_base, self.stall_s = n, cost, seed_base, stall_s
         self.linear, self.quadratic = teacher()
 
     def __len__(self):
@@ -45,6 +45,8 @@ class SyntheticDataset(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(self.seed_base + int(i))
         x = torch.randn(DIMS, generator=g)
         y = int((x @ self.linear + 0.25 * (x * x) @ self.quadratic).argmax())
+        if self.stall_s:
+            time.sleep(self.stall_s)  # tests: this rank's storage is slow (real latency)
         acc = x
         for _ in range(self.cost):  # the "decoding": real work, result discarded
             acc = torch.tanh(acc * 1.0001 + 0.001)
@@ -68,6 +70,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--die-at-step", type=int, default=-1, help="rank 1 of attempt 0 kills itself at this step")
+    ap.add_argument("--slow-rank", type=int, default=-1, help="tests: this rank's records load slowly")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="tests: per-record loading stall of --slow-rank")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -76,12 +80,17 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dataset = SyntheticDataset(args.records, args.cost)
+    dataset = SyntheticDataset(args.records, args.cost,
+                               stall_s=args.slow_ms / 1000 if rank == args.slow_rank else 0.0)
     loader = pt.DataLoader(dataset, batch_size=args.batch, num_workers=args.num_workers,
                            epochs=args.epochs, seed=3, worker_init_fn=lower_priority)
     model = pt.DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(DIMS, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # Linear decay over the estimated steps (len(loader)), so the final accuracy does not hang
+    # on the noise of the last few high-rate steps (runs compare within a point).
+    steps = len(loader)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.02, 1.0 - s / steps))
 
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     ledger = open(os.path.join(args.out, f"ledger-{rank}.jsonl"), "a")
@@ -90,6 +99,7 @@ def main():
         ckpt = torch.load(ckpt_path)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
+        sched.load_state_dict(ckpt["sched"])
         loader.load_state_dict(ckpt["data"])
         resumed = {"attempt": ckpt["attempt"], "step": ckpt["data"]["step"]}
     ledger.write(json.dumps({"start": attempt, "resumed": resumed}) + "\n")
@@ -105,13 +115,14 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
         if loader.weight > 0:
             samples += loader.weight
             ledger.write(json.dumps({"attempt": attempt, "step": step,
                                      "ids": sorted(set(ids.tolist()))}) + "\n")
         if args.ckpt_every and loader.step % args.ckpt_every == 0:
             ledger.flush()
-            state = {"model": model.state_dict(), "opt": opt.state_dict(),
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
                      "data": loader.state_dict(), "attempt": attempt}
             if rank == 0:
                 torch.save(state, ckpt_path + ".tmp")
@@ -128,6 +139,7 @@ def main():
     result = {"rank": rank, "attempt": attempt, "accuracy": round(accuracy, 4), "steps": loader.step,
               "samples": samples, "seconds": round(seconds, 2), "repeats": loader.repeats,
               "plans_applied": loader.plans_applied, "tail_releases": loader.tail_releases,
+              "local_batch": loader.local_batch,
               "checksum": float(sum(p.double().sum() for p in model.parameters()))}
     with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
         f.write(json.dumps(result) + "\n")

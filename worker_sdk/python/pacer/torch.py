@@ -482,25 +482,54 @@ class _Empty:
 _EMPTY = _Empty()
 
 
+class _TimedDataset(torch.utils.data.Dataset):
+    """The user's dataset as the torch DataLoader sees it: notes when a loader process starts
+    on a batch (its first ``dataset[i]``), so that ``_Collate`` can say how long the batch took."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.batch_start_ns = None
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        if self.batch_start_ns is None:
+            self.batch_start_ns = time.monotonic_ns()
+        return self.dataset[i]
+
+
 class _Collate:
-    def __init__(self, collate_fn):
+    """Runs in the loader process: the user's collate, and the batch's loading interval
+    (first ``dataset[i]`` to the end of collate, on the host's monotonic clock)."""
+
+    def __init__(self, collate_fn, timed):
         self.collate_fn = collate_fn
+        self.timed = timed
 
     def __call__(self, samples):
+        start = self.timed.batch_start_ns
+        self.timed.batch_start_ns = None
         if not samples:
             return _EMPTY
-        return self.collate_fn(samples)
+        data = self.collate_fn(samples)
+        end = time.monotonic_ns()
+        return (_TIMED, data, start if start is not None else end, end)
+
+
+_TIMED = "pacer.torch.timed-batch"
 
 
 class _Item:
     """One batch handed to the torch DataLoader: its weight (distinct records; 0 for a step
     without data) and the reader position just past its records."""
 
-    __slots__ = ("weight", "end_pos")
+    __slots__ = ("weight", "end_pos", "loader_ns")
 
     def __init__(self, weight, end_pos):
         self.weight = weight
         self.end_pos = end_pos
+        self.loader_ns = 0  # the loader processes' busy time for this batch (see _loaded)
 
 
 class _LeaseBatchSampler:
@@ -639,6 +668,8 @@ class DataLoader:
         self.tail_releases = 0      # times this rank handed its leases to waiting ranks
         self._release_pending = False
         self._resume_at = 0
+        self._loader_covered_ns = 0  # loading intervals counted up to here
+        self._handed_ns = 0          # when the batch handed out last was handed out
 
     # -- what users read --------------------------------------------------------------------
     def __len__(self):
@@ -672,8 +703,9 @@ class DataLoader:
         if self._reader is None:
             self._reader = pacer.ShardReader(self.client, dataset=self.name)
         sampler = _LeaseBatchSampler(self)
-        torch_loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler,
-                                                   collate_fn=_Collate(self._collate),
+        timed = _TimedDataset(self.dataset)
+        torch_loader = torch.utils.data.DataLoader(timed, batch_sampler=sampler,
+                                                   collate_fn=_Collate(self._collate, timed),
                                                    **self._torch_kwargs)
         it = iter(torch_loader)
         hook = _SESSION.hook
@@ -697,6 +729,7 @@ class DataLoader:
                     # processes (decoding, augmentation) is this rank's own cost.
                     self._report_step(stepped)
                 item = self._pipeline.popleft()
+                data = self._loaded(data, item)
                 if isinstance(data, _Empty) or item.weight == 0:
                     data = self._repeat_batch()
                     self.repeats += 1
@@ -741,6 +774,17 @@ class DataLoader:
                 and reader.records_held > 2 * max(self._batch, self.min_batch)):
             self._release_pending = True
 
+    def _loaded(self, data, item):
+        """Unwraps a batch from the loader processes and notes on ``item`` how long they were
+        busy with it: the union of the batches' loading intervals (two processes decoding at
+        once share the rank's CPU, so their overlap counts once), the part not covered yet."""
+        if isinstance(data, (tuple, list)) and len(data) == 4 and data[0] == _TIMED:
+            _, data, start, end = data
+            start, end = int(start), int(end)
+            item.loader_ns = max(0, end - max(start, self._loader_covered_ns))
+            self._loader_covered_ns = max(self._loader_covered_ns, end)
+        return data
+
     def _real_ahead(self, sampler):
         """Whether a batch with records follows the one being handed out."""
         return (any(p.weight for p in self._pipeline) or
@@ -766,6 +810,7 @@ class DataLoader:
             self._batch = batch
             self.plans_applied += 1
         _SESSION.timer.begin_step(self._step)
+        self._handed_ns = time.monotonic_ns()
         self._step += 1
 
     def _consume_step(self):
@@ -785,6 +830,12 @@ class DataLoader:
         if item is None or item.weight == 0:
             return
         wait = _SESSION.hook.wait_ns() if self._lockstep else 0
+        if wait and item.loader_ns:
+            # While this rank waited for the others its loader processes were decoding the
+            # next batches: as long as they were busy, the rank was not idle. Its cost is at
+            # least the loaders' time for one batch.
+            wall = time.monotonic_ns() - self._handed_ns
+            wait = min(wait, max(0, wall - item.loader_ns))
         if wait:
             _SESSION.timer.add(pacer.Phase.COMMUNICATION, wait)
         _SESSION.timer.end_step(self._batch, item.weight)
