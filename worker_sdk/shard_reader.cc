@@ -374,6 +374,16 @@ void ShardReader::Resume() {
   q_cv_.notify_all();
 }
 
+void ShardReader::RetryNow() {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    if (!service_waiting_) return;
+    service_waiting_ = false;
+    not_before_ = std::chrono::steady_clock::now();
+  }
+  q_cv_.notify_all();
+}
+
 bool ShardReader::holding_off() const {
   std::lock_guard<std::mutex> l(q_mu_);
   return holding_off_;

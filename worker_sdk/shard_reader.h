@@ -115,6 +115,11 @@ class ShardReader : public ReportListener {
   absl::StatusOr<int> ReleaseAll(int64_t timeout_ms = 10'000);
   // Leasing goes on (after ReleaseAll).
   void Resume();
+  // After the service said WAIT: the next Next() asks it again at once instead of after the
+  // WAIT's retry delay (a trainer that has just sent its completions, or that learnt that
+  // the other ranks' data ended, finds the end of the data one round trip later). No-op
+  // otherwise.
+  void RetryNow();
   bool holding_off() const;
 
   uint64_t records_read() const { return records_read_; }

@@ -541,6 +541,9 @@ PYBIND11_MODULE(_pacer, m) {
            "resume() (next() then returns WAIT at once). Returns how many leases went back; "
            "idempotent. On an error the leases not yet released stay held: call it again.")
       .def("resume", [](PyShardReader& r) { r.get().Resume(); }, "Leasing goes on (after release_all).")
+      .def("retry_now", [](PyShardReader& r) { r.get().RetryNow(); },
+           "After a WAIT: the next next() asks pacerd again at once, not after the WAIT's retry "
+           "delay (e.g. once this rank's completions are sent). No-op otherwise.")
       .def_property_readonly("holding_off", [](PyShardReader& r) { return r.get().holding_off(); },
                              "True between release_all() and resume().")
       .def_property_readonly("records_read", [](PyShardReader& r) { return r.get().records_read(); })

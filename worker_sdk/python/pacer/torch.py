@@ -557,10 +557,13 @@ class _LeaseBatchSampler:
             # last leases are not complete yet: send their queued completions now (one round
             # trip; a completion also leases the next shard or learns the end of the data)
             # instead of at the next heartbeat, so the step after is not spent on a repeat.
+            # Then ask again at once rather than after the WAIT's retry delay: at the end of the
+            # data the answer is END_OF_DATA as soon as every rank's completions are in.
             try:
                 ld.client.flush(5_000)
             except pacer.Error:
                 pass  # pacerd slow or away: the reporter retries; this step is a repeat
+            ld._reader.retry_now()
             outcome, ids = ld._reader.next(n, blocking)
         if outcome == pacer.Outcome.END_OF_DATA:
             self.ended = True
