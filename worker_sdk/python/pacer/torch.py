@@ -524,11 +524,12 @@ class _Item:
     """One batch handed to the torch DataLoader: its weight (distinct records; 0 for a step
     without data) and the reader position just past its records."""
 
-    __slots__ = ("weight", "end_pos", "loader_ns")
+    __slots__ = ("weight", "end_pos", "size", "loader_ns")
 
-    def __init__(self, weight, end_pos):
+    def __init__(self, weight, end_pos, size=0):
         self.weight = weight
         self.end_pos = end_pos
+        self.size = size    # samples the loader processes decode (weight, or more when topped up)
         self.loader_ns = 0  # the loader processes' busy time for this batch (see _loaded)
 
 
@@ -579,6 +580,7 @@ class _LeaseBatchSampler:
             # times, so that the batch mean equals the mean over the distinct records and
             # BatchNorm sees at least min_batch samples; the weight stays the distinct count.
             ids = ids * math.ceil(ld.min_batch / len(ids))
+        item.size = len(ids)
         return item, ids
 
     def peek(self):
@@ -672,6 +674,7 @@ class DataLoader:
         self._release_pending = False
         self._resume_at = 0
         self._loader_covered_ns = 0  # loading intervals counted up to here
+        self._loader_per_sample_ns = None  # smoothed loader busy time per sample
         self._handed_ns = 0          # when the batch handed out last was handed out
 
     # -- what users read --------------------------------------------------------------------
@@ -784,8 +787,16 @@ class DataLoader:
         if isinstance(data, (tuple, list)) and len(data) == 4 and data[0] == _TIMED:
             _, data, start, end = data
             start, end = int(start), int(end)
-            item.loader_ns = max(0, end - max(start, self._loader_covered_ns))
+            busy = max(0, end - max(start, self._loader_covered_ns))
             self._loader_covered_ns = max(self._loader_covered_ns, end)
+            if item.size > 0:
+                # Which of two overlapping batches gets the overlap is arbitrary: the cost per
+                # sample is smoothed over the last few batches (a contention still shows
+                # within a few steps).
+                per_sample = busy / item.size
+                prev = self._loader_per_sample_ns
+                self._loader_per_sample_ns = per_sample if prev is None else prev + 0.3 * (per_sample - prev)
+                item.loader_ns = int(self._loader_per_sample_ns * item.size)
         return data
 
     def _real_ahead(self, sampler):
