@@ -14,6 +14,22 @@ const char* AuditOutcomeName(AuditRecord::Outcome outcome) {
   return "?";
 }
 
+bool HasPayload(const AuditRecord& r) {
+  return (r.action.plan && (!r.action.plan->workers.empty() || !r.action.plan->basis_share.empty())) ||
+         r.previous_plan.has_value() || !r.action.allocations.empty() ||
+         !r.previous_allocations.empty();
+}
+
+void StripPayload(AuditRecord* r) {
+  if (r->action.plan) {
+    r->action.plan->workers = {};  // = {} frees the buffers (clear() would keep them)
+    r->action.plan->basis_share = {};
+  }
+  r->previous_plan.reset();
+  r->action.allocations = {};
+  r->previous_allocations = {};
+}
+
 const AuditRecord* History::FindRecord(uint64_t id) const {
   for (const auto& r : audit_)
     if (r.id == id) return &r;
@@ -94,6 +110,16 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
   changed_records_.insert(record.id);
   audit_.push_back(std::move(record));
   while (static_cast<int64_t>(audit_.size()) > max_records) audit_.pop_front();
+  // Beyond the newest kFullPayloadRecords, a record that can no longer be rolled back (not
+  // executed, or measured: MeasureAndRollBack copies what it restores before any Record call
+  // that follows) gives its per-worker payloads back.
+  for (size_t i = 0; i + kFullPayloadRecords < audit_.size(); ++i) {
+    AuditRecord& old = audit_[i];
+    if ((old.outcome != AuditRecord::Outcome::kExecuted || old.measured_gain) && HasPayload(old)) {
+      StripPayload(&old);
+      changed_records_.insert(old.id);
+    }
+  }
   state_changed_ = true;  // next_id
   return audit_.back().id;
 }

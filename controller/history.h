@@ -7,6 +7,17 @@
 //
 // Invariants: audit ids are unique and increasing; at most `max_records` records are kept
 // (the oldest are dropped, never the ones awaiting measurement while room remains).
+//
+// Memory: a batch plan or an allocation list names every worker (a plan at 4 096 workers, its
+// per-worker entries and speed shares, is ~0.5 MB; an executed ADJUST_BS record holds two), so
+// only the newest kFullPayloadRecords records, and executed ones not yet measured (the only
+// ones MeasureAndRollBack restores from), keep their per-worker payloads. Older ones keep
+// everything else — kind, target, reason, gains, outcome, plan version, effective step and
+// global batch, exclusion lists — and drop the plan's workers and shares, the previous plan
+// and the allocation lists (StripPayload). So the audit holds at most
+//   max_records x (one record without payload, ~1 KiB)
+//   + (kFullPayloadRecords + executed-unmeasured records) x 2 x W x (~150 B)
+// for W workers, whatever the job's length.
 // Thread-compatible: the Controller's owner serialises access.
 #pragma once
 
@@ -53,8 +64,17 @@ struct AuditRecord {
 
 const char* AuditOutcomeName(AuditRecord::Outcome outcome);
 
+// Whether the record still holds per-worker payloads (see History's memory note).
+bool HasPayload(const AuditRecord& record);
+// Drops the per-worker payloads (plan workers and speed shares, previous plan, allocation
+// lists); keeps the plan's version, effective step, global batch and predicted step.
+void StripPayload(AuditRecord* record);
+
 class History {
  public:
+  // Records (newest first) that keep their per-worker payloads whatever their state.
+  static constexpr size_t kFullPayloadRecords = 32;
+
   struct NodeRecord {
     int64_t incidents = 0;
     int64_t last_ms = 0;

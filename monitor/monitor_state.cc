@@ -298,12 +298,14 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
     if (contention[n].contended()) contention[n] = node_signals_.Assess(n, end_ms);
   }
 
-  std::vector<StragglerClassifier::Observation> observed;
+  std::vector<StragglerClassifier::Observation>& observed = observed_scratch_;
+  observed.clear();
   if (closed.reference_speed > 0) {
     observed.reserve(closed.estimated.size());
     for (uint32_t w : closed.estimated) observed.push_back({w, speed_.Last(w)->relative});
   }
-  std::vector<StragglerClassifier::Change> changes;
+  std::vector<StragglerClassifier::Change>& changes = changes_scratch_;
+  changes.clear();
   worker_classifier_.Classify(observed, contention, &changes);
   for (uint32_t w : closed.estimated) {
     const Classification& c = worker_classifier_.Current(w);

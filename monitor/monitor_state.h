@@ -23,7 +23,9 @@
 // estimate (and its single vote in the job median).
 //
 // Invariants: every worker index is valid in the estimator and the classifier; events have
-// strictly increasing seq. Memory: O(workers x HistoryWindows()) plus O(servers + nodes).
+// strictly increasing seq. Memory: bounded per worker by the window tiers of SpeedEstimator
+// (recent full windows + coarse merged ones, never raw reports), plus O(servers + nodes) and
+// events_kept events; docs/design.md §3 "Memory" gives the formula, MemoryBytes() the bytes.
 //
 // Thread-compatible: MonitorServiceImpl guards it with its mutex.
 #pragma once
@@ -170,6 +172,8 @@ class MonitorState {
   StragglerClassifier server_classifier_;
 
   std::vector<Contention> contention_scratch_;  // CloseWindow's per-node assessments
+  std::vector<StragglerClassifier::Observation> observed_scratch_;  // CloseWindow's, reused
+  std::vector<StragglerClassifier::Change> changes_scratch_;
   std::deque<ClassificationEvent> events_;
   uint64_t next_event_seq_ = 1;
   RejectionCounts issues_;

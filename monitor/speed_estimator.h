@@ -14,9 +14,21 @@
 // Per window each worker keeps its last `samples_kept_per_window` per-step speeds; at close the
 // window speed is their median (robust to outlier steps), and with fewer than 3 steps the ratio
 // of sums. The job median is the median of the workers' window speeds, so one worker, however
-// hostile, moves it by at most one rank and cannot skew anyone else's r_i. Closed windows go to
-// a fixed-size ring per worker (HistoryWindows() entries), so memory is
-// O(workers x history windows), independent of the report rate.
+// hostile, moves it by at most one rank and cannot skew anyone else's r_i.
+//
+// Memory: windows, never raw reports, in two tiers per worker, allocated when it is added and
+// independent of the report rate and of how long the job runs:
+//   recent  the last R = min(H, max(persistent_w, smoothed_windows, stable_smoothed_windows))
+//           closed windows at full resolution — everything the classifier and the smoothed
+//           speed read (H = HistoryWindows(), history_ms / window_ms);
+//   coarse  the rest of history_ms, older windows merged C = ceil((H − R) / kCoarseEntries)
+//           at a time into K = ceil((H − R) / C) <= kCoarseEntries entries, plus the one
+//           being filled (C = 1 while H − R <= kCoarseEntries: short histories are kept whole).
+// So History() covers the last R + K x C (>= H) windows, plus up to C − 1 being merged.
+// Per worker: (R + K) x sizeof(WindowSummary) + sizeof(Merge) + samples_kept_per_window x 4
+// + sizeof(Open) + 2 x sizeof(Tier) bytes — about 3.3 KiB at the defaults (10 s windows, 1 h:
+// R = 10, C = 6, K = 59; 1 s windows: C = 57, K = 63), where a ring of every window of the
+// hour held 14 KiB (360 windows; 141 KiB with 1 s windows). MemoryBytes() counts them.
 //
 // Workers are dense indices handed out by AddWorker(); the caller (MonitorState) maps ids.
 // Thread-compatible.
@@ -29,7 +41,9 @@
 
 namespace pacer {
 
-// One worker in one closed window (36 bytes; an hour of 10 s windows is ~13 KiB per worker).
+// One worker in one closed window, or (History()'s coarse entries) `windows` consecutive
+// closed windows merged: means of the speeds and times, reports summed, the class of the last.
+// 40 bytes.
 struct WindowSummary {
   int64_t window = -1;      // window index (time_ms / window_ms)
   float speed = 0;          // samples per compute second
@@ -41,7 +55,9 @@ struct WindowSummary {
   uint16_t reports = 0;
   uint8_t worker_class = 0;  // WorkerClass of the worker after this window (set by the caller)
   uint8_t persistence = 0;   // Persistence after this window (set by the caller)
+  uint16_t windows = 1;      // closed windows this entry stands for (> 1: a coarse entry)
 };
+static_assert(sizeof(WindowSummary) == 40);
 
 class SpeedEstimator {
  public:
@@ -78,8 +94,14 @@ class SpeedEstimator {
   // verdict can be stored with it.
   WindowSummary* Last(uint32_t worker);
   const WindowSummary* Last(uint32_t worker) const;
-  // Oldest first; at most HistoryWindows() entries.
+  // Oldest first: the coarse entries (each `windows` long, the window of its first), then the
+  // recent full windows; together they cover up to HistoryWindows() windows.
   std::vector<WindowSummary> History(uint32_t worker) const;
+  // The tiers' geometry (see the header comment).
+  static constexpr uint32_t kCoarseEntries = 64;
+  uint32_t recent_windows() const { return recent_windows_; }
+  uint32_t coarse_entries() const { return coarse_entries_; }
+  uint32_t coarse_span() const { return coarse_span_; }
   // Median of the worker's last `n` window speeds (a steadier v_i for planners); 0 when none.
   double SmoothedSpeed(uint32_t worker, uint32_t n) const;
 
@@ -90,19 +112,35 @@ class SpeedEstimator {
   struct Open {
     uint32_t reports = 0;
     uint32_t next_slot = 0;
+    uint32_t kept = 0;  // speeds held in the worker's slots of speeds_
     double samples = 0, compute = 0, comm = 0, data_wait = 0, wall = 0;
-    std::vector<float> speeds;  // last samples_kept_per_window per-step speeds
   };
-  struct Ring {
-    std::vector<WindowSummary> entries;  // capacity HistoryWindows()
-    uint32_t head = 0;                   // next write position
+  // A ring over a fixed slice of one of the flat arrays below.
+  struct Tier {
+    uint32_t head = 0;  // next write position
     uint32_t size = 0;
   };
+  struct Merge {  // the coarse entry being filled (sums over `windows` windows)
+    WindowSummary first;
+    double speed = 0, relative = 0, compute = 0, comm = 0, data_wait = 0, wall = 0;
+    uint32_t reports = 0, windows = 0;
+  };
+  WindowSummary* RecentAt(uint32_t worker, uint32_t age);  // 0 = newest
+  const WindowSummary* RecentAt(uint32_t worker, uint32_t age) const {
+    return const_cast<SpeedEstimator*>(this)->RecentAt(worker, age);
+  }
+  void Demote(uint32_t worker, const WindowSummary& s);  // a window leaving the recent tier
+  static WindowSummary Merged(const Merge& m);
 
   const MonitorOptions options_;
   const uint32_t history_windows_;
+  const uint32_t recent_windows_, coarse_entries_, coarse_span_, kept_per_window_;
   std::vector<Open> open_;
-  std::vector<Ring> history_;
+  std::vector<float> speeds_;           // workers x samples_kept_per_window
+  std::vector<Tier> recent_, coarse_;   // per worker
+  std::vector<WindowSummary> recent_entries_;  // workers x R
+  std::vector<WindowSummary> coarse_entries_v_;  // workers x K
+  std::vector<Merge> merging_;          // per worker (when K > 0)
   std::vector<float> scratch_;
   std::vector<double> medians_scratch_;
 };

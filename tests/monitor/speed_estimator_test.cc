@@ -1,5 +1,5 @@
 // SpeedEstimator and robust statistics: window medians resist outlier steps, relative speeds
-// are against the job median, history is a bounded ring.
+// are against the job median, history is a bounded ring (recent windows + coarse ones).
 #include "monitor/speed_estimator.h"
 
 #include <gtest/gtest.h>
@@ -98,6 +98,56 @@ TEST(SpeedEstimatorTest, HistoryIsABoundedRingOldestFirst) {
   EXPECT_EQ(h.back().window, 11);
   EXPECT_NEAR(h.back().speed, 21, 1e-6);
   EXPECT_NEAR(est.SmoothedSpeed(1, 3), 20, 1e-6);
+}
+
+// Memory is windows in two tiers, sized when a worker is added: flat over time, whatever the
+// report rate, and (R + K + 1) summaries per worker (docs/design.md §3, "Memory").
+TEST(SpeedEstimatorTest, MemoryIsBoundedByWindowTiersNotByTime) {
+  for (int64_t window_ms : {10'000, 1'000}) {
+    MonitorOptions o;  // history_ms = 1 h: 360 or 3 600 windows
+    o.window_ms = window_ms;
+    SpeedEstimator est(o);
+    constexpr uint32_t kWorkers = 256;
+    for (uint32_t i = 0; i < kWorkers; ++i) est.AddWorker();
+    EXPECT_EQ(est.recent_windows(), 10u);  // stable_smoothed_windows
+    const uint32_t rest = o.HistoryWindows() - 10;
+    EXPECT_EQ(est.coarse_span(), (rest + 63) / 64);
+    EXPECT_EQ(est.coarse_entries(), (rest + est.coarse_span() - 1) / est.coarse_span());
+    EXPECT_LE(est.coarse_entries(), SpeedEstimator::kCoarseEntries);
+    size_t after_first = 0;
+    const int64_t windows = o.HistoryWindows() + 200;  // past the whole history
+    for (int64_t w = 0; w < windows; ++w) {
+      for (uint32_t i = 0; i < kWorkers; ++i) {
+        for (int k = 0; k < 5; ++k) est.Add(i, 100, 1 + 0.01 * k, 0, 0, 1.1);  // 5 reports
+      }
+      est.CloseWindow(w);
+      if (w == 0) after_first = est.MemoryBytes();
+    }
+    EXPECT_EQ(est.MemoryBytes(), after_first) << "window_ms " << window_ms;
+    // The formula: per worker (R + K) summaries, the merge being filled, the speed slots, the
+    // open window and two ring heads; plus the job-wide scratch.
+    const size_t per_worker = (10 + est.coarse_entries()) * sizeof(WindowSummary) + o.samples_kept_per_window * 4 +
+                              200 /* Open + Tier x 2 + Merge, with vector slack */;
+    EXPECT_LE(est.MemoryBytes(), kWorkers * (per_worker + 100) + 64 * 1024) << "window_ms " << window_ms;
+    EXPECT_LT(est.MemoryBytes() / kWorkers, 4 * 1024u);  // vs 14 / 144 KiB for every window
+    // History: coarse entries then the recent windows, oldest first, covering <= H windows.
+    const auto h = est.History(3);
+    ASSERT_LE(h.size(), 10u + est.coarse_entries() + 1u);
+    uint32_t covered = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      covered += h[i].windows;
+      if (i > 0) EXPECT_GT(h[i].window, h[i - 1].window);
+    }
+    const uint32_t tiers = 10 + est.coarse_entries() * est.coarse_span();
+    EXPECT_GE(tiers, o.HistoryWindows());
+    EXPECT_GE(covered, tiers);
+    EXPECT_LT(covered, tiers + est.coarse_span());
+    EXPECT_EQ(h.back().window, windows - 1);
+    EXPECT_EQ(h.back().windows, 1);
+    EXPECT_EQ(h.front().windows, est.coarse_span());
+    EXPECT_NEAR(h.front().speed, h.back().speed, 1e-3);  // a merged entry is a mean
+    EXPECT_EQ(h.front().reports, 5 * est.coarse_span());
+  }
 }
 
 TEST(SpeedEstimatorTest, FloodIsCappedPerWorkerPerWindow) {
