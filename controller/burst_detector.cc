@@ -12,19 +12,43 @@ void BurstDetector::Observe(const StepTiming& t) {
   if (t.worker_id.empty() || t.samples <= 0 || !(t.compute_s > 0) || !std::isfinite(t.compute_s))
     return;
   Worker& w = w_[t.worker_id];
+  if (t.in_progress) {
+    // A lower bound on a step that has not ended: kept apart, and only for a later step than
+    // the newest finished one (the worker's batch is that step's).
+    if (t.step <= w.step || t.probe) return;
+    if (t.step > w.running_step ||
+        t.compute_s / static_cast<double>(t.samples) > w.running_per_sample_s) {
+      w.running_step = t.step;
+      w.running_per_sample_s = t.compute_s / static_cast<double>(t.samples);
+    }
+    if (w.step < 0) w.batch = t.samples;  // nothing finished yet: the running step's batch
+    w.time_ms = std::max(w.time_ms, t.time_ms);
+    return;
+  }
   if (t.step < w.step || (t.step == w.step && t.time_ms < w.time_ms)) return;  // older
+  if (t.step >= w.running_step) w.running_step = -1, w.running_per_sample_s = 0;
   w.step = t.step;
   w.time_ms = t.time_ms;
   w.per_sample_s = t.compute_s / static_cast<double>(t.samples);
   w.probe = t.probe;
-  if (!t.probe) w.batch = t.samples;
-  else if (w.batch <= 0) w.batch = 2 * t.samples;  // a probe is half the training batch
+  // A probe is half the batch the worker would train on (a plan made while it is excluded
+  // changes it).
+  w.batch = t.probe ? 2 * t.samples : t.samples;
 }
 
 bool BurstDetector::Fresh(const Worker& w, int64_t now_ms) const {
   const double step_s = w.per_sample_s * static_cast<double>(w.batch);
   const double fresh_s = std::max(kMinFreshS, kFreshSteps * step_s);
   return static_cast<double>(now_ms - w.time_ms) <= fresh_s * 1000;
+}
+
+std::optional<double> BurstDetector::NewestSpeed(const std::string& worker_id,
+                                                 int64_t now_ms) const {
+  auto it = w_.find(worker_id);
+  if (it == w_.end() || it->second.step < 0 || !Fresh(it->second, now_ms) ||
+      !(it->second.per_sample_s > 0))
+    return std::nullopt;
+  return 1 / it->second.per_sample_s;
 }
 
 bool BurstDetector::HasFreshTimings(int64_t now_ms) const {
@@ -50,7 +74,10 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
   for (const auto& [id, w] : w_) {
     if (!Fresh(w, now_ms) || w.batch <= 0) continue;
     const double b = static_cast<double>(w.batch);
-    steps.push_back({&id, w.per_sample_s * b, b, was_excluded(id)});
+    const double per_sample = w.running_step > w.step
+                                  ? std::max(w.per_sample_s, w.running_per_sample_s)
+                                  : w.per_sample_s;
+    steps.push_back({&id, per_sample * b, b, was_excluded(id)});
     batch_sum += b;
   }
   std::vector<std::string> chosen;
@@ -66,25 +93,47 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
       return a.s != b.s ? a.s > b.s : *a.id < *b.id;
     });
-    // Slowest first; the set is the prefix with the best predicted throughput
-    // (1 − dropped share) × (step waiting for all) / (slowest counted step). Several workers
-    // in a burst at once are dropped together (dropping one of two equally slow ones gains
-    // nothing, both together do).
-    const double all = steps.front().s;
-    double share = 0;
-    size_t best_k = 0;
-    for (size_t k = 0; k + 1 < steps.size() && static_cast<int64_t>(k) < cfg.max_workers; ++k) {
-      const Step& st = steps[k];
-      const bool slow = st.s > enter || (st.was && st.s > stay);
-      if (!slow) break;
-      share += st.batch / batch_sum;
-      const double rel = (1 - share) * all / steps[k + 1].s;
-      if (rel > best) {
-        best = rel;
-        best_k = k + 1;
+    // Predicted throughput (up to a constant) with `out` not waited for:
+    // (1 − their share of the batch) / (slowest counted step).
+    std::vector<bool> out(steps.size(), false);
+    auto rate = [&](const std::vector<bool>& o) {
+      double dropped = 0, slowest = 0;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        if (o[i]) dropped += steps[i].batch;
+        else slowest = std::max(slowest, steps[i].s);
+      }
+      return slowest > 0 ? (1 - dropped / batch_sum) / slowest : 0;
+    };
+    // 1. Excluded workers still slow (above the rejoin line) stay out: an exclusion ends on
+    //    the worker's own pace, not because another worker's noise changed the arithmetic.
+    int64_t n_out = 0;
+    for (size_t i = 0; i + 1 < steps.size() && n_out < cfg.max_workers; ++i) {
+      if (steps[i].was && steps[i].s > stay) {
+        out[i] = true;
+        ++n_out;
       }
     }
-    for (size_t k = 0; k < best_k; ++k) chosen.push_back(*steps[k].id);
+    // 2. New workers above the entry line, slowest first; the additions are the prefix with
+    //    the best predicted throughput over keeping only those in step 1 (several workers in
+    //    a burst at once are dropped together: dropping one of two equally slow ones gains
+    //    nothing, both together do).
+    const double base = rate(out);
+    std::vector<bool> trial = out, best_out = out;
+    int64_t n_trial = n_out;
+    for (size_t i = 0; i + 1 < steps.size() && n_trial < cfg.max_workers; ++i) {
+      if (out[i]) continue;
+      if (!(steps[i].s > enter)) break;
+      trial[i] = true;
+      ++n_trial;
+      const double r = rate(trial);
+      if (base > 0 && r / base > best) {
+        best = r / base;
+        best_out = trial;
+      }
+    }
+    if (base > 0 && best <= 1) best = 1;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (best_out[i]) chosen.push_back(*steps[i].id);
   }
   std::sort(chosen.begin(), chosen.end());
   d.excluded = chosen;
@@ -103,7 +152,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
   if (!d.added.empty())
     d.add_reason = absl::StrFormat(
         "burst: do not wait for %s (newest step > %.2fx the median %.3fs; dropping %zu of %zu "
-        "gradients pays %.2fx)",
+        "gradients pays %.2fx over the exclusion in force)",
         absl::StrJoin(d.added, ","), cfg.step_factor, d.median_step_s, chosen.size(),
         steps.size(), best);
   return d;

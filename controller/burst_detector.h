@@ -14,6 +14,8 @@
 //   - Observe(timing) for every step a worker reports (with its heartbeat, ~1 s);
 //   - Decide(excluded now, config, now) once per heartbeat interval: a pure function of the
 //     newest timing per worker, the exclusion in force and the clock.
+// A step still running at a heartbeat counts with the time it has taken so far, when that
+// is longer than the newest finished step's (a per-step deadline).
 // A worker whose newest timing is older than max(kMinFreshS, kFreshSteps × its own step) is not
 // counted (it went quiet; an excluded one is waited for again). Steps are compared in seconds
 // per sample × the worker's training batch, so a batch plan or a half-batch probe does not look
@@ -26,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,10 @@ struct StepTiming {
   int64_t samples = 0;   // samples computed in that time (its local batch; a probe's half batch)
   int64_t time_ms = 0;   // when the step ended (pacerd: when the heartbeat carrying it arrived)
   bool probe = false;    // an excluded worker's probe step (gradient discarded)
+  // The step is still running at the heartbeat (the trainer has not entered the all-reduce
+  // yet): compute_s is the time so far, a lower bound. A per-step deadline: a worker in a burst
+  // is seen before its first slow step ends. Replaced by the step's own timing when it ends.
+  bool in_progress = false;
 };
 
 // What Decide() concludes. `excluded` is the whole new set (sorted); `added` and `rejoined` are
@@ -73,6 +80,8 @@ class BurstDetector {
   // Whether any worker's timing is fresh at `now_ms`: the rule has inputs (pacerd feeds them).
   bool HasFreshTimings(int64_t now_ms) const;
   size_t workers() const { return w_.size(); }
+  // Samples per compute second of the worker's newest finished step (or probe), when fresh.
+  std::optional<double> NewestSpeed(const std::string& worker_id, int64_t now_ms) const;
 
   // The rule (see above) with cfg.max_workers, cfg.step_factor, cfg.rejoin_factor; needs at
   // least three fresh workers, else everyone is waited for.
@@ -86,6 +95,10 @@ class BurstDetector {
     double per_sample_s = 0;  // newest timing's compute_s / samples
     int64_t batch = 0;        // samples of its newest training (non-probe) step
     bool probe = false;
+    // The newest in-progress report of a later step than `step` (0: none): seconds per
+    // sample so far.
+    int64_t running_step = -1;
+    double running_per_sample_s = 0;
   };
   bool Fresh(const Worker& w, int64_t now_ms) const;
   std::map<std::string, Worker> w_;

@@ -94,6 +94,23 @@ bool RanLongEnough(const AuditRecord& r, const ClusterView& view, const Rollback
   return view.job.current_step >= r.action.plan->effective_step + rb.evaluate_after_steps;
 }
 
+// Whether workers were excluded when a decision at `from_ms` was made, or exclusions changed
+// between it and `to_ms`. The job's throughput then moved with the exclusions (a worker not
+// waited for no longer holds the step back), not only with the decision: a batch plan made
+// while the step rule kept a straggler out gains little over that, though it gains what it
+// predicted over waiting for it — and it is what lets the straggler back in.
+bool ExclusionsMoved(const History& history, int64_t from_ms, int64_t to_ms) {
+  const auto& audit = history.audit();
+  for (auto it = audit.rbegin(); it != audit.rend(); ++it) {
+    if (it->outcome != AuditRecord::Outcome::kExecuted ||
+        it->action.kind != ActionKind::kExcludeWorkers || it->time_ms > to_ms)
+      continue;
+    if (it->time_ms >= from_ms) return true;            // changed during the evaluation
+    return !it->action.excluded_workers.empty();        // in force at the decision
+  }
+  return false;
+}
+
 bool SameAllocations(const std::vector<WorkerAllocation>& a,
                      const std::vector<WorkerAllocation>& b) {
   if (a.size() != b.size()) return false;
@@ -209,7 +226,9 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
       a.reason = d.rejoin_reason;
       proposals.push_back(std::move(a));
     }
-    if (!added.empty() && d.predicted_gain > 0) {
+    // Additions below min_gain are not proposed: the gate would veto them at every heartbeat
+    // (equally slow workers of mixed hardware, before a plan), filling the audit log.
+    if (!added.empty() && d.predicted_gain >= config_.safety.min_gain && d.predicted_gain > 0) {
       Action a;
       a.kind = ActionKind::kExcludeWorkers;
       a.excluded_workers = excluded;
@@ -219,7 +238,9 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
       proposals.push_back(std::move(a));
     }
   }
-  ReviewAndExecute(proposals, view, inputs, /*check_members=*/false, result);
+  SafetyConfig safety = config_.safety;
+  safety.cooldown_s = config_.burst_exclusion.cooldown_s;
+  ReviewAndExecute(proposals, view, inputs, /*check_members=*/false, safety, result);
   return result;
 }
 
@@ -244,7 +265,26 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   MeasureAndRollBack(view, inputs, result);
 
   NoteQuietWorkers(view);
-  std::vector<Action> proposals = decide_(view, history_, config_);
+  // While the step rule acts on bursts, the rest of the policy (batch plans, relaunches) sees a
+  // worker as slow only when its windows *and* its newest step say so: a plan made on a burst
+  // arrives when the burst is over (K of W windows, then the plan's lead time), and the burst
+  // is the step rule's; a worker slow for good is slow in both. Only a newest step faster than
+  // the window by rejoin_factor (the line an excluded worker comes back by) replaces the
+  // window's speed: one step's noise would make every plan a few percent worse.
+  const ClusterView* decide_view = &view;
+  ClusterView steady;
+  if (StepRuleActive(view.now_ms)) {
+    steady = view;
+    for (auto& w : steady.workers) {
+      const std::optional<double> newest = bursts_.NewestSpeed(w.id, view.now_ms);
+      const double recovered = config_.burst_exclusion.rejoin_factor;
+      if (!newest || !(w.speed > 0) || *newest < recovered * w.speed) continue;
+      w.speed = *newest;
+      if (w.last_window_speed > 0) w.last_window_speed = std::max(w.last_window_speed, *newest);
+    }
+    decide_view = &steady;
+  }
+  std::vector<Action> proposals = decide_(*decide_view, history_, config_);
   // The step rule, while it has timings, manages exclusions between reconciles (DecideBursts);
   // the window rule's proposals would undo its decisions a window late.
   if (StepRuleActive(view.now_ms)) {
@@ -262,20 +302,20 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
       proposals.push_back(std::move(*a));
     }
   }
-  ReviewAndExecute(proposals, view, inputs, /*check_members=*/true, result);
+  ReviewAndExecute(proposals, view, inputs, /*check_members=*/true, config_.safety, result);
   return result;
 }
 
 void Controller::ReviewAndExecute(std::vector<Action>& proposals, const ClusterView& view,
                                   const std::string& inputs, bool check_members,
-                                  ReconcileResult& result) {
+                                  const SafetyConfig& safety, ReconcileResult& result) {
   // Executed actions are in the history at once, where the gate counts them; dry-run ones are
   // not, so the gate is told about them to apply the same limits within this reconcile.
   std::vector<Action> dry_run_admitted;
   for (Action& action : proposals) {
     SafetyVerdict verdict = check_members ? KeepsQuietMembers(action, view) : SafetyVerdict{true, ""};
     if (verdict.admitted)
-      verdict = ReviewAction(action, view, history_, config_.safety, dry_run_admitted);
+      verdict = ReviewAction(action, view, history_, safety, dry_run_admitted);
     if (verdict.admitted && !config_.dry_run) {
       Execute(std::move(action), view, inputs, result);
       continue;
@@ -384,6 +424,9 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again
     // as soon as its probe is fast): a job throughput 60 s later says nothing about them.
     if (rec.action.kind == ActionKind::kExcludeWorkers && StepRuleActive(view.now_ms)) continue;
+    if (rec.action.kind == ActionKind::kAdjustBatch && StepRuleActive(view.now_ms) &&
+        ExclusionsMoved(history_, rec.time_ms, view.now_ms))
+      continue;
     Action undo;
     undo.kind = rec.action.kind;
     undo.target = rec.action.target;

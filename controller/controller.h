@@ -94,7 +94,8 @@ class Controller {
                           ReconcileResult& result);
   // Steps 4–6 of Reconcile for `proposals` (check_members: step 4's membership check).
   void ReviewAndExecute(std::vector<Action>& proposals, const ClusterView& view,
-                        const std::string& inputs, bool check_members, ReconcileResult& result);
+                        const std::string& inputs, bool check_members,
+                        const SafetyConfig& safety, ReconcileResult& result);
   void Execute(Action action, const ClusterView& view, const std::string& inputs,
                ReconcileResult& result);
   // Step 4's membership check (member_grace_s); quiet_since_ms_ is updated first.

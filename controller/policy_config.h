@@ -77,6 +77,12 @@ struct BurstExclusionConfig {
   // speeds, straggler_threshold), which also runs while no step timings arrive.
   double step_factor = 0;
   double rejoin_factor = 1.5;
+  // The step rule's per-worker cooldown (instead of safety.cooldown_s): a worker is not
+  // excluded again this soon after its last exclusion. 0 by default: the rule limits itself
+  // (a worker is excluded only on a training step ≥ step_factor × the median and waited for
+  // again only on a probe, one every ~2 s), and a burst it may not act on holds the whole job
+  // at the burst's speed — a worker in a shared cluster is hit again within minutes.
+  double cooldown_s = 0;
 };
 
 struct TimeoutRelaunchConfig {

@@ -76,6 +76,7 @@ std::vector<PolicyField> BuildFields() {
       PF_INT("actions.burst_exclusion.max_workers", burst_exclusion.max_workers, 0, 1024),
       PF_REAL("actions.burst_exclusion.step_factor", burst_exclusion.step_factor, 0, 100),
       PF_REAL("actions.burst_exclusion.rejoin_factor", burst_exclusion.rejoin_factor, 1, 100),
+      PF_REAL("actions.burst_exclusion.cooldown_s", burst_exclusion.cooldown_s, 0, 86400),
       PF_REAL("actions.timeout_relaunch.factor", timeout_relaunch.factor, 1, 1000),
 
       PF_REAL("safety.min_gain", safety.min_gain, 0, 10),

@@ -25,6 +25,9 @@ namespace {
 
 // pacer-train-mlp's --probe-ms default: how often an excluded worker times a probe step.
 constexpr double kProbeIntervalS = 2.0;
+// How often a worker heartbeats (the SDK's default): step timings arrive with it, and the
+// step path's decisions go out in its replies.
+constexpr double kHeartbeatS = 1.0;
 
 constexpr char kDataset[] = "train";
 constexpr int64_t kStartMs = 1'700'000'000'000;
@@ -89,11 +92,26 @@ class JobSimulation {
   absl::Status Report();
   absl::Status Reconcile();
   absl::Status Dispatch(const Action& a);
+  // The burst rule's step path (policies with burst_exclusion.step_factor): at each heartbeat
+  // (every kHeartbeatS) the timings of the steps each worker finished by then reach the
+  // controller; its decision reaches the workers in the next heartbeat's replies.
+  absl::Status Heartbeat();
+  void NoteStepTimings(const std::vector<double>& compute, int64_t k, double per_step_s);
   void ApplyPlan(const BatchPlan& plan);
   int64_t PickNode(int64_t w, const std::vector<std::string>& avoid);
   absl::Status ChunkSync(double boundary);
   absl::Status ChunkAsync(double boundary);
-  double Noise() { return 1.0 + sc_.noise * (2.0 * rng_.Uniform() - 1.0); }
+  double Noise() {
+    switch (sc_.noise_dist) {
+      case NoiseDist::kUniform: break;
+      case NoiseDist::kLognormal: {
+        const double sigma = std::sqrt(std::log1p(sc_.noise * sc_.noise));
+        return std::exp(sigma * rng_.Normal() - 0.5 * sigma * sigma);
+      }
+      case NoiseDist::kExponential: return 1.0 + sc_.noise * (rng_.Exponential(1.0) - 1.0);
+    }
+    return 1.0 + sc_.noise * (2.0 * rng_.Uniform() - 1.0);
+  }
   uint64_t DoneTotal() const { return state_.FindDataset(kDataset)->records_done_total; }
 
   const SpeedModel& model_;
@@ -128,6 +146,19 @@ class JobSimulation {
   std::vector<double> shard_times_;  // recent completed lease durations (ring)
   size_t shard_times_next_ = 0;
   std::vector<WorkerStatus> last_statuses_;
+  // Step path (Heartbeat): per worker, the newest step timing due at the next heartbeat and
+  // the newest one that ends after it; the next probe of an excluded worker; decisions on
+  // their way to the workers.
+  struct Timing {
+    bool set = false;
+    StepTiming t;
+    double end_s = 0;
+  };
+  bool step_rule_ = false;
+  double next_heartbeat_ = kForever;
+  std::vector<Timing> due_, later_, running_;
+  std::vector<double> next_probe_;
+  std::vector<Action> in_flight_;
   NodeMetrics node_metrics_;
   ServerLatency server_latency_;
   PolicyRun run_;
@@ -372,9 +403,99 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
     interval_samples_ += got;
   }
+  if (step_rule_) NoteStepTimings(compute, k, per_step_s);
   t_ += static_cast<double>(k) * per_step_s;
   step_ += k;
   last_step_wall_ = per_step_s;
+  return absl::OkStatus();
+}
+
+void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t k,
+                                    double per_step_s) {
+  // The chunk's k steps are alike; the newest is what the rule reads. A worker in training
+  // reports its step; an excluded one only its probe (half its batch, every kProbeIntervalS).
+  const double end = t_ + static_cast<double>(k) * per_step_s;
+  for (size_t i = 0; i < w_.size(); ++i) {
+    const SimWorker& w = w_[i];
+    if (w.down || w.batch <= 0) continue;
+    StepTiming t;
+    t.step = step_ + k;
+    t.time_ms = kStartMs + static_cast<int64_t>(std::llround(end * 1000));
+    if (w.excluded) {
+      if (end < next_probe_[i]) continue;
+      next_probe_[i] = end + kProbeIntervalS;
+      t.probe = true;
+      t.samples = std::max<int64_t>(1, w.batch / 2);
+      t.compute_s = compute[i] * static_cast<double>(t.samples) / static_cast<double>(w.batch);
+    } else {
+      t.samples = w.batch;
+      t.compute_s = compute[i];
+    }
+    if (end > next_heartbeat_ && k == 1 && !w.excluded && t_ + compute[i] > next_heartbeat_) {
+      // Still computing at the heartbeat: the heartbeat says how long the step has run.
+      Timing& r = running_[i];
+      r.set = true;
+      r.t = t;
+      r.t.step = step_ + 1;
+      r.t.in_progress = true;
+      r.t.compute_s = next_heartbeat_ - t_;
+      r.t.time_ms = kStartMs + static_cast<int64_t>(std::llround(next_heartbeat_ * 1000));
+    }
+    Timing& slot = end <= next_heartbeat_ ? due_[i] : later_[i];
+    slot.set = true;
+    slot.t = std::move(t);
+    slot.end_s = end;
+  }
+}
+
+absl::Status JobSimulation::Heartbeat() {
+  // The heartbeat on the 1 s grid that t_ has passed (a long step may pass several: the
+  // workers heartbeat while they compute, with nothing new to say).
+  const double hb = std::floor(t_ / kHeartbeatS) * kHeartbeatS;
+  next_heartbeat_ = hb + kHeartbeatS;
+  // The replies of this heartbeat carry the previous one's decisions.
+  std::vector<bool> was(w_.size());
+  for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
+  std::vector<Action> carry;
+  carry.swap(in_flight_);
+  for (const Action& a : carry)
+    if (absl::Status note = Dispatch(a); !note.ok()) return note;
+  for (size_t i = 0; i < w_.size(); ++i) {
+    if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
+    was[i] = w_[i].excluded;
+  }
+  std::vector<StepTiming> timings;
+  for (size_t i = 0; i < w_.size(); ++i) {
+    if (running_[i].set) {
+      running_[i].t.worker_id = w_[i].id;
+      timings.push_back(std::move(running_[i].t));
+      running_[i].set = false;
+    }
+    if (due_[i].set) {
+      due_[i].t.worker_id = w_[i].id;
+      timings.push_back(std::move(due_[i].t));
+      due_[i].set = false;
+    }
+    if (later_[i].set && later_[i].end_s <= next_heartbeat_) {
+      due_[i] = std::move(later_[i]);
+      later_[i].set = false;
+    }
+  }
+  controller_->ObserveSteps(timings);
+  absl::StatusOr<ReconcileResult> r =
+      controller_->DecideBursts(kStartMs + static_cast<int64_t>(std::llround(hb * 1000)));
+  if (!r.ok()) return absl::InternalError(absl::StrCat("burst rule: ", r.status().message()));
+  for (Action& a : r->dispatch) in_flight_.push_back(std::move(a));
+  if (sc_.sim.decision_heartbeats == 0) {
+    // pacerd deciding inside the heartbeat handler: the reply to the heartbeat that brought
+    // the timings carries the worker's exclusion (only it needs to know: weight 0).
+    carry.clear();
+    carry.swap(in_flight_);
+    for (const Action& a : carry)
+      if (absl::Status note = Dispatch(a); !note.ok()) return note;
+    for (size_t i = 0; i < w_.size(); ++i)
+      if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
+  }
   return absl::OkStatus();
 }
 
@@ -668,6 +789,15 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   next_window_ = window_s;
   std::vector<int64_t> failed;
   uint64_t timeline_changes = 0;
+  step_rule_ = sync() && policy_.policy == "non-dedicated" &&
+               policy_.burst_exclusion.step_factor > 0 && policy_.burst_exclusion.max_workers > 0;
+  if (step_rule_) {
+    next_heartbeat_ = kHeartbeatS;
+    due_.resize(w_.size());
+    later_.resize(w_.size());
+    running_.resize(w_.size());
+    next_probe_.assign(w_.size(), 0);
+  }
   while (t_ < max_sim_s_) {
     SetClock(t_);
     failed.clear();
@@ -700,6 +830,8 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
     // Reports go out just before a window ends (kReportLeadS), so each lands in the window it
     // describes, as a real SDK's per-second reports would; the window then closes and the
     // controller reconciles on fresh data.
+    if (t_ >= next_heartbeat_)
+      if (absl::Status s = Heartbeat(); !s.ok()) return s;
     if (t_ >= next_report_) {
       if (absl::Status s = Report(); !s.ok()) return s;
       while (next_report_ <= t_) next_report_ += sc_.sim.report_interval_s;
@@ -715,7 +847,8 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
     }
     if (DoneTotal() >= total) break;
     double boundary =
-        std::min({next_report_, next_window_, speed_.NextChange(), next_up, t_ + sc_.sim.tick_s});
+        std::min({next_report_, next_window_, speed_.NextChange(), next_up, t_ + sc_.sim.tick_s,
+                  next_heartbeat_});
     for (const auto& r : pending_relief_) boundary = std::min(boundary, r.first);
     ++run_.chunks;
     if (t_ < stall_until_) {

@@ -38,6 +38,14 @@ class ScenarioParser {
         {"noise", [&](const YAML::Node& v, const std::string& p) {
            return Real(v, p, &sc_.noise, 0, 0.9);
          }},
+        {"noise_dist", [&](const YAML::Node& v, const std::string& p) {
+           if (!v.IsScalar()) return Error(v.Mark(), p, "must be uniform, lognormal or exponential");
+           if (v.Scalar() == "uniform") sc_.noise_dist = NoiseDist::kUniform;
+           else if (v.Scalar() == "lognormal") sc_.noise_dist = NoiseDist::kLognormal;
+           else if (v.Scalar() == "exponential") sc_.noise_dist = NoiseDist::kExponential;
+           else return Error(v.Mark(), p, "must be uniform, lognormal or exponential");
+           return absl::OkStatus();
+         }},
         {"job", [&](const YAML::Node& v, const std::string& p) { return Job(v, p); }},
         {"speeds", [&](const YAML::Node& v, const std::string& p) { return Speeds(v, p); }},
         {"events", [&](const YAML::Node& v, const std::string& p) { return Events(v, p); }},
@@ -258,6 +266,7 @@ class ScenarioParser {
         {"shard_size", [&](const YAML::Node& v, const std::string& p) { return Int(v, p, &s.shard_size, 0, int64_t{1} << 32); }},
         {"max_sim_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.max_sim_s, 0, 1e8); }},
         {"reconcile_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.reconcile_s, 0, 3600); }},
+        {"decision_heartbeats", [&](const YAML::Node& v, const std::string& p) { return Int(v, p, &s.decision_heartbeats, 0, 1); }},
     };
     return Walk(node, path, f, {});
   }

@@ -10,9 +10,12 @@
 //   job: {mode: sync|async, workers, workers_per_node, servers, global_batch, total_samples,
 //         sync_cost_s, restart_cost_s, migrate_cost_s (ext), batch_cap, spare_nodes (ext)}
 //   speeds: {median, sigma, groups: [{fraction, factor}]}    groups are by node (hardware)
-//   noise: 0.05                                               per-step uniform ±noise
+//   noise: 0.05                                               per-step noise (see noise_dist)
+//   noise_dist: uniform | lognormal | exponential             (ext) uniform ±noise (default);
+//                                                             or skewed, mean 1 and std `noise`
 //   events: [{at_s, kind, ...}]                               see EventKind below
-//   sim: {tick_s, report_interval_s, progress_interval_s, shard_size, max_sim_s, reconcile_s}   (ext)
+//   sim: {tick_s, report_interval_s, progress_interval_s, shard_size, max_sim_s, reconcile_s,
+//         decision_heartbeats}                                                          (ext)
 //
 // Plain value type; a Scenario returned by ParseScenario has passed every range check.
 #pragma once
@@ -28,6 +31,12 @@
 namespace pacer::sim {
 
 enum class SimJobMode { kSync, kAsync };
+
+// Per-step noise on a worker's compute time (a factor around 1). kUniform: 1 ± noise, evenly;
+// kLognormal: exp(σZ − σ²/2) with mean 1 and std `noise` (mildly right-skewed); kExponential:
+// 1 + noise·(E − 1), E ~ Exp(1): mean 1, std `noise`, never below 1 − noise, a long right tail
+// (skewness 2: most steps near the typical time, now and then a much slower one).
+enum class NoiseDist { kUniform, kLognormal, kExponential };
 
 // What an event does. `worker` / `node` / `server` name one target; `fraction` instead picks
 // that share of workers (or nodes) at random from the seed.
@@ -87,6 +96,11 @@ struct SimSettings {
   int64_t shard_size = 0;         // 0 = ~30 s of a median worker's work
   double max_sim_s = 0;           // 0 = 20 × the bound
   double reconcile_s = 0;         // 0 = the policy's detection window
+  // The burst rule's step path: how many heartbeats after the one that carried a step timing
+  // its decision reaches the worker. 1 (default): pacerd decides once per heartbeat interval,
+  // the worker learns it in its next heartbeat's reply. 0: pacerd decides inside the heartbeat
+  // handler and that heartbeat's reply carries it.
+  int64_t decision_heartbeats = 1;
 };
 
 struct Scenario {
@@ -98,6 +112,7 @@ struct Scenario {
   ScenarioJob job;
   ScenarioSpeeds speeds;
   double noise = 0;
+  NoiseDist noise_dist = NoiseDist::kUniform;
   std::vector<ScenarioEvent> events;
   SimSettings sim;
 

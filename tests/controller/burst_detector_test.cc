@@ -251,7 +251,10 @@ TEST_F(BurstControllerTest, NothingBeforeAViewOrWhileAWorkerCannotCarryItOut) {
   EXPECT_TRUE(Bursts().dispatch.empty());
 }
 
-TEST_F(BurstControllerTest, TheCooldownStopsOneWorkerFlapping) {
+TEST_F(BurstControllerTest, ACooldownWhenSetStopsOneWorkerFlapping) {
+  PolicyConfig c = StepPolicy();
+  c.burst_exclusion.cooldown_s = 10;
+  ASSERT_TRUE(ctl_->ApplyPolicy(c, clock_.NowMs()).ok());
   Reconcile();
   Steps(11, 0.64);
   ASSERT_EQ(Bursts().dispatch.size(), 1u);
