@@ -139,7 +139,7 @@ def main():
     result = {"rank": rank, "attempt": attempt, "accuracy": round(accuracy, 4), "steps": loader.step,
               "samples": samples, "seconds": round(seconds, 2), "repeats": loader.repeats,
               "plans_applied": loader.plans_applied, "tail_releases": loader.tail_releases,
-              "local_batch": loader.local_batch,
+              "local_batch": loader.local_batch, "cpu_s": round(time.process_time(), 2),
               "checksum": float(sum(p.double().sum() for p in model.parameters()))}
     with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
         f.write(json.dumps(result) + "\n")
