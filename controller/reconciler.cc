@@ -1,7 +1,6 @@
 #include "controller/reconciler.h"
 
 #include <algorithm>
-#include <future>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -21,15 +20,6 @@ std::string PolicyDigest(const std::string& yaml) {
   return absl::StrFormat("%016x", h);
 }
 namespace {
-
-// Calls an async sharding method and waits for its reply (the housekeeping thread only).
-template <typename Req, typename Resp, typename Method>
-absl::Status CallSharding(ShardingServiceImpl* s, Method method, const Req& req, Resp* resp) {
-  std::promise<absl::Status> p;
-  auto f = p.get_future();
-  (s->*method)(req, resp, [&p](absl::Status st) { p.set_value(st); });
-  return f.get();
-}
 
 std::string DescribeAction(const Action& a) {
   std::string out;
@@ -58,31 +48,15 @@ std::string DescribeAction(const Action& a) {
 
 }  // namespace
 
-MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& d, MonitorOptions base) {
-  base.straggler_threshold = d.straggler_threshold;
-  base.leader_threshold = d.leader_threshold;
-  base.window_ms = static_cast<int64_t>(d.window_s * 1000);
-  base.persistent_k = static_cast<uint32_t>(d.persistent_windows);
-  base.persistent_w = static_cast<uint32_t>(d.history_windows);
-  return base;
-}
-
-Reconciler::Reconciler(std::unique_ptr<Controller> controller, MonitorServiceImpl* monitor,
-                       ShardingServiceImpl* sharding, const Clock* clock,
-                       ReconcilerOptions options)
+Reconciler::Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts parts,
+                       const Clock* clock, ReconcilerOptions options)
     : clock_(clock),
-      monitor_(monitor),
-      sharding_(sharding),
+      parts_(parts),
       options_(options),
       controller_(std::move(controller)),
       runs_(options.run_gap_ms > 0
                 ? options.run_gap_ms
                 : std::max<int64_t>(2'000, static_cast<int64_t>(5'000 * options.heartbeat_interval_s))) {}
-
-void Reconciler::SetAgentDispatcher(AgentDispatcher dispatcher) {
-  absl::MutexLock l(&mu_);
-  agents_ = std::move(dispatcher);
-}
 
 void Reconciler::OnRegister(const RegisterWorkerRequest& req) {
   absl::MutexLock l(&mu_);
@@ -97,7 +71,7 @@ std::pair<uint64_t, int64_t> Reconciler::Run() const {
 }
 
 void Reconciler::StartRunLocked(const std::string& why) {
-  plan_commands_.clear();
+  parts_.sessions->WithdrawPlans();
   const auto& plan = controller_->history().plan();
   std::string what = absl::StrCat("run ", runs_.generation(),
                                   runs_.run_id().empty() ? "" : " ('" + runs_.run_id() + "')",
@@ -117,35 +91,11 @@ void Reconciler::StartRunLocked(const std::string& why) {
   RecordOperatorEventLocked(what);
 }
 
-void Reconciler::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
+void Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
   absl::MutexLock l(&mu_);
   if (auto why = runs_.OnStep(req.worker_id(), static_cast<int64_t>(req.step()), clock_->NowMs())) {
     StartRunLocked(*why);
   }
-  honors_exclusion_[req.worker_id()] = req.honors_exclusion();
-  if (req.honors_exclusion() && exclusion_version_ > req.exclusion_version()) {
-    WorkerCommand* cmd = resp->add_commands();
-    cmd->set_command_id(exclusion_version_);
-    cmd->mutable_exclusion()->set_version(exclusion_version_);
-    cmd->mutable_exclusion()->set_excluded(excluded_.count(req.worker_id()) > 0);
-  }
-  auto it = plan_commands_.find(req.worker_id());
-  if (it == plan_commands_.end() || req.plan_version() >= it->second.version()) return;
-  WorkerCommand* cmd = resp->add_commands();
-  cmd->set_command_id(it->second.version());
-  *cmd->mutable_batch_plan() = it->second;
-}
-
-std::optional<BatchPlanCommand> Reconciler::PlanFor(const std::string& worker) const {
-  absl::MutexLock l(&mu_);
-  auto it = plan_commands_.find(worker);
-  if (it == plan_commands_.end()) return std::nullopt;
-  return it->second;
-}
-
-std::pair<uint64_t, std::vector<std::string>> Reconciler::Exclusion() const {
-  absl::MutexLock l(&mu_);
-  return {exclusion_version_, std::vector<std::string>(excluded_.begin(), excluded_.end())};
 }
 
 bool Reconciler::MaybeReconcile() {
@@ -159,204 +109,109 @@ bool Reconciler::MaybeReconcile() {
   return true;
 }
 
+absl::StatusOr<ViewInputs> Reconciler::GatherInputs() {
+  ViewInputs in;
+  ListWorkersResponse workers;
+  RETURN_IF_ERROR(parts_.monitor->ListWorkers(ListWorkersRequest(), &workers));
+  ListDatasetsResponse datasets;
+  RETURN_IF_ERROR(CallAndWait(*parts_.sharding, &ShardingServiceImpl::ListDatasets,
+                              ListDatasetsRequest(), &datasets));
+  const LeaseFacts leases = parts_.sharding->WorkerLeaseFacts();
+  const auto reports = parts_.sessions->Reports();
+  in.window_ms = std::max<int64_t>(workers.window_ms(), 1);
+  in.workers.assign(workers.workers().begin(), workers.workers().end());
+  in.nodes.assign(workers.nodes().begin(), workers.nodes().end());
+  in.servers.assign(workers.servers().begin(), workers.servers().end());
+  for (const WorkerStatus& w : in.workers) {
+    WorkerFacts& f = in.facts[w.id()];
+    if (auto r = reports.find(w.id()); r != reports.end()) {
+      f.honors_exclusion = r->second.honors_exclusion;
+      f.max_local_batch = r->second.max_local_batch;
+    }
+    if (auto a = leases.oldest_lease_age_s.find(w.id()); a != leases.oldest_lease_age_s.end()) {
+      f.shard_elapsed_s = a->second;
+    }
+  }
+  if (parts_.agents) {
+    for (const AgentView& agent : parts_.agents->Agents()) {
+      if (agent.lost) continue;
+      for (const WorkerProcess& p : agent.workers) {
+        const bool restarting = p.state() == WORKER_STATE_BACKOFF || p.state() == WORKER_STATE_STOPPING;
+        if (restarting && in.facts.count(p.worker_id())) in.facts[p.worker_id()].restarting = true;
+      }
+    }
+  }
+  in.job.typical_shard_time_s = leases.typical_shard_time_s;
+  for (const auto& d : datasets.datasets()) {
+    DatasetProgress p;
+    p.records_per_epoch = d.records_per_epoch();
+    p.num_epochs = d.spec().num_epochs();
+    p.completed_epochs = d.completed_epochs();
+    p.records_done_current_epoch = d.records_done_current_epoch();
+    p.finished = d.finished();
+    in.job.datasets.push_back(p);
+  }
+  return in;
+}
+
+void Reconciler::FillJobFactsLocked(ViewInputs* in) {
+  in->now_ms = clock_->NowMs();
+  in->hot_threshold = controller_->policy().server.hot_threshold;
+  JobFacts& j = in->job;
+  j.mode = options_.mode;
+  j.current_step = runs_.CurrentStep(in->now_ms);
+  j.run_started_ms = runs_.started_ms();
+  j.last_plan_version = last_plan_version_;
+  j.heartbeat_interval_s = options_.heartbeat_interval_s;
+  j.progress_interval_s = options_.heartbeat_interval_s;  // progress rides on heartbeats
+  j.restart_cost_s = options_.restart_cost_s;
+  j.migrate_cost_s = options_.migrate_cost_s;
+  const auto& plan = controller_->history().plan();
+  j.global_batch = plan ? plan->global_batch : 0;
+}
+
+absl::StatusOr<ClusterView> Reconciler::CurrentView() {
+  ASSIGN_OR_RETURN(ViewInputs in, GatherInputs());
+  absl::MutexLock l(&mu_);
+  FillJobFactsLocked(&in);
+  return BuildClusterView(in);
+}
+
 absl::Status Reconciler::ReconcileNow() {
   poked_ = false;
-  // Inputs gathered outside mu_ (the sharding call waits for its journal).
-  ListWorkersResponse workers;
-  if (absl::Status s = monitor_->ListWorkers(ListWorkersRequest(), &workers); !s.ok()) return s;
-  ListDatasetsResponse datasets;
-  if (absl::Status s = CallSharding(sharding_, &ShardingServiceImpl::ListDatasets,
-                                    ListDatasetsRequest(), &datasets);
-      !s.ok()) {
-    return s;
-  }
-
-  std::vector<Action> to_dispatch;
-  std::vector<std::pair<uint64_t, Action>> remote;  // sharding / agent actions, by audit id
-  // REALLOCATE: workers that had an allocation the action drops, by audit id.
-  std::map<uint64_t, std::vector<std::string>> reset;
+  // 1. Inputs, outside mu_ (the sharding call waits for its journal).
+  ASSIGN_OR_RETURN(ViewInputs in, GatherInputs());
+  std::vector<std::pair<Action, CarryContext>> to_carry;
   {
     absl::MutexLock l(&mu_);
-    const int64_t now = clock_->NowMs();
-    last_reconcile_ms_ = now;
-    ClusterView v;
-    v.now_ms = now;
-    v.job.mode = options_.mode;
-    v.job.current_step = runs_.CurrentStep(now);
-    v.job.last_plan_version = last_plan_version_;
-    v.job.heartbeat_interval_s = options_.heartbeat_interval_s;
-    // Exclusion needs every live worker's trainer to carry it out (decided below, per worker).
-    bool all_honor = true;
-    int live = 0;
-    v.job.restart_cost_s = options_.restart_cost_s;
-    v.job.migrate_cost_s = options_.migrate_cost_s;
-    std::vector<double> walls;
-    int64_t batch_sum = 0;
-    double throughput = 0;
-    const int64_t stale_ms = 3 * std::max<int64_t>(workers.window_ms(), 1);
-    for (const auto& w : workers.workers()) {
-      WorkerView wv;
-      wv.id = w.id();
-      wv.node = w.node();
-      // Only reports of the current run count: a worker last heard in an earlier run is gone.
-      wv.alive = w.reports() > 0 && now - w.last_report_ms() <= stale_ms &&
-                 w.last_report_ms() >= runs_.started_ms();
-      wv.speed = w.smoothed_speed() > 0 ? w.smoothed_speed() : w.speed();
-      wv.last_window_speed = w.speed();
-      wv.relative_speed = w.relative_speed() > 0 ? w.relative_speed() : 1.0;
-      const auto& c = w.classification();
-      wv.straggler = c.worker_class() == WORKER_CLASS_STRAGGLER;
-      wv.leader = c.worker_class() == WORKER_CLASS_LEADER;
-      wv.persistent = c.persistence() == PERSISTENCE_PERSISTENT;
-      wv.contention = c.cause() == CAUSE_CONTENTION;
-      wv.level = !wv.straggler                    ? SlowLevel::kNone
-                 : c.scope() == SCOPE_NODE        ? SlowLevel::kNode
-                 : c.scope() == SCOPE_SERVER      ? SlowLevel::kServer
-                                                  : SlowLevel::kWorker;
-      wv.confidence = c.confidence();
-      wv.local_batch = w.local_batch();
-      wv.step_fixed_s = w.model_fixed_s();
-      wv.step_per_sample_s = w.model_per_sample_s();
-      if (wv.alive) {
-        ++live;
-        auto h = honors_exclusion_.find(w.id());
-        all_honor = all_honor && h != honors_exclusion_.end() && h->second;
-        batch_sum += w.local_batch();
-        if (w.wall_s() > 0) walls.push_back(w.wall_s());
-      }
-      v.workers.push_back(std::move(wv));
-    }
-    if (!walls.empty()) {
-      std::nth_element(walls.begin(), walls.begin() + walls.size() / 2, walls.end());
-      v.job.step_time_s = walls[walls.size() / 2];
-      throughput = static_cast<double>(batch_sum) / v.job.step_time_s;
-    }
-    v.job.throughput = throughput;
-    v.job.can_exclude_workers = live > 0 && all_honor;
-    const auto& plan = controller_->history().plan();
-    v.job.global_batch = plan ? plan->global_batch : batch_sum;
-    for (const auto& n : workers.nodes()) {
-      NodeView nv;
-      nv.name = n.node();
-      nv.slow = n.workers() > 0 && n.stragglers() == n.workers();
-      nv.contention = n.contention_score() >= 1.0;
-      nv.cpu_steal = n.last_metrics().cpu_steal_frac();
-      v.nodes.push_back(std::move(nv));
-    }
-    for (const auto& s : workers.servers()) {
-      ServerView sv;
-      sv.id = s.id();
-      sv.node = s.node();
-      sv.latency_ms = s.latency_ms();
-      sv.relative_latency = s.relative_speed() > 0 ? 1.0 / s.relative_speed() : 1.0;
-      sv.hot = s.classification().worker_class() == WORKER_CLASS_STRAGGLER;
-      sv.persistent = s.classification().persistence() == PERSISTENCE_PERSISTENT;
-      v.servers.push_back(std::move(sv));
-    }
-    int64_t remaining = 0;
-    for (const auto& d : datasets.datasets()) {
-      if (d.spec().num_epochs() == 0 || d.records_per_epoch() == 0) continue;
-      const int64_t total = static_cast<int64_t>(d.records_per_epoch() * d.spec().num_epochs());
-      const int64_t done = static_cast<int64_t>(d.completed_epochs() * d.records_per_epoch() +
-                                                (d.finished() ? 0 : d.records_done_current_epoch()));
-      remaining += std::max<int64_t>(0, total - done);
-      if (v.job.epoch_progress == 0 && !d.finished()) {
-        v.job.epoch_progress =
-            static_cast<double>(d.records_done_current_epoch()) / d.records_per_epoch();
-      }
-    }
-    v.job.remaining_samples = remaining;
-
-    // The allocation in force before this reconcile: a REALLOCATE that leaves a worker out of
-    // its list (a rollback to "no allocation", a worker no longer live) must reset that worker
-    // in the sharding service, which otherwise keeps its old shard scale.
+    last_reconcile_ms_ = clock_->NowMs();
+    // 2. The view.
+    FillJobFactsLocked(&in);
+    const ClusterView view = BuildClusterView(in);
+    // 3. Decide; durable before anything is carried out.
     std::vector<WorkerAllocation> in_force = controller_->history().allocations();
-    auto result = controller_->Reconcile(v);
+    auto result = controller_->Reconcile(view);
     if (!result.ok()) return result.status();
-    // Decisions are durable before they are carried out (a restarted pacerd knows them).
     PersistLocked();
     for (Action& a : result->dispatch) {
-      switch (a.kind) {
-        case ActionKind::kAdjustBatch:
-          if (a.plan) DispatchPlan(*a.plan);
-          NoteDispatchLocked(a.id, "plan sent in heartbeat replies");
-          break;
-        case ActionKind::kExcludeWorkers:
-          excluded_ = std::set<std::string>(a.excluded_workers.begin(), a.excluded_workers.end());
-          exclusion_version_ = a.id;
-          NoteDispatchLocked(a.id, excluded_.empty()
-                                       ? "sent in heartbeat replies: every worker counted"
-                                       : absl::StrCat("sent in heartbeat replies: excluded ",
-                                                      absl::StrJoin(excluded_, ",")));
-          break;
-        case ActionKind::kReallocate: {
-          // Executed in order, each replaces the whole allocation (Controller::Execute).
-          for (const auto& before : in_force) {
-            const bool kept = std::any_of(
-                a.allocations.begin(), a.allocations.end(),
-                [&](const WorkerAllocation& al) { return al.worker_id == before.worker_id; });
-            if (!kept) reset[a.id].push_back(before.worker_id);
-          }
-          in_force = a.allocations;
-          remote.emplace_back(a.id, a);
-          break;
-        }
-        default:
-          remote.emplace_back(a.id, a);
-          break;
+      if (a.kind == ActionKind::kAdjustBatch && a.plan) {
+        last_plan_version_ = std::max(last_plan_version_, a.plan->version);
       }
+      CarryContext c;
+      c.allocation_before = in_force;
+      if (a.kind == ActionKind::kReallocate) in_force = a.allocations;  // each replaces the whole
       PACER_LOG(INFO) << "controller: " << ActionKindName(a.kind) << " " << a.target << " — "
                       << a.reason << " (predicted gain " << a.predicted_gain << ")";
+      to_carry.emplace_back(std::move(a), std::move(c));
     }
   }
-  // Dispatch to the sharding service and the agents outside mu_.
-  for (auto& [id, a] : remote) {
-    std::string note;
-    if (a.kind == ActionKind::kReallocate) {
-      int failed = 0;
-      for (const auto& al : a.allocations) {
-        SetAllocationRequest req;
-        req.mutable_allocation()->set_worker_id(al.worker_id);
-        req.mutable_allocation()->set_weight(std::clamp(al.shard_scale, 0.01, 1000.0));
-        SetAllocationResponse resp;
-        if (!CallSharding(sharding_, &ShardingServiceImpl::SetAllocation, req, &resp).ok()) ++failed;
-      }
-      // Back to the default (SetAllocationUpdate: weight 1, no absolute shard size, no lease
-      // limit); a worker the sharding service no longer knows has nothing to reset.
-      for (const auto& worker : reset[id]) {
-        SetAllocationRequest req;
-        req.mutable_allocation()->set_worker_id(worker);
-        req.mutable_allocation()->set_weight(1.0);
-        SetAllocationResponse resp;
-        absl::Status s = CallSharding(sharding_, &ShardingServiceImpl::SetAllocation, req, &resp);
-        if (!s.ok() && !absl::IsNotFound(s)) ++failed;
-      }
-      if (a.tail_backups) {
-        for (const auto& d : datasets.datasets()) {
-          SetTailBackupRequest req;
-          req.set_dataset(d.spec().name());
-          req.set_enabled(*a.tail_backups);
-          SetTailBackupResponse resp;
-          if (!CallSharding(sharding_, &ShardingServiceImpl::SetTailBackup, req, &resp).ok()) ++failed;
-        }
-      }
-      note = failed ? absl::StrCat("sharding allocation: ", failed, " calls failed")
-                    : "applied to the sharding service";
-    } else {
-      AgentDispatcher agents;
-      {
-        absl::MutexLock l(&mu_);
-        agents = agents_;
-      }
-      if (!agents) {
-        note = "not dispatched: no agent connected";
-      } else {
-        auto r = agents(a);
-        note = r.ok() ? *r : absl::StrCat("agent dispatch failed: ", r.status().message());
-      }
-    }
+  // 4. Carry out, in order, outside mu_.
+  for (const auto& [a, context] : to_carry) {
+    absl::StatusOr<std::string> note =
+        parts_.sink ? parts_.sink->Carry(a, context) : absl::StatusOr<std::string>("not carried out: no action sink");
     absl::MutexLock l(&mu_);
-    NoteDispatchLocked(id, note);
+    NoteDispatchLocked(a.id, note.ok() ? *note : absl::StrCat("not carried out: ", note.status().message()));
+    if (!note.ok()) PACER_LOG(ERROR) << "carrying out action " << a.id << ": " << note.status();
   }
   absl::MutexLock l(&mu_);
   PersistLocked();
@@ -407,7 +262,10 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
   for (const AuditRecord& r : controller_->history().audit()) {
     if (r.action.plan) last_plan_version_ = std::max(last_plan_version_, r.action.plan->version);
   }
-  if (const auto& plan = controller_->history().plan()) DispatchPlan(*plan);
+  if (const auto& plan = controller_->history().plan()) {
+    last_plan_version_ = std::max(last_plan_version_, plan->version);
+    parts_.sessions->SetPlan(*plan, "restored after a pacerd restart");
+  }
   // The exclusion in force goes out again under the newest audit id: above any version a
   // worker may hold, or equal to it with the same state.
   bool excluded_before = !controller_->history().excluded_workers().empty();
@@ -415,11 +273,11 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
     excluded_before = excluded_before || r.action.kind == ActionKind::kExcludeWorkers;
   }
   if (excluded_before) {
-    for (const AuditRecord& r : controller_->history().audit()) {
-      exclusion_version_ = std::max(exclusion_version_, r.id);
-    }
+    uint64_t version = 0;
+    for (const AuditRecord& r : controller_->history().audit()) version = std::max(version, r.id);
     const auto& ex = controller_->history().excluded_workers();
-    excluded_ = std::set<std::string>(ex.begin(), ex.end());
+    parts_.sessions->SetExclusion(version, std::set<std::string>(ex.begin(), ex.end()),
+                                  "restored after a pacerd restart");
   }
   PACER_LOG(INFO) << "controller state restored: " << controller_->history().audit().size()
                   << " audit records, plan v"
@@ -447,20 +305,6 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
   }
   PersistLocked();
   return absl::OkStatus();
-}
-
-void Reconciler::DispatchPlan(const BatchPlan& plan) {
-  last_plan_version_ = std::max(last_plan_version_, plan.version);
-  for (const auto& w : plan.workers) {
-    BatchPlanCommand cmd;
-    cmd.set_version(plan.version);
-    cmd.set_effective_step(static_cast<uint64_t>(std::max<int64_t>(0, plan.effective_step)));
-    cmd.set_micro_batch(static_cast<uint32_t>(w.micro_batch));
-    cmd.set_accumulation_steps(static_cast<uint32_t>(std::max<int64_t>(1, w.accumulation)));
-    cmd.set_global_batch(static_cast<uint64_t>(plan.global_batch));
-    cmd.set_samples(static_cast<uint64_t>(w.samples));
-    plan_commands_[w.worker_id] = cmd;
-  }
 }
 
 absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string& file_name,

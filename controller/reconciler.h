@@ -1,21 +1,22 @@
 // Reconciler: pacerd's control loop around the pure Controller.
 //
-// Owns the Controller (policy, history, audit) and what pacerd needs to act on its decisions:
-// the batch plan command each worker should receive, the newest training step reported, and
-// how each executed action was dispatched. Each MaybeReconcile():
-//  1. builds a ClusterView from the monitor (speeds, classes, step-time models), the sharding
-//     service (remaining samples, epoch progress) and the heartbeats (current step);
-//  2. runs Controller::Reconcile (policy -> safety gate -> audit);
-//  3. dispatches: ADJUST_BS -> a BatchPlanCommand per worker, delivered in that worker's next
-//     heartbeat reply until the worker reports the plan's version; EXCLUDE_WORKERS -> an
-//     ExclusionCommand in the heartbeat replies of workers that honor it (the job's view says
-//     it can exclude only while every live worker does); REALLOCATE -> the sharding
-//     service's SetAllocation / SetTailBackup; RESTART / MIGRATE / server actions -> the agent
-//     dispatcher (when no agent is connected the audit record says so).
+// Owns the Controller (policy, history, audit), the run tracker and the controller store. Each
+// ReconcileNow() is four named steps:
+//  1. GatherInputs   (outside the lock) the monitor's statuses, the sharding service's dataset
+//                    progress and lease facts, the workers' heartbeat reports (WorkerSessions),
+//                    which workers the agents are restarting;
+//  2. BuildClusterView (controller/view_builder.h, the same code the simulator runs) with the
+//                    run's job facts;
+//  3. Decide         Controller::Reconcile (policy -> safety gate -> audit), persisted before
+//                    anything is carried out, so a restarted pacerd knows every decision;
+//  4. CarryOut       (outside the lock) each executed action through the ActionSink, in order;
+//                    its note goes in the audit trail (pacerd: cmd/pacerd/pacerd_action_sink.h).
 // It runs every `interval` and early after a monitor classification event.
 //
-// Thread-safe: one mutex; the heartbeat hook only reads a map under it. Sharding and agent
-// calls happen outside the mutex.
+// Heartbeats: OnHeartbeat() only tracks the run's step (controller/run_tracker.h); the commands
+// a reply carries are assembled by WorkerSessions (controller/worker_sessions.h).
+//
+// Thread-safe: one mutex, never held while calling the sharding service, the agents or the sink.
 #pragma once
 
 #include <atomic>
@@ -31,7 +32,11 @@
 #include "common/clock.h"
 #include "controller/controller.h"
 #include "controller/controller_store.h"
+#include "controller/action_sink.h"
 #include "controller/run_tracker.h"
+#include "controller/view_builder.h"
+#include "controller/worker_sessions.h"
+#include "agent/agent_registry.h"
 #include "monitor/monitor_service.h"
 #include "proto/pacer/controller.pb.h"
 #include "proto/pacer/sharding.pb.h"
@@ -50,20 +55,24 @@ struct ReconcilerOptions {
   int64_t run_gap_ms = 0;
 };
 
-// MonitorOptions with the policy's detection settings applied.
-MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& detection, MonitorOptions base);
+// What the Reconciler reads and writes; pacerd's components. `agents` may be null (no agent
+// registry: nobody is ever restarting); all must outlive the Reconciler.
+struct ReconcilerParts {
+  MonitorServiceImpl* monitor = nullptr;
+  ShardingServiceImpl* sharding = nullptr;
+  WorkerSessions* sessions = nullptr;
+  const AgentRegistry* agents = nullptr;
+  ActionSink* sink = nullptr;
+};
 
 class Reconciler {
  public:
-  // Executes RESTART / MIGRATE / server actions; returns what happened (for the audit).
-  using AgentDispatcher = std::function<absl::StatusOr<std::string>(const Action&)>;
+  Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts parts, const Clock* clock,
+             ReconcilerOptions options);
 
-  Reconciler(std::unique_ptr<Controller> controller, MonitorServiceImpl* monitor,
-             ShardingServiceImpl* sharding, const Clock* clock, ReconcilerOptions options);
-
-  // Heartbeat hook (ShardingServiceImpl::SetHeartbeatHook): records the worker's step and adds
-  // its batch plan command when the worker does not hold the current version yet.
-  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  // A heartbeat arrived (before its reply's commands are assembled): records the worker's step;
+  // a new run begins when it shows one (the plan in force is withdrawn).
+  void OnHeartbeat(const HeartbeatRequest& req);
   // Register hook (ShardingServiceImpl::SetRegisterHook): a worker process started. When it
   // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
   // command of the old run is sent again, the job's step is counted anew, the next plan gets a
@@ -75,10 +84,11 @@ class Reconciler {
   void Poke() { poked_ = true; }
   // Reconciles when the interval passed or it was poked. Returns whether it ran.
   bool MaybeReconcile();
-  // Reconciles now (tests, the simulator of the whole loop).
+  // Reconciles now: the four steps above.
   absl::Status ReconcileNow();
+  // The view the controller would see now (pacerctl, tests): steps 1 and 2 only.
+  absl::StatusOr<ClusterView> CurrentView();
 
-  void SetAgentDispatcher(AgentDispatcher dispatcher);
   // Makes the controller durable (controller_store.h): restores what `store` holds -- audit,
   // plan (re-sent to the workers), allocations, node incidents, and the policy applied before
   // the restart when pacerd runs with the same --policy text (`base_policy_yaml`) -- and
@@ -103,13 +113,19 @@ class Reconciler {
     return controller_->policy();
   }
   // The command a worker would get now (tests).
-  std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
+  std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const {
+    return parts_.sessions->PlanFor(worker);
+  }
   // The exclusion in force: version (the audit id that set it; 0: never) and who (tests).
-  std::pair<uint64_t, std::vector<std::string>> Exclusion() const;
+  std::pair<uint64_t, std::vector<std::string>> Exclusion() const {
+    return parts_.sessions->Exclusion();
+  }
 
  private:
-  ClusterView BuildView() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DispatchPlan(const BatchPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 1: what the view is built from, besides the run's job facts.
+  absl::StatusOr<ViewInputs> GatherInputs();
+  // Step 2's job facts (the run, plan versions, costs).
+  void FillJobFactsLocked(ViewInputs* in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new run began (`why`): withdraws the plan in force and its commands.
   void StartRunLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordOperatorEventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -119,26 +135,16 @@ class Reconciler {
   void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* clock_;
-  MonitorServiceImpl* monitor_;
-  ShardingServiceImpl* sharding_;
+  const ReconcilerParts parts_;
   const ReconcilerOptions options_;
   std::atomic<bool> poked_{false};
 
   mutable absl::Mutex mu_;
   std::unique_ptr<Controller> controller_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, BatchPlanCommand> plan_commands_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::string> dispatch_notes_ ABSL_GUARDED_BY(mu_);
-  // EXCLUDE_WORKERS: who is excluded, under which version (the deciding audit id, durable and
-  // increasing, so a restarted pacerd never sends a version below one a worker holds), and
-  // whether each worker's last heartbeat said its trainer honors exclusion.
-  std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);
-  uint64_t exclusion_version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, bool> honors_exclusion_ ABSL_GUARDED_BY(mu_);
   RunTracker runs_ ABSL_GUARDED_BY(mu_);
   uint64_t last_plan_version_ ABSL_GUARDED_BY(mu_) = 0;  // newest plan version ever dispatched
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_command_id_ ABSL_GUARDED_BY(mu_) = 1;
-  AgentDispatcher agents_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ControllerStore> store_ ABSL_GUARDED_BY(mu_);
   History::Changes unsaved_ ABSL_GUARDED_BY(mu_);
   std::string base_policy_digest_ ABSL_GUARDED_BY(mu_);

@@ -105,6 +105,11 @@ absl::Status ShardingServiceImpl::Ready() const {
 absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   update.set_seq(state_.last_seq() + 1);
   update.set_time_ms(clock_->NowMs());
+  const ShardingState::LeaseRec* ending =
+      update.has_end_lease() && update.end_lease().reason() == LEASE_COMPLETED
+          ? state_.FindLease(update.end_lease().lease_id())
+          : nullptr;
+  const int64_t ending_created_ms = ending ? ending->created_ms : 0;
   if (absl::Status s = state_.Apply(update); !s.ok()) {
     // Validation let through an update that does not apply: a bug, not bad input. Nothing
     // changed (Apply checks before it mutates), so report it and carry on.
@@ -112,6 +117,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
                      << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
     return absl::InternalError(absl::StrCat("internal error: ", s.message()));
   }
+  if (ending) shard_times_.Add(static_cast<double>(update.time_ms() - ending_created_ms) / 1000.0);
   pending_.push_back(update);  // appended when the request lets go of mu_ (AppendPending)
   stats_.updates++;
   metrics_.updates.Get().Increment();
@@ -632,7 +638,7 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
     resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
     return last;
   }, [&] {
-    if (heartbeat_hook_) heartbeat_hook_(req, resp);
+    if (heartbeat_commands_) heartbeat_commands_->AddCommands(req, resp);
   });
 }
 
@@ -793,6 +799,14 @@ int ShardingServiceImpl::ExpireOverdue() {
 }
 
 absl::Status ShardingServiceImpl::Flush() { return journal_->Flush(); }
+
+LeaseFacts ShardingServiceImpl::WorkerLeaseFacts() const {
+  absl::MutexLock l(&mu_);
+  LeaseFacts f;
+  f.oldest_lease_age_s = OldestLeaseAges(state_, clock_->NowMs());
+  f.typical_shard_time_s = shard_times_.Median();
+  return f;
+}
 
 ShardingServiceStats ShardingServiceImpl::stats() const {
   absl::MutexLock l(&mu_);

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/recent_durations.h"
 #include "sharding_service/sharding_metrics.h"
 #include "proto/pacer/sharding.pb.h"
 #include "sharding_service/journal.h"
@@ -61,6 +62,19 @@ struct ShardingServiceStats {
   JournalStats journal;
 };
 
+// What adds the control plane's commands to a heartbeat reply (see SetHeartbeatCommands).
+class HeartbeatCommandSource {
+ public:
+  virtual ~HeartbeatCommandSource() = default;
+  virtual void AddCommands(const HeartbeatRequest& req, HeartbeatResponse* resp) = 0;
+};
+
+// The sharding state's part of the controller's view (controller/view_builder.h).
+struct LeaseFacts {
+  std::map<std::string, double> oldest_lease_age_s;  // by worker, over the leases it holds
+  double typical_shard_time_s = 0;  // median of the last completed leases; 0 = none yet
+};
+
 class ShardingServiceImpl {
  public:
   using Done = std::function<void(absl::Status)>;
@@ -88,10 +102,12 @@ class ShardingServiceImpl {
   void DeleteDataset(const DeleteDatasetRequest& req, DeleteDatasetResponse* resp, Done done);
   void ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp, Done done);
 
-  // Called for every successful Heartbeat, outside mu_, before the reply is sent: pacerd uses
-  // it to add the controller's commands. Must be thread-safe; set before serving.
-  using HeartbeatHook = std::function<void(const HeartbeatRequest&, HeartbeatResponse*)>;
-  void SetHeartbeatHook(HeartbeatHook hook) { heartbeat_hook_ = std::move(hook); }
+  // A heartbeat reply's lease part (cancelled leases, leases released because their fetch reply
+  // was lost, the lease deadline) is filled here. Its commands (batch plan, exclusion, regroup)
+  // come from the control plane: `commands`, called for every successful Heartbeat, outside
+  // mu_, before the reply is sent (pacerd: HeartbeatReplyBuilder, cmd/pacerd/heartbeat_reply.h).
+  // Set before serving; must outlive the service.
+  void SetHeartbeatCommands(HeartbeatCommandSource* commands) { heartbeat_commands_ = commands; }
   // Called for every successful RegisterWorker, outside mu_, before the reply: pacerd's
   // reconciler tells a new run from a restart (docs/sharding.md, "Runs"). Set before serving.
   using RegisterHook = std::function<void(const RegisterWorkerRequest&, const RegisterWorkerResponse&)>;
@@ -118,6 +134,7 @@ class ShardingServiceImpl {
   JournalRecovery journal_recovery() const { return journal_->recovery(); }
 
   ShardingServiceStats stats() const;
+  LeaseFacts WorkerLeaseFacts() const;
   // A copy of the state (tests compare it with a replay).
   ShardingSnapshot SnapshotForTest() const;
 
@@ -173,7 +190,7 @@ class ShardingServiceImpl {
   std::unique_ptr<MetricsRegistry> own_metrics_;
   ShardingMetrics metrics_;
   std::unique_ptr<Journal> journal_;
-  HeartbeatHook heartbeat_hook_;
+  HeartbeatCommandSource* heartbeat_commands_ = nullptr;
   RegisterHook register_hook_;
   AuditHook audit_hook_;
 
@@ -188,6 +205,7 @@ class ShardingServiceImpl {
   std::map<std::string, uint64_t> counted_requeues_ ABSL_GUARDED_BY(mu_);
   JournalStats counted_journal_ ABSL_GUARDED_BY(mu_);  // what the counters above already hold
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
+  RecentDurations shard_times_ ABSL_GUARDED_BY(mu_);  // completed leases, seconds
 };
 
 // Runs one service method and waits for its reply: for in-process callers (tests, benchmarks)

@@ -497,4 +497,14 @@ absl::Status ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
   return absl::OkStatus();
 }
 
+std::map<std::string, double> OldestLeaseAges(const ShardingState& state, int64_t now_ms) {
+  std::map<std::string, double> ages;
+  for (const auto& [id, lease] : state.leases()) {
+    const double age = static_cast<double>(now_ms - lease.created_ms) / 1000.0;
+    auto [it, added] = ages.emplace(lease.worker, age);
+    if (!added) it->second = std::max(it->second, age);
+  }
+  return ages;
+}
+
 }  // namespace pacer

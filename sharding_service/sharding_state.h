@@ -277,4 +277,8 @@ class ShardingState {
 
 const char* LeaseEndReasonName(LeaseEndReason reason);
 
+// The age in seconds of the oldest active lease each worker holds, at `now_ms` (the
+// controller's WorkerFacts::shard_elapsed_s, in pacerd and in the simulator).
+std::map<std::string, double> OldestLeaseAges(const ShardingState& state, int64_t now_ms);
+
 }  // namespace pacer

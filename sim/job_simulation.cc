@@ -18,9 +18,22 @@
 #include "monitor/monitor_state.h"
 #include "sharding_service/sharding_state.h"
 #include "sim/data_ledger.h"
-#include "sim/view_builder.h"
+#include "controller/action_sink.h"
+#include "controller/view_builder.h"
+#include "common/recent_durations.h"
 
 namespace pacer::sim {
+
+MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy) {
+  // pacerd's mapping (controller/view_builder.h), on a base that keeps ten windows of history
+  // (every rule reads fewer: stable_smoothed_windows, the policy's history_windows), so
+  // 4 096 workers × 6 policies stay small.
+  MonitorOptions base;
+  base.history_ms = std::max<int64_t>(10, policy.detection.history_windows) *
+                    static_cast<int64_t>(std::llround(policy.detection.window_s * 1000));
+  return MonitorOptionsFromPolicy(policy.detection, base);
+}
+
 namespace {
 
 // pacer-train-mlp's --probe-ms default: how often an excluded worker times a probe step.
@@ -66,7 +79,7 @@ int64_t IndexOf(const std::string& id, char prefix_len) {
   return -1;
 }
 
-class JobSimulation {
+class JobSimulation : public ActionSink {
  public:
   JobSimulation(const SpeedModel& model, const PolicyConfig& policy, std::string name,
                 double max_sim_s)
@@ -97,6 +110,11 @@ class JobSimulation {
   // controller; its decision reaches the workers in the next heartbeat's replies.
   absl::Status Heartbeat();
   void NoteStepTimings(const std::vector<double>& compute, int64_t k, double per_step_s);
+  // ActionSink: the model carries the action out (Dispatch); the note is what it did.
+  absl::StatusOr<std::string> Carry(const Action& a, const CarryContext&) override {
+    if (absl::Status s = Dispatch(a); !s.ok()) return s;
+    return std::string("carried out by the model");
+  }
   void ApplyPlan(const BatchPlan& plan);
   int64_t PickNode(int64_t w, const std::vector<std::string>& avoid);
   absl::Status ChunkSync(double boundary);
@@ -143,9 +161,7 @@ class JobSimulation {
   std::optional<BatchPlan> pending_plan_;
   uint64_t interval_samples_ = 0;
   double last_throughput_ = 0, last_step_wall_ = 0;
-  std::vector<double> shard_times_;  // recent completed lease durations (ring)
-  size_t shard_times_next_ = 0;
-  std::vector<WorkerStatus> last_statuses_;
+  RecentDurations shard_times_;  // recent completed lease durations (as pacerd's sharding service)
   // Step path (Heartbeat): per worker, the newest step timing due at the next heartbeat and
   // the newest one that ends after it; the next probe of an excluded worker; decisions on
   // their way to the workers.
@@ -237,6 +253,12 @@ absl::Status JobSimulation::Up(int64_t i) {
   u.mutable_register_worker()->set_node(w.node_name);
   if (absl::Status s = Apply(u); !s.ok()) return s;
   w.incarnation = state_.FindWorker(w.id)->incarnation;
+  // A relaunched process starts on the initial batch (the SDK's, until pacerd's plan reaches it).
+  if (sync()) {
+    const int64_t B = sc_.job.global_batch, n = model_.workers();
+    w.batch = B / n + (i < B % n ? 1 : 0);
+    w.accumulation = sc_.job.batch_cap > 0 ? std::max<int64_t>(1, (w.batch + sc_.job.batch_cap - 1) / sc_.job.batch_cap) : 1;
+  }
   w.rep_compute = w.rep_wall = w.rep_steps = 0;
   w.carry = 0;
   if (absl::Status s = monitor_->RegisterWorker(w.id, w.node_name); !s.ok()) return s;
@@ -325,9 +347,7 @@ absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
   ledger_.Acknowledge(w.begin + w.acked, w.begin + w.consumed, w.pair_key);
   w.acked = w.consumed;
   if (complete) {
-    const double d = t_ - w.lease_start;
-    if (shard_times_.size() < 64) shard_times_.push_back(d);
-    else shard_times_[shard_times_next_++ % 64] = d;
+    shard_times_.Add(t_ - w.lease_start);
     w.lease = 0;
   }
   return absl::OkStatus();
@@ -459,7 +479,7 @@ absl::Status JobSimulation::Heartbeat() {
   std::vector<Action> carry;
   carry.swap(in_flight_);
   for (const Action& a : carry)
-    if (absl::Status note = Dispatch(a); !note.ok()) return note;
+    if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
   for (size_t i = 0; i < w_.size(); ++i) {
     if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
     was[i] = w_[i].excluded;
@@ -492,7 +512,7 @@ absl::Status JobSimulation::Heartbeat() {
     carry.clear();
     carry.swap(in_flight_);
     for (const Action& a : carry)
-      if (absl::Status note = Dispatch(a); !note.ok()) return note;
+      if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
     for (size_t i = 0; i < w_.size(); ++i)
       if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
   }
@@ -615,67 +635,52 @@ absl::Status JobSimulation::Report() {
 
 absl::Status JobSimulation::Reconcile() {
   ++run_.reconciles;
-  const int64_t n = model_.workers();
-  ClusterView view;
-  view.now_ms = clock_.NowMs();
-  std::vector<WorkerFacts> facts(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const SimWorker& w = w_[i];
-    facts[i].alive = true;
-    facts[i].restarting = w.down;
-    facts[i].local_batch = w.batch;
-    facts[i].max_local_batch = sc_.job.batch_cap;
-    facts[i].shard_elapsed_s = w.lease != 0 ? t_ - w.lease_start : 0;
-    facts[i].node = w.node_name;
+  // The view is built by the code pacerd's Reconciler runs (controller/view_builder.h), from
+  // the same kinds of inputs: the monitor's statuses, what the agents, heartbeats and the
+  // sharding state know per worker (here: the model), and the job's facts.
+  ViewInputs in;
+  in.now_ms = clock_.NowMs();
+  in.window_ms = static_cast<int64_t>(std::llround(policy_.detection.window_s * 1000));
+  in.hot_threshold = policy_.server.hot_threshold;
+  in.workers = monitor_->Workers(/*with_evidence=*/false);  // the view reads no evidence
+  in.servers = monitor_->Servers();
+  in.nodes = monitor_->Nodes(/*with_evidence=*/false);
+  const std::map<std::string, double> lease_ages = OldestLeaseAges(state_, in.now_ms);
+  for (const SimWorker& w : w_) {
+    WorkerFacts& f = in.facts[w.id];
+    f.restarting = w.down;
+    f.max_local_batch = sc_.job.batch_cap;
+    f.honors_exclusion = true;  // modelled: a step does not wait for excluded workers (ChunkSync)
+    if (auto a = lease_ages.find(w.id); a != lease_ages.end()) f.shard_elapsed_s = a->second;
+    f.node = w.node_name;
   }
-  last_statuses_ = monitor_->Workers(/*with_evidence=*/false);  // the view reads no evidence
-  FillWorkerViews(last_statuses_, facts, &view);
-  FillServerViews(monitor_->Servers(), policy_.server.hot_threshold, &view);
-  FillNodeViews(monitor_->Nodes(/*with_evidence=*/false), &view);
-  JobView& j = view.job;
+  JobFacts& j = in.job;
   j.mode = sync() ? JobMode::kSync : JobMode::kAsync;
   j.global_batch = sync() ? sc_.job.global_batch : 0;
   j.current_step = step_;
-  j.step_time_s = last_step_wall_;
   j.heartbeat_interval_s = 1;
-  j.can_exclude_workers = true;  // modelled: a step does not wait for excluded workers (ChunkSync)
-  const uint64_t done = DoneTotal();
-  j.remaining_samples = static_cast<int64_t>(static_cast<uint64_t>(sc_.job.total_samples) - done);
-  // Throughput as pacerd measures it (controller/reconciler.cc): sync, Σ local batches over the
-  // median step wall time; async, Σ b_i / wall_i (each worker at its own pace).
-  {
-    std::vector<double> walls;
-    double batch_sum = 0, async_rate = 0;
-    const std::vector<WorkerStatus>& st = last_statuses_;
-    for (size_t i = 0; i < st.size(); ++i) {
-      if (w_[i].down || st[i].wall_s() <= 0) continue;
-      walls.push_back(st[i].wall_s());
-      batch_sum += static_cast<double>(w_[i].batch);
-      async_rate += static_cast<double>(w_[i].batch) / st[i].wall_s();
-    }
-    if (!walls.empty()) {
-      std::nth_element(walls.begin(), walls.begin() + static_cast<long>(walls.size() / 2), walls.end());
-      j.throughput = sync() ? batch_sum / walls[walls.size() / 2] : async_rate;
-    }
-  }
+  j.progress_interval_s = progress_interval_s_;
   j.restart_cost_s = sc_.job.restart_cost_s;
   j.migrate_cost_s = sc_.migrate_cost_s();
-  j.lost_work_s = progress_interval_s_ / 2;
-  if (!shard_times_.empty()) {
-    std::vector<double> t = shard_times_;
-    std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-    j.typical_shard_time_s = t[t.size() / 2];
-  }
-  j.epoch_progress = static_cast<double>(done) / static_cast<double>(sc_.job.total_samples);
+  j.typical_shard_time_s = shard_times_.Median();
+  DatasetProgress d;
+  d.records_per_epoch = static_cast<uint64_t>(sc_.job.total_samples);
+  d.num_epochs = 1;
+  d.records_done_current_epoch = DoneTotal();
+  d.finished = d.records_done_current_epoch >= d.records_per_epoch;
+  j.datasets.push_back(d);
+  const ClusterView view = BuildClusterView(in);
   absl::StatusOr<ReconcileResult> r = controller_->Reconcile(view);
   if (!r.ok()) return absl::InternalError(absl::StrCat("controller refused the view: ", r.status().message()));
-  for (const Action& a : r->dispatch)
-    if (absl::Status s = Dispatch(a); !s.ok()) return s;
+  for (const Action& a : r->dispatch) {
+    if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
+  }
   return absl::OkStatus();
 }
 
 void JobSimulation::ApplyPlan(const BatchPlan& plan) {
-  for (auto& w : w_) w.batch = 0;  // a worker the plan leaves out idles until the next plan
+  // A worker the plan leaves out (it was not live when the plan was made) keeps its batch, as a
+  // pacerd worker keeps the command it holds; the next plan counts it once it reports again.
   for (const auto& wb : plan.workers) {
     auto it = index_.find(wb.worker_id);
     if (it == index_.end()) continue;

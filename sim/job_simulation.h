@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "controller/policy_config.h"
+#include "monitor/monitor_options.h"
 #include "sim/speed_model.h"
 
 namespace pacer::sim {
@@ -67,6 +68,10 @@ struct PolicyRun {
   std::vector<std::pair<double, double>> throughput;  // (t, samples/s) per report interval
   std::vector<ActionMark> actions;
 };
+
+// The monitor's options for a run of `policy`: pacerd's MonitorOptionsFromPolicy with ten
+// windows of history.
+MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy);
 
 // Runs `policy` (a validated PolicyConfig; `display_name` labels it) on the scenario until the
 // dataset is done or `max_sim_s`. INTERNAL when a real component refused what the model

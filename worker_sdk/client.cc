@@ -331,6 +331,7 @@ void Client::SendHeartbeat() {
   req.set_regroup_generation(regroup_generation());
   req.set_exclusion_version(exclusion_version());
   req.set_honors_exclusion(options_.honors_exclusion);
+  req.set_max_local_batch(options_.max_local_batch);
   auto resp = sharding_->Heartbeat(req);
   std::vector<std::pair<uint64_t, uint64_t>> acked;
   std::vector<uint64_t> cancelled;

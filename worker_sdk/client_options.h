@@ -65,6 +65,9 @@ struct ClientOptions {
   // The batch plan in force until the controller sends one (see batch_plan.h).
   uint32_t initial_micro_batch = 32;
   uint32_t initial_accumulation_steps = 1;
+  // The largest micro-batch that fits this worker's memory; the controller's batch plans stay
+  // at or under it (sent in every heartbeat). 0: unknown, no cap.
+  uint32_t max_local_batch = 0;
 
   // TLS to pacerd (common/tls.h): --tls-ca/--tls-cert/--tls-key/--tls-server-name or
   // PACER_TLS_CA/_CERT/_KEY/_SERVER_NAME; without TLS only a loopback address is dialled unless

@@ -17,35 +17,6 @@
 
 namespace pacer {
 
-absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a) {
-  switch (a.kind) {
-    case ActionKind::kRestart: {
-      ASSIGN_OR_RETURN(std::string id, agents.RestartWorker(a.target));
-      return "restart sent to the agent (command " + id + ")";
-    }
-    case ActionKind::kMigrate: {
-      ASSIGN_OR_RETURN(std::string id, agents.Migrate(a.node, a.reason));
-      return "the agent on " + a.node + " told to leave the node (command " + id + ")";
-    }
-    case ActionKind::kRestartServer: {
-      // A parameter server runs under a pacer-agent like a worker (its process id is the server
-      // id the workers report latency for); with --state-dir it keeps its rows across the restart.
-      if (!agents.Worker(a.target).ok()) {
-        return absl::NotFoundError("no agent supervises server " + a.target +
-                                   " (run pacer-ps under pacer-agent --worker-id-prefix ps)");
-      }
-      ASSIGN_OR_RETURN(std::string id, agents.RestartWorker(a.target));
-      return "server restart sent to the agent (command " + id + ")";
-    }
-    case ActionKind::kRelieveServer:
-      return absl::FailedPreconditionError(
-          "cannot relieve server " + a.target +
-          ": pacer-ps has no re-sharding (keys cannot move between servers); use server.restart: true");
-    default:
-      return absl::UnimplementedError(std::string("no agent action for ") + ActionKindName(a.kind));
-  }
-}
-
 absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, const Clock* clock) {
   std::unique_ptr<Pacerd> d(new Pacerd());
   d->options_ = options;
@@ -124,8 +95,15 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
-  d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), d->monitor_.get(),
-                                                d->sharding_.get(), clock, ro);
+  d->sessions_ = std::make_unique<WorkerSessions>();
+  d->sink_ = std::make_unique<PacerdActionSink>(d->sessions_.get(), d->sharding_.get(), d->agents_.get());
+  ReconcilerParts parts;
+  parts.monitor = d->monitor_.get();
+  parts.sharding = d->sharding_.get();
+  parts.sessions = d->sessions_.get();
+  parts.agents = d->agents_.get();
+  parts.sink = d->sink_.get();
+  d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), parts, clock, ro);
   d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
   d->operator_grpc_ = std::make_unique<OperatorService>(d->agents_.get(), d->monitor_.get(),
                                                        d->sharding_.get(), d->reconciler_.get(),
@@ -184,15 +162,11 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
     PACER_LOG(WARNING) << "--accept-data-loss given, but nothing was lost: the data dir is intact";
   }
   Reconciler* reconciler = d->reconciler_.get();
-  reconciler->SetAgentDispatcher(
-      [agents = d->agents_.get()](const Action& a) { return DispatchAgentAction(*agents, a); });
   d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(d->options_.rendezvous, &d->metrics_);
   d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
-  d->sharding_->SetHeartbeatHook([reconciler, rendezvous = d->rendezvous_.get()](
-                                     const HeartbeatRequest& req, HeartbeatResponse* resp) {
-    reconciler->OnHeartbeat(req, resp);
-    rendezvous->OnHeartbeat(req, resp);  // regroup commands after a membership change
-  });
+  d->replies_ = std::make_unique<HeartbeatReplyBuilder>(reconciler, d->sessions_.get(),
+                                                        d->rendezvous_.get());
+  d->sharding_->SetHeartbeatCommands(d->replies_.get());
   // A worker process that starts may begin a new run of the job (controller/run_tracker.h).
   d->sharding_->SetRegisterHook([reconciler](const RegisterWorkerRequest& req,
                                              const RegisterWorkerResponse&) {
@@ -240,14 +214,19 @@ void Pacerd::Housekeeping() {
     cv_.wait_for(l, period);  // a timer, not synchronisation: wakes early on Shutdown()
     if (stopping_) break;
     l.unlock();
-    CheckJournal();
-    sharding_->ExpireOverdue();
-    monitor_->Tick();
-    reconciler_->MaybeReconcile();
-    pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
-    operator_grpc_->Sample();
+    HousekeepingStep();
     l.lock();
   }
+}
+
+int Pacerd::HousekeepingStep() {
+  CheckJournal();
+  const int expired = sharding_->ExpireOverdue();
+  monitor_->Tick();
+  reconciler_->MaybeReconcile();
+  pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
+  operator_grpc_->Sample();
+  return expired;
 }
 
 void Pacerd::CheckJournal() {

@@ -20,6 +20,8 @@
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
+#include "cmd/pacerd/heartbeat_reply.h"
+#include "cmd/pacerd/pacerd_action_sink.h"
 #include "cmd/pacerd/pacerd_metrics.h"
 #include "cmd/pacerd/operator_service.h"
 #include "common/auth.h"
@@ -36,11 +38,6 @@
 
 namespace pacer {
 
-// The reconciler's agent dispatcher: carries out RESTART / MIGRATE / RESTART_SERVER through the
-// node agents (a parameter server runs under a pacer-agent like a worker); RELIEVE_SERVER is
-// refused (the PS has no re-sharding). Returns the audit's dispatch note.
-absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Action& a);
-
 struct PacerdOptions {
   std::string data_dir = "pacer-data";
   std::string listen = "127.0.0.1:7070";
@@ -56,9 +53,9 @@ struct PacerdOptions {
   ReconcilerOptions reconciler;
   AgentRegistryOptions agents;
   RendezvousOptions rendezvous;  // the store's limits
-  // The housekeeping thread (lease expiry, monitor windows, reconcile) on a real-time timer.
-  // Tests that drive a SimulatedClock turn it off and call those steps themselves, so nothing
-  // races their script.
+  // The housekeeping thread: HousekeepingStep() on a real-time timer. Tests that drive a
+  // SimulatedClock turn it off and call HousekeepingStep() themselves, so nothing races their
+  // script (tests/testing/pacerd_harness.h).
   bool housekeeping = true;
   // The operator knowingly accepts a data loss (--accept-data-loss): a damaged or missing journal
   // or controller store that the data dir's IDENTITY says existed, or a journal shorter than its
@@ -83,6 +80,10 @@ class Pacerd {
   // (pacer_sharding_journal_healthy), and reopens a failed journal at most every
   // journal_retry_ms, so a full disk resumes by itself once space returns.
   void CheckJournal();
+  // One round of housekeeping, what the thread runs every period: CheckJournal, the expiry of
+  // silent workers' leases (returns how many expired), the monitor's window close (Tick), a
+  // reconcile when due (or poked), metrics and the operator timeline's sample.
+  int HousekeepingStep();
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
@@ -92,6 +93,7 @@ class Pacerd {
   ShardingServiceImpl* sharding() { return sharding_.get(); }
   MonitorServiceImpl* monitor() { return monitor_.get(); }
   Reconciler* reconciler() { return reconciler_.get(); }
+  WorkerSessions* sessions() { return sessions_.get(); }
   AgentRegistry* agents() { return agents_.get(); }
   RendezvousServiceImpl* rendezvous() { return rendezvous_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
@@ -113,7 +115,10 @@ class Pacerd {
   std::unique_ptr<AgentRegistry> agents_;  // feeds the monitor: destroyed before it
   std::unique_ptr<GrpcAgentService> agents_grpc_;
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
+  std::unique_ptr<WorkerSessions> sessions_;   // the controller's side of each heartbeat
+  std::unique_ptr<PacerdActionSink> sink_;     // carries out the reconciler's actions
   std::unique_ptr<Reconciler> reconciler_;
+  std::unique_ptr<HeartbeatReplyBuilder> replies_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
   std::unique_ptr<OperatorService> operator_grpc_;  // pacerctl status / agents / report
   std::unique_ptr<RendezvousServiceImpl> rendezvous_;

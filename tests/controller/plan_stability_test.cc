@@ -3,7 +3,7 @@
 // step on a SimulatedClock. Each step every worker computes fixed + per_sample × b_i (± noise),
 // the step's wall time is the slowest compute plus the all-reduce, and every worker reports
 // compute = wall − its wait (what the SDK reports); a window closed → one reconcile, the view
-// built the simulator's way (sim/view_builder.h), plans switch at their effective step.
+// built as pacerd and the simulator build it (controller/view_builder.h), plans switch at their effective step.
 //
 // What matters (issue 13): detection from 2 workers up, the plan in the right direction, at
 // most a few plans after convergence for a steady straggler, never a plan for fewer workers
@@ -21,7 +21,8 @@
 #include "controller/controller.h"
 #include "controller/policy_loader.h"
 #include "monitor/monitor_state.h"
-#include "sim/view_builder.h"
+#include "controller/view_builder.h"
+#include "sim/job_simulation.h"
 
 namespace pacer {
 namespace {
@@ -148,25 +149,15 @@ class Loop {
   }
 
   void Reconcile() {
-    const std::vector<WorkerStatus> statuses = monitor_->Workers(/*with_evidence=*/false);
-    std::vector<sim::WorkerFacts> facts(statuses.size());
-    std::vector<double> walls;
-    for (size_t i = 0; i < statuses.size(); ++i) {
-      facts[i].local_batch = batch_[i];
-      if (statuses[i].wall_s() > 0) walls.push_back(statuses[i].wall_s());
-    }
-    ClusterView v;
-    v.now_ms = clock_.NowMs();
-    v.job.mode = JobMode::kSync;
-    v.job.global_batch = global_batch_;
-    v.job.current_step = step_;
-    v.job.heartbeat_interval_s = 1;
-    if (!walls.empty()) {
-      std::sort(walls.begin(), walls.end());
-      v.job.step_time_s = walls[walls.size() / 2];
-      v.job.throughput = static_cast<double>(global_batch_) / v.job.step_time_s;
-    }
-    sim::FillWorkerViews(statuses, facts, &v);
+    // The view pacerd and the simulator build (controller/view_builder.h).
+    ViewInputs in;
+    in.now_ms = clock_.NowMs();
+    in.window_ms = static_cast<int64_t>(std::llround(policy_.detection.window_s * 1000));
+    in.workers = monitor_->Workers(/*with_evidence=*/false);
+    in.job.mode = JobMode::kSync;
+    in.job.global_batch = global_batch_;
+    in.job.current_step = step_;
+    const ClusterView v = BuildClusterView(in);
     auto r = controller_->Reconcile(v);
     ASSERT_TRUE(r.ok()) << r.status();
     for (const Action& a : r->dispatch) {

@@ -192,19 +192,16 @@ TEST_F(SdkClientTest, TheReaderReportsAPoisonHoleAtTheEndOfData) {
 
 TEST_F(SdkClientTest, BatchPlanCommandsArriveOnHeartbeatsAndSwitchAtTheEffectiveStep) {
   StartPacerd();
-  std::atomic<int> hooked{0};
-  pacerd_->sharding()->SetHeartbeatHook([&](const HeartbeatRequest& req, HeartbeatResponse* resp) {
-    ++hooked;
-    if (req.plan_version() >= 7) return;
-    auto* plan = resp->add_commands()->mutable_batch_plan();
-    plan->set_version(7);
-    plan->set_effective_step(1000);
-    plan->set_micro_batch(12);
-    plan->set_accumulation_steps(3);
-    plan->set_samples(36);
-  });
   auto client = Connect("w0");
   ASSERT_TRUE(client);
+  // The controller's path to the workers (controller/worker_sessions.h), as an ADJUST_BS takes.
+  BatchPlan plan;
+  plan.version = 7;
+  plan.effective_step = 1000;
+  plan.global_batch = 36;
+  plan.workers.push_back(WorkerBatch{"w0", 36, 12, 3, 0});
+  // After the worker registered: its registration began the run, which withdraws older plans.
+  pacerd_->sessions()->SetPlan(plan, "test plan");
   ASSERT_TRUE(WaitFor([&] { return client->batch_plan().newest_version() == 7; },
                       std::chrono::seconds(20)));
   EXPECT_EQ(client->batch_plan().ForStep(999).micro_batch, 32u);  // the initial plan

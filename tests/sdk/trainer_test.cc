@@ -85,17 +85,6 @@ TEST_F(TrainerTest, FourWorkersWithUnevenBatchesConvergeToTheTarget) {
   constexpr int kWorkers = 4;
   constexpr uint64_t kRecords = 20'000;
   // Mid-run, the "controller" moves worker w1 from 16 to 20 samples per step (10 x 2).
-  std::atomic<int> plans_sent{0};
-  pacerd_->sharding()->SetHeartbeatHook([&](const HeartbeatRequest& req, HeartbeatResponse* resp) {
-    if (req.worker_id() != "w1" || req.plan_version() >= 1) return;
-    auto* p = resp->add_commands()->mutable_batch_plan();
-    p->set_version(1);
-    p->set_effective_step(std::max<uint64_t>(req.step() + 5, 50));
-    p->set_micro_batch(10);
-    p->set_accumulation_steps(2);
-    p->set_samples(20);
-    ++plans_sent;
-  });
   const uint32_t batches[kWorkers] = {7, 16, 44, 13};
   std::vector<Subprocess> workers;
   for (int i = 0; i < kWorkers; ++i) {
@@ -111,6 +100,19 @@ TEST_F(TrainerTest, FourWorkersWithUnevenBatchesConvergeToTheTarget) {
     }
     workers.push_back(Subprocess::Start(args, {}, dir_.Sub("w" + std::to_string(i) + ".log")));
   }
+  // The controller's path to the workers (controller/worker_sessions.h), as an ADJUST_BS takes:
+  // w1's next heartbeat carries the plan, effective at step 50.
+  BatchPlan plan;
+  plan.version = 1;
+  plan.effective_step = 50;
+  plan.global_batch = 7 + 20 + 44 + 13;
+  plan.workers.push_back(WorkerBatch{"w1", 20, 10, 2, 0});
+  // Once every worker heartbeated (registrations begin the run, which withdraws older plans);
+  // a plan that arrives after its effective step applies at once.
+  ASSERT_TRUE(WaitFor([&] { return pacerd_->sessions()->Reports().size() >= kWorkers; },
+                      std::chrono::seconds(60)))
+      << pacerd_->sessions()->Reports().size() << " workers heartbeated; w0's log:\n" << Log(0);
+  pacerd_->sessions()->SetPlan(plan, "test plan");
   for (int i = 0; i < kWorkers; ++i) {
     const int status = workers[i].Wait(std::chrono::minutes(4));
     ASSERT_NE(status, -1) << "worker " << i << " did not finish; log:\n" << Log(i);
@@ -128,7 +130,6 @@ TEST_F(TrainerTest, FourWorkersWithUnevenBatchesConvergeToTheTarget) {
     EXPECT_EQ(Checksum(r), checksum) << "ranks ended with different parameters";
   }
   EXPECT_EQ(samples, 2.0 * kRecords) << "every record of both epochs trained on exactly once";
-  EXPECT_GE(plans_sent.load(), 1);
   const std::string w1 = ReadFileOrEmpty(dir_.Sub("result-1"));
   EXPECT_EQ(Field(w1, "final_batch"), 10) << w1;
   const DatasetInfo info = Dataset();

@@ -1,0 +1,73 @@
+// WorkerSessions: the controller's side of every worker's heartbeat session in pacerd.
+//
+// A heartbeat reply carries two kinds of content. The lease part (cancelled leases, leases
+// released because their fetch reply was lost, the lease deadline) is the sharding service's
+// (sharding_service.h). The commands are the control plane's, and they are assembled here and
+// only here (pacerd's HeartbeatReplyBuilder adds the rendezvous' regroup command after these):
+//
+//   command      sent while                                   WorkerCommand.reason
+//   batch_plan   the worker holds an older plan version      the deciding action's reason
+//                (HeartbeatRequest.plan_version)
+//   exclusion    the worker honours exclusion and holds an   the deciding action's reason
+//                older exclusion version
+//
+// It also records what each worker says about itself in its heartbeats (whether its trainer
+// honours exclusion, its memory cap), which the view builder needs (WorkerFacts).
+//
+// A command is idempotent: it is re-sent in every reply until the worker reports holding its
+// version, so a lost reply only delays it. Versions only grow (plans: above every version
+// issued in any run; exclusions: the deciding audit id).
+//
+// Thread-safe (one mutex); the reply path takes it briefly and never calls out.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/batch_plan.h"
+#include "proto/pacer/sharding.pb.h"
+
+namespace pacer {
+
+class WorkerSessions {
+ public:
+  // Every worker in `plan` gets its BatchPlanCommand from now on (replacing the one before).
+  void SetPlan(const BatchPlan& plan, const std::string& reason);
+  // A new run began: no plan command of the old run is sent again.
+  void WithdrawPlans();
+  // The exclusion in force from now on: `version` (the deciding audit id) and who is excluded.
+  void SetExclusion(uint64_t version, std::set<std::string> excluded, const std::string& reason);
+
+  // Records what the worker said and adds the commands it does not hold yet to `resp`.
+  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+
+  struct Reported {
+    bool honors_exclusion = false;
+    int64_t max_local_batch = 0;
+  };
+  // What each worker last said about itself (by worker id).
+  std::map<std::string, Reported> Reports() const;
+
+  // The plan command a worker would get now; the exclusion in force (tests, pacerctl).
+  std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
+  std::pair<uint64_t, std::vector<std::string>> Exclusion() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, BatchPlanCommand> plans_ ABSL_GUARDED_BY(mu_);
+  std::string plan_reason_ ABSL_GUARDED_BY(mu_);
+  std::string exclusion_reason_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);
+  uint64_t exclusion_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Reported> reported_ ABSL_GUARDED_BY(mu_);
+};
+
+// The command one worker gets for its part of `plan`.
+BatchPlanCommand PlanCommandFor(const BatchPlan& plan, const WorkerBatch& worker);
+
+}  // namespace pacer
