@@ -83,15 +83,14 @@ bool ExclusionShortfallExplained(const AuditRecord& rec, double min_gain,
 // as the measured gain, for the audit.
 bool JudgedByThroughput(ActionKind kind) { return kind != ActionKind::kReallocate; }
 
-// Whether a batch plan has had the chance to show its effect: the workers switch at its
-// effective step, and the throughput the gain is measured by is the last window's, so a plan
-// is judged only once the job ran rollback.evaluate_after_steps steps past that step (as well
-// as evaluate_after_s after the decision). Judged earlier — a slow step before the switch, a
-// plan scheduled at a step this run never reaches — it would be measured on the plan it
-// replaced. Other actions are judged by time alone.
-bool RanLongEnough(const AuditRecord& r, const ClusterView& view, const RollbackConfig& rb) {
-  if (r.action.kind != ActionKind::kAdjustBatch || !r.action.plan) return true;
-  return view.job.current_step >= r.action.plan->effective_step + rb.evaluate_after_steps;
+// The job step from which an action's effect shows: a batch plan's effective step; any other
+// action in a sync job from the step after the one it was decided at. -1: unknown (async, or
+// decided before a restart of pacerd).
+int64_t FirstStepUnder(const AuditRecord& r, const std::map<uint64_t, int64_t>& decided) {
+  if (r.action.kind == ActionKind::kAdjustBatch && r.action.plan)
+    return r.action.plan->effective_step;
+  auto it = decided.find(r.id);
+  return it == decided.end() ? -1 : it->second + 1;
 }
 
 // Whether workers were excluded when a decision at `from_ms` was made, or exclusions changed
@@ -167,6 +166,81 @@ absl::Status Controller::ApplyPolicy(const PolicyConfig& config, int64_t now_ms)
   decide_ = *decide;
   history_.Record(std::move(r), config_.audit.max_records);
   return absl::OkStatus();
+}
+
+// Whether an action has had the chance to show its effect: it is judged only once the job ran
+// rollback.evaluate_after_steps steps under it (a plan: past its effective step; any other
+// action of a sync job: past the step it was decided at), as well as evaluate_after_s after
+// the decision. Judged earlier — a slow step before a switch, a plan scheduled at a step this
+// run never reaches, 60 s of a job whose steps take 46 s — it would be measured on what it
+// replaced. Async jobs (no job-wide step) by time alone.
+bool Controller::RanLongEnough(const AuditRecord& r, const ClusterView& view) const {
+  const int64_t first = FirstStepUnder(r, decided_step_);
+  if (first < 0) return true;
+  return view.job.current_step >= first + config_.safety.rollback.evaluate_after_steps;
+}
+
+// The measured gain of an action. In a sync job, with evaluate_after_steps > 0: the job's step
+// rate over the steps run under the action (at least evaluate_after_steps, and
+// evaluate_after_s) against the rate just before its decision (over at least
+// evaluate_after_steps steps) — a mean over many steps, whatever their length,
+// where the last window's throughput holds one step of a job with 46 s steps, or none. Both
+// spans run between step transitions seen by the reconciles (the first sample showing a new
+// step), so a span is only as uncertain as one reconcile interval, not one step. nullopt: not
+// enough steps under it yet (measured later). Otherwise (async, steps unknown, too little
+// history before it or too few reconciles since): the last window's throughput against the
+// one at the decision.
+std::optional<double> Controller::MeasuredGain(const AuditRecord& r, const ClusterView& view) const {
+  const double fallback = view.job.throughput / r.baseline_throughput - 1;
+  const int64_t n = config_.safety.rollback.evaluate_after_steps;
+  const int64_t first = FirstStepUnder(r, decided_step_);
+  if (view.job.mode != JobMode::kSync || n <= 0 || first < 0 || step_samples_.size() < 2)
+    return fallback;
+  // Transitions: samples whose step differs from the one before.
+  auto transition = [&](size_t i) {
+    return i > 0 && step_samples_[i].step != step_samples_[i - 1].step;
+  };
+  // After: from the switch to `first` (interpolated between the samples around it: exact
+  // enough whether a reconcile interval holds many steps or a step many intervals) to the
+  // newest transition (where the current step was first seen).
+  std::optional<size_t> f, z;
+  for (size_t i = 0; i < step_samples_.size(); ++i) {
+    if (!f && step_samples_[i].step >= first && step_samples_[i].ms >= r.time_ms) f = i;
+    if (transition(i)) z = i;
+  }
+  if (!f || !z || *z < *f) return fallback;
+  double switch_ms = static_cast<double>(step_samples_[*f].ms);
+  if (*f > 0 && step_samples_[*f].step > step_samples_[*f - 1].step) {
+    const StepSample& p = step_samples_[*f - 1];
+    const StepSample& q = step_samples_[*f];
+    const double frac = std::clamp(static_cast<double>(first - p.step) /
+                                       static_cast<double>(q.step - p.step), 0.0, 1.0);
+    switch_ms = static_cast<double>(p.ms) + frac * static_cast<double>(q.ms - p.ms);
+  }
+  const StepSample& sz = step_samples_[*z];
+  if (sz.step - first < n) return std::nullopt;  // not enough steps under it yet
+  const double after_ms = static_cast<double>(sz.ms) - switch_ms;
+  // Before: the shortest span back from the last transition at or before the decision with
+  // evaluate_after_steps steps — what the job ran at when it decided (one reconcile interval
+  // of a fast job, n steps of a slow one), not what it ran at before the trouble began.
+  std::optional<size_t> b1, b0;
+  for (size_t i = step_samples_.size(); i-- > 1;) {
+    if (!transition(i) || step_samples_[i].ms > r.time_ms) continue;
+    if (!b1) {
+      b1 = i;
+      continue;
+    }
+    b0 = i;
+    if (step_samples_[*b1].step - step_samples_[i].step >= n) break;
+  }
+  if (!b1 || !b0 || step_samples_[*b1].step - step_samples_[*b0].step < n) return fallback;
+  const StepSample& s1 = step_samples_[*b1];
+  const StepSample& s0 = step_samples_[*b0];
+  if (!(after_ms > 0) || s1.ms <= s0.ms) return fallback;
+  const double after_rate = static_cast<double>(sz.step - first) / after_ms;
+  const double before_rate =
+      static_cast<double>(s1.step - s0.step) / static_cast<double>(s1.ms - s0.ms);
+  return after_rate / before_rate - 1;
 }
 
 bool Controller::StepRuleConfigured() const {
@@ -261,6 +335,13 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
       burst_view_.workers.push_back(std::move(v));
     }
     last_view_ = true;
+  }
+  if (view.job.mode == JobMode::kSync) {
+    if (!step_samples_.empty() && view.job.current_step < step_samples_.back().step)
+      step_samples_.clear();  // a new run counts steps from 0 again
+    if (step_samples_.empty() || view.now_ms > step_samples_.back().ms)
+      step_samples_.push_back({view.now_ms, view.job.current_step});
+    while (step_samples_.size() > kMaxStepSamples) step_samples_.pop_front();
   }
   MeasureAndRollBack(view, inputs, result);
 
@@ -397,6 +478,12 @@ void Controller::Execute(Action action, const ClusterView& view, const std::stri
   r.action = std::move(action);
   const uint64_t id = history_.Record(std::move(r), config_.audit.max_records);
   result.audit_ids.push_back(id);
+  if (view.job.mode == JobMode::kSync) {
+    decided_step_[id] = view.job.current_step;
+    // Only the records the audit still holds (it drops its oldest).
+    while (decided_step_.size() > static_cast<size_t>(config_.audit.max_records) + 1)
+      decided_step_.erase(decided_step_.begin());
+  }
   result.dispatch.push_back(history_.FindRecord(id)->action);
 }
 
@@ -408,11 +495,13 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
   for (const auto& r : history_.audit()) {
     if (r.outcome == AuditRecord::Outcome::kExecuted && !r.measured_gain &&
         view.now_ms - r.time_ms >= after_ms && r.baseline_throughput > 0 &&
-        view.job.throughput > 0 && RanLongEnough(r, view, rb))
+        view.job.throughput > 0 && RanLongEnough(r, view))
       due.push_back(r.id);
   }
   for (uint64_t id : due) {
-    const double gain = view.job.throughput / history_.FindRecord(id)->baseline_throughput - 1;
+    const std::optional<double> measured = MeasuredGain(*history_.FindRecord(id), view);
+    if (!measured) continue;  // not enough steps under it yet
+    const double gain = *measured;
     history_.SetMeasuredGain(id, gain, view.now_ms);
     const AuditRecord rec = *history_.FindRecord(id);  // copy: Execute() may drop old records
     if (!rb.enabled || !Reversible(rec.action.kind) || rec.action.rollback_of != 0 ||

@@ -33,8 +33,10 @@
 // thread (or under its mutex); it does no I/O and never blocks.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,20 @@ class Controller {
   // said about the job (mode, who is live, whether exclusion can be carried out). Not durable:
   // after a pacerd restart the rule waits for fresh timings and the next reconcile.
   BurstDetector bursts_;
+  // Sync jobs: (time, job step) at each reconcile, oldest first, at most kMaxStepSamples;
+  // and the job step at which each executed action was decided. A gain is measured as the
+  // step rate over at least rollback.evaluate_after_steps steps under the action against the
+  // same number of steps before it (MeasuredGain). Not durable: after a pacerd restart the
+  // actions decided before it are measured by the last window's throughput.
+  struct StepSample {
+    int64_t ms = 0;
+    int64_t step = 0;
+  };
+  static constexpr size_t kMaxStepSamples = 8192;
+  std::deque<StepSample> step_samples_;
+  std::map<uint64_t, int64_t> decided_step_;
+  bool RanLongEnough(const AuditRecord& r, const ClusterView& view) const;
+  std::optional<double> MeasuredGain(const AuditRecord& r, const ClusterView& view) const;
   bool last_view_ = false;
   ClusterView burst_view_;  // job facts and workers (id, alive, restarting) only
   // Worker id → when it was first seen quiet (in the view, not alive, not restarting). Not

@@ -1,0 +1,141 @@
+// Judging an action by steps, not seconds (issue 17): a sync job with 46 s steps and one replica
+// at 0.48x. The plan that balances it must not be rolled back because 60 s passed before it
+// produced two steps, and its gain is measured as the step rate under it — not as the last
+// window's throughput, which in a job with 46 s steps holds one step, or none.
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "controller/controller.h"
+#include "tests/controller/view_builder.h"
+
+namespace pacer {
+namespace {
+
+using testing::MakeStraggler;
+using testing::SyncView;
+
+PolicyConfig Dedicated(int64_t evaluate_after_steps) {
+  PolicyConfig c;
+  c.name = "test-dd";
+  c.policy = "dedicated";
+  c.detection.straggler_threshold = 0.85;
+  c.detection.leader_threshold = 1.15;
+  c.safety.min_gain = 0.03;
+  c.safety.cooldown_s = 60;
+  c.safety.adjust_batch_cooldown_s = 30;
+  c.safety.window_s = 600;
+  c.safety.max_actions_per_window = 10;
+  c.safety.rollback.evaluate_after_s = 60;
+  c.safety.rollback.evaluate_after_steps = evaluate_after_steps;
+  c.safety.rollback.min_fraction_of_predicted = 0.5;
+  return c;
+}
+
+// Reconciles every 10 s for `seconds`; the job runs 46 s steps before the plan in force
+// switches, 25.7 s steps after. The view's throughput is what a 10 s window shows of such a
+// job: the old plan's until a window holds a new step, then noisy — here it stays at the old
+// value throughout (the worst case: every window without a step report of the new plan).
+struct Outcome {
+  int rollbacks = 0;
+  int plans = 0;
+  std::optional<double> measured;
+};
+
+Outcome Drive(int64_t evaluate_after_steps, double seconds) {
+  auto ctl = Controller::Create(Dedicated(evaluate_after_steps));
+  EXPECT_TRUE(ctl.ok()) << ctl.status();
+  SimulatedClock clock;
+  ClusterView v = SyncView(4, 8800);  // 2200 samples each at 100/s: 22 s
+  MakeStraggler(v, 3, 0.48, /*persistent=*/false, /*contention=*/false);
+  v.job.step_time_s = 45.8;
+  v.job.throughput = 8800 / 45.8;
+  Outcome run;
+  double step = 0;  // fractional job step
+  int64_t effective = -1;
+  for (double t = 0; t <= seconds; t += 10) {
+    if (t >= 200) v.workers[3].persistent = true;  // a plan from here on
+    v.now_ms = clock.NowMs();
+    v.job.current_step = static_cast<int64_t>(step);
+    auto r = (*ctl)->Reconcile(v);
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (const Action& a : r->dispatch) {
+      if (a.kind != ActionKind::kAdjustBatch) continue;
+      if (a.rollback_of != 0) {
+        ++run.rollbacks;
+        effective = -1;
+      } else {
+        ++run.plans;
+        effective = a.plan->effective_step;
+      }
+    }
+    step += 10 / (effective >= 0 && step >= static_cast<double>(effective) ? 25.7 : 45.8);
+    clock.AdvanceMs(10'000);
+  }
+  for (const auto& rec : (*ctl)->history().audit())
+    if (rec.action.kind == ActionKind::kAdjustBatch && rec.action.rollback_of == 0 && rec.measured_gain)
+      run.measured = *rec.measured_gain;
+  return run;
+}
+
+TEST(StepEvaluation, APlanOnALongStepJobIsJudgedByItsStepsAndKept) {
+  const Outcome run = Drive(/*evaluate_after_steps=*/3, 900);
+  EXPECT_EQ(run.plans, 1);
+  EXPECT_EQ(run.rollbacks, 0);
+  ASSERT_TRUE(run.measured.has_value()) << "measured once 3 steps ran under the plan";
+  // 45.8 s → 25.7 s per step: +78 %, measured on the steps (the window still shows +0 %).
+  EXPECT_GT(*run.measured, 0.5);
+  EXPECT_LT(*run.measured, 1.0);
+}
+
+TEST(StepEvaluation, NotYetMeasuredBeforeEnoughStepsUnderThePlan) {
+  // 60 s after the decision the plan has not run 3 steps: nothing is measured yet.
+  const Outcome run = Drive(/*evaluate_after_steps=*/3, 290);
+  EXPECT_EQ(run.plans, 1);
+  EXPECT_FALSE(run.measured.has_value());
+}
+
+TEST(StepEvaluation, JudgedBySecondsAloneTheRightPlanIsRolledBack) {
+  // The production finding: evaluate_after_steps 0, judged 60 s later on a window that shows
+  // the old step: "measured gain 0.000 < 0.50 × predicted" — the plan is undone.
+  const Outcome run = Drive(/*evaluate_after_steps=*/0, 400);
+  EXPECT_EQ(run.plans, 1);
+  EXPECT_EQ(run.rollbacks, 1);
+}
+
+TEST(StepEvaluation, AnyActionOfASyncJobWaitsForStepsUnderIt) {
+  // An exclusion (backup-workers' kind of action) in a job with 46 s steps: measured only once
+  // evaluate_after_steps steps ran after the step it was decided at, not after 60 s.
+  PolicyConfig c = Dedicated(3);
+  c.policy = "backup-workers";
+  c.backup_workers.count = 1;
+  c.safety.min_gain = 0;
+  auto ctl = Controller::Create(c);
+  ASSERT_TRUE(ctl.ok()) << ctl.status();
+  SimulatedClock clock;
+  ClusterView v = SyncView(4, 8800);
+  v.job.can_exclude_workers = true;
+  MakeStraggler(v, 3, 0.48, /*persistent=*/true, /*contention=*/true);
+  double step = 0;
+  std::optional<int64_t> measured_at_s;
+  uint64_t excluded_id = 0;
+  for (int t = 0; t <= 400; t += 10) {
+    v.now_ms = clock.NowMs();
+    v.job.current_step = static_cast<int64_t>(step);
+    auto r = (*ctl)->Reconcile(v);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const Action& a : r->dispatch)
+      if (a.kind == ActionKind::kExcludeWorkers && excluded_id == 0) excluded_id = a.id;
+    if (excluded_id != 0 && !measured_at_s) {
+      const AuditRecord* rec = (*ctl)->history().FindRecord(excluded_id);
+      if (rec && rec->measured_gain) measured_at_s = t;
+    }
+    step += 10 / 45.8;
+    clock.AdvanceMs(10'000);
+  }
+  ASSERT_NE(excluded_id, 0u);
+  ASSERT_TRUE(measured_at_s.has_value());
+  EXPECT_GE(*measured_at_s, 3 * 45.8) << "not judged before 3 steps ran under it";
+}
+
+}  // namespace
+}  // namespace pacer
