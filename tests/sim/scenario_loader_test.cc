@@ -79,6 +79,17 @@ job: {mode: sync, workers: -2, global_batch: 64, total_samples: 6400}
 speeds: {median: 100}
 )", "bad.yaml:3:", "field 'job.workers'");
   ExpectRefused(std::string(kGood) + "noise: lots\n", "bad.yaml:5:", "field 'noise'");
+  ExpectRefused(std::string(kGood) + "noise_dist: gaussian\n", "bad.yaml:5:", "field 'noise_dist'");
+  ExpectRefused(std::string(kGood) + "sim: {decision_heartbeats: 2}\n", "bad.yaml:5:",
+                "field 'sim.decision_heartbeats'");
+  {
+    absl::StatusOr<Scenario> sc = ParseScenario(
+        std::string(kGood) + "noise: 0.12\nnoise_dist: exponential\nsim: {decision_heartbeats: 0}\n",
+        "good.yaml");
+    ASSERT_TRUE(sc.ok()) << sc.status();
+    EXPECT_EQ(sc->noise_dist, NoiseDist::kExponential);
+    EXPECT_EQ(sc->sim.decision_heartbeats, 0);
+  }
   ExpectRefused(std::string(kGood) + "events:\n  - {at_s: 1, kind: slowdown, worker: 99, factor: 0.5}\n",
                 "bad.yaml:6:", "field 'events[0].worker'");
   ExpectRefused(std::string(kGood) + "events:\n  - {at_s: 1, kind: meteor}\n", "bad.yaml:6:",
