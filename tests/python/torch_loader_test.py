@@ -103,6 +103,32 @@ class TorchLoaderTest(unittest.TestCase):
         self.assertGreater(chain[1][1], 0)
         self.assertEqual(res[0]["checksum"], res[1]["checksum"])
 
+    def test_single_process_worker_init_sees_the_dataset(self):
+        """World 1 (no torch.distributed), num_workers=2: every record once, and a
+        worker_init_fn reaches the user's dataset attributes through get_worker_info()."""
+        script = (
+            "import os, sys, torch\n"
+            "import pacer.torch as pt\n"
+            "class DS(torch.utils.data.Dataset):\n"
+            "    tag = 'mine'\n"
+            "    def __len__(self): return 500\n"
+            "    def __getitem__(self, i): return i\n"
+            "def init(_):\n"
+            "    info = torch.utils.data.get_worker_info()\n"
+            "    assert info.dataset.tag == 'mine' and len(info.dataset) == 500, 'dataset hidden'\n"
+            "seen = []\n"
+            "loader = pt.DataLoader(DS(), batch_size=16, num_workers=2, worker_init_fn=init)\n"
+            "for b in loader:\n"
+            "    seen += b.tolist()\n"
+            "assert sorted(seen) == list(range(500)), (len(seen), len(set(seen)))\n"
+            "print('OK', len(seen), loader.step)\n")
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
+            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, PACER_WORKER_ID="solo")
+            children.start([sys.executable, "-c", script], env=env, log_path=f"{tmp}/solo.log")
+            codes = children.wait_all(timeout_s=120)
+            self.assertEqual(codes, [0], self.logs(tmp))
+
     @unittest.skipUnless(shutil.which("torchrun"), "torchrun not installed")
     def test_under_torchrun_without_pacer_identity(self):
         records = 2000

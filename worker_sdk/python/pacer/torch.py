@@ -493,6 +493,13 @@ class _TimedDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.dataset)
 
+    def __getattr__(self, name):
+        # get_worker_info().dataset in a worker_init_fn is this wrapper: the user's attributes
+        # stay reachable through it.
+        if name in ("dataset", "batch_start_ns") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
     def __getitem__(self, i):
         if self.batch_start_ns is None:
             self.batch_start_ns = time.monotonic_ns()
@@ -551,7 +558,11 @@ class _LeaseBatchSampler:
                 return _Item(0, ld._reader.records_read), []
             ld._reader.resume()
         n = max(ld._batch, ld.min_batch)
-        blocking = pacer.Blocking.UNTIL_PREFETCHED if ld._lockstep else pacer.Blocking.UNTIL_DATA
+        # Without lockstep the reader may block until data comes, but not while batches of this
+        # rank's records are still in the loader processes: the end of the data (or the next
+        # lease) can come only after they are trained and declared, which waits for this call.
+        blocking = (pacer.Blocking.UNTIL_PREFETCHED if ld._lockstep or self.in_flight()
+                    else pacer.Blocking.UNTIL_DATA)
         outcome, ids = ld._reader.next(n, blocking)
         if outcome == pacer.Outcome.WAIT and ld._lockstep:
             # The service has nothing for this rank now. Often that is because this rank's own
@@ -598,9 +609,18 @@ class _LeaseBatchSampler:
             if not ids and not ld._lockstep:
                 if self.ended:
                     return
-                continue  # UNTIL_DATA returned nothing without the end: ask again
+                if not self.in_flight():
+                    continue  # UNTIL_DATA returned nothing without the end: ask again
+                # Nothing now, and records in flight: hand the DataLoader an empty batch so the
+                # loop trains (and declares) those first; the loop skips it.
             ld._pipeline.append(item)
             yield ids
+
+    def in_flight(self):
+        """Whether records this rank handed out are not trained yet."""
+        ld = self.loader
+        return (any(p.weight for p in ld._pipeline) or
+                (ld._current is not None and ld._current.weight > 0))
 
 
 class DataLoader:
@@ -673,6 +693,7 @@ class DataLoader:
         self.tail_releases = 0      # times this rank handed its leases to waiting ranks
         self._release_pending = False
         self._resume_at = 0
+        self._current = None        # the batch between the pipeline and its hand-out
         self._loader_covered_ns = 0  # loading intervals counted up to here
         self._loader_per_sample_ns = None  # smoothed loader busy time per sample
         self._handed_ns = 0          # when the batch handed out last was handed out
@@ -736,12 +757,15 @@ class DataLoader:
                     self._report_step(stepped)
                 item = self._pipeline.popleft()
                 data = self._loaded(data, item)
+                if item.weight == 0 and not self._lockstep:
+                    continue  # nothing to train (see _LeaseBatchSampler.__iter__): no step
+                self._current = item
                 if isinstance(data, _Empty) or item.weight == 0:
                     data = self._repeat_batch()
                     self.repeats += 1
                 else:
                     self._last_real = data
-                if not self._real_ahead(sampler) and not sampler.ended:
+                if self._lockstep and not self._real_ahead(sampler) and not sampler.ended:
                     # Nothing real queued after this batch: look ahead so that the end of the
                     # data is known at this step, not one all-empty step later.
                     sampler.peek()
@@ -816,6 +840,7 @@ class DataLoader:
         hook.begin_step(item.weight, ended, waiting=waiting, batch=self._batch)
         hook.last_total = None
         self._handed = item
+        self._current = None
         self.weight = item.weight
         self.client.set_step(self._step)
         plan = self.client.batch_plan(self._step)
