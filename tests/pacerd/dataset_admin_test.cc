@@ -1,29 +1,24 @@
 // pacerctl datasets delete|reset over gRPC on loopback against a real pacerd (RocksDB journal):
 // admin only, NOT_FOUND with the name, the holder of a lease told (cancelled in its heartbeat,
 // NOT_FOUND on its next fetch of a deleted dataset), audited in ListActions, the spec-mismatch
-// error naming the fields, and the state after a restart the same as before it.
+// error naming the fields, and the state after a restart the same as before it. pacerd runs in
+// the in-process harness (tests/testing/pacerd_harness.h) on its simulated clock.
 #include <gtest/gtest.h>
 
-#include "cmd/pacerd/pacerd.h"
 #include "common/auth.h"
-#include "proto/pacer/controller.grpc.pb.h"
-#include "tests/testing/test_util.h"
+#include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
 namespace {
 
 class DatasetAdminTest : public ::testing::Test {
  protected:
+  // Starts pacerd (again, on the same data dir: a restart).
   void Start() {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.housekeeping = false;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
-    channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
+    h_.Restart();
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
+    channel_ = h_.channel();
     stub_ = ShardingService::NewStub(channel_);
   }
   std::unique_ptr<grpc::ClientContext> Ctx(bool admin) {
@@ -40,8 +35,8 @@ class DatasetAdminTest : public ::testing::Test {
     return s;
   }
 
-  testing::TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  testing::PacerdHarness h_{{.start = false}};
+  Pacerd* pacerd_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ShardingService::Stub> stub_;
 };
@@ -136,7 +131,6 @@ TEST_F(DatasetAdminTest, DeleteAndResetOverGrpcAreAdminOnlyAuditedAndSurviveARes
 
   // A restart replays the journal (delete, re-registration, reset) to the same state.
   const std::string before = pacerd_->sharding()->SnapshotForTest().SerializeAsString();
-  pacerd_.reset();
   ASSERT_NO_FATAL_FAILURE(Start());
   EXPECT_EQ(pacerd_->sharding()->SnapshotForTest().SerializeAsString(), before);
   ListDatasetsResponse list;
@@ -151,18 +145,9 @@ TEST_F(DatasetAdminTest, DeleteAndResetOverGrpcAreAdminOnlyAuditedAndSurviveARes
 // the delete (4), the next (6, after the re-registration at 5) would find the key on disk and
 // keep the old spec, and a restart would come back with it.
 TEST_F(DatasetAdminTest, AReRegisteredSpecSurvivesSnapshotsAndARestart) {
-  PacerdOptions o;
-  o.data_dir = dir_.Sub("data");
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.housekeeping = false;
-  o.sharding.snapshot_every = 3;
+  h_.mutable_options().sharding.snapshot_every = 3;
   for (int round = 0; round < 2; ++round) {
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
-    channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
-    stub_ = ShardingService::NewStub(channel_);
+    ASSERT_NO_FATAL_FAILURE(Start());
     if (round == 0) {
       RegisterDatasetRequest reg;
       RegisterDatasetResponse resp;
@@ -191,7 +176,7 @@ TEST_F(DatasetAdminTest, AReRegisteredSpecSurvivesSnapshotsAndARestart) {
     ASSERT_TRUE(stub_->ListDatasets(Ctx(false).get(), ListDatasetsRequest(), &list).ok());
     ASSERT_EQ(list.datasets_size(), 1);
     EXPECT_EQ(list.datasets(0).spec().num_records(), 300u) << "round " << round;
-    pacerd_.reset();
+    h_.Stop();
   }
 }
 

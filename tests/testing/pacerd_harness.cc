@@ -26,7 +26,8 @@ std::string TestPolicy(const std::string& name) {
 
 PacerdHarness::PacerdHarness(HarnessOptions options)
     : clock_(kEpochMs), harness_options_(std::move(options)) {
-  options_.data_dir = dir_.Sub("data");
+  options_.data_dir =
+      harness_options_.data_dir.empty() ? dir_.Sub("data") : harness_options_.data_dir;
   options_.listen = "127.0.0.1:0";
   options_.metrics_listen = "";
   const std::string& p = harness_options_.policy;
@@ -40,7 +41,7 @@ PacerdHarness::PacerdHarness(HarnessOptions options)
   options_.reconciler.interval_ms = harness_options_.reconcile_interval_ms;
   options_.housekeeping = harness_options_.real_clock;
   if (harness_options_.adjust) harness_options_.adjust(options_);
-  Start();
+  if (harness_options_.start) Start();
 }
 
 PacerdHarness::~PacerdHarness() { Stop(); }
@@ -50,15 +51,18 @@ const Clock* PacerdHarness::clock() const {
 }
 
 void PacerdHarness::Start() {
+  if (absl::Status s = TryStart(); !s.ok()) ADD_FAILURE() << "pacerd did not start: " << s;
+}
+
+absl::Status PacerdHarness::TryStart() {
+  Stop();
   auto d = Pacerd::Start(options_, clock());
-  if (!d.ok()) {
-    ADD_FAILURE() << "pacerd did not start: " << d.status();
-    return;
-  }
+  if (!d.ok()) return d.status();
   pacerd_ = std::move(*d);
   // The next start keeps the port (clients keep their address).
   options_.listen = pacerd_->address();
   channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
+  return absl::OkStatus();
 }
 
 void PacerdHarness::Stop() {
@@ -150,6 +154,7 @@ absl::StatusOr<HeartbeatResponse> ScriptedWorker::Heartbeat() {
   if (!r.ok()) return r.status();
   for (const WorkerCommand& c : r->commands()) {
     if (c.has_batch_plan()) plan_.Offer(c.batch_plan());
+    if (c.has_exclusion()) received_.push_back({exclusion_version_, options_.honors_exclusion, c.exclusion()});
     if (c.has_exclusion() && c.exclusion().version() > exclusion_version_) {
       exclusion_version_ = c.exclusion().version();
       excluded_ = c.exclusion().excluded();
@@ -206,11 +211,16 @@ absl::Status ScriptedJob::Run(int64_t ms) {
       if (absl::Status s = w->Step(compute, wall, wall - compute, samples); !s.ok()) return s;
     }
     if (elapsed_ms_ % o_.heartbeat_ms == 0) {
-      for (auto& w : workers_) {
-        if (dead_.count(w->id())) continue;
-        if (auto r = w->Heartbeat(); !r.ok()) return r.status();
-      }
+      if (absl::Status s = Heartbeats(); !s.ok()) return s;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScriptedJob::Heartbeats() {
+  for (auto& w : workers_) {
+    if (dead_.count(w->id())) continue;
+    if (auto r = w->Heartbeat(); !r.ok()) return r.status();
   }
   return absl::OkStatus();
 }

@@ -7,11 +7,14 @@
 //     runs (lease expiry, the monitor's windows, a reconcile when due) -- so a test never
 //     re-implements it and never races it. With `real_clock` the thread runs as in production;
 //   - named test policies (tests/testing/policies/NAME.yaml, `TestPolicy("dedicated-1s")`);
-//   - Restart() on the same data dir and port (durability tests);
+//   - Restart() on the same data dir and port (durability tests); mutable_options() for what
+//     the next start should change, and TryStart() for a test that expects a start to be
+//     refused (start = false: nothing starts until the test says so, e.g. once it has made
+//     certificates or damaged the data dir);
 //   - ScriptedWorker: a worker whose steps, heartbeats and leases the test scripts, talking to
 //     pacerd over real gRPC on loopback with its own per-worker credential.
 // Failures to start are gtest failures (ADD_FAILURE) and leave pacerd() null: tests call
-// ASSERT_TRUE(h.ok()).
+// ASSERT_TRUE(h.ok()). Every test that starts pacerd in process does it through this class.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -42,6 +45,11 @@ struct HarnessOptions {
   std::string policy;
   bool real_clock = false;  // the production housekeeping thread on the real clock
   int64_t reconcile_interval_ms = 1000;
+  // The data dir; empty: <dir()>/data (a chaos test puts it on a small tmpfs).
+  std::string data_dir;
+  // false: the constructor prepares dir, options and clock but does not start pacerd; the
+  // test starts it with TryStart() (e.g. after damaging the data dir, or expecting a refusal).
+  bool start = true;
   // Anything else a test needs set (called last, before the start).
   std::function<void(PacerdOptions&)> adjust;
 };
@@ -58,6 +66,9 @@ class PacerdHarness {
   SimulatedClock& sim_clock() { return clock_; }
   const TempDir& dir() const { return dir_; }
   const PacerdOptions& options() const { return options_; }
+  // The options of the next start (Restart(), TryStart()): a test changes them between starts
+  // (e.g. --accept-data-loss after a damage). The listen address keeps the port once started.
+  PacerdOptions& mutable_options() { return options_; }
   // The --policy file pacerd runs with (a copy the test may edit); empty without a policy.
   const std::string& policy_path() const { return options_.policy_file; }
   std::string address() const { return pacerd_->address(); }
@@ -72,6 +83,11 @@ class PacerdHarness {
   // Stops pacerd and starts it again on the same data dir and port (the clock goes on).
   void Restart();
   void Stop();
+  // Starts pacerd (stopped, or not started: `start` = false) with options() on the harness's
+  // clock and returns why it did not start instead of failing the test: the one way a test
+  // that expects pacerd to refuse a start (a damaged data dir, plaintext on a public address)
+  // calls Pacerd::Start.
+  absl::Status TryStart();
 
   // The controller's audit trail, newest first (ListActions over gRPC, as pacerctl reads it).
   ListActionsResponse Actions(uint32_t limit = 0);
@@ -116,8 +132,25 @@ class ScriptedWorker {
   void set_step(uint64_t step) { step_ = step; }
   // The batch this worker trains on at its current step (the plan's samples, else its own).
   int64_t batch();
+  // The plan entry in force at its current step (version 0: the initial batch).
+  const LocalBatch& batch_in_force() { return plan_.ForStep(step_); }
   uint64_t plan_version() const { return plan_.newest_version(); }
   bool excluded() const { return excluded_; }
+  uint64_t exclusion_version() const { return exclusion_version_; }
+  // What its heartbeats say from now on (e.g. a trainer restarted on one that cannot skip a
+  // gradient); ForgetExclusion(): a restarted trainer holds no exclusion version.
+  void set_honors_exclusion(bool honors) { options_.honors_exclusion = honors; }
+  bool honors_exclusion() const { return options_.honors_exclusion; }
+  void ForgetExclusion() { exclusion_version_ = 0; excluded_ = false; }
+  // Every exclusion command a heartbeat reply carried, oldest first, with the version the
+  // worker held and whether it said it honours exclusion when it got it (a test checks that
+  // versions only move forward and that none went to a worker that cannot carry it out).
+  struct ReceivedExclusion {
+    uint64_t held_version = 0;
+    bool honoring = false;
+    ExclusionCommand command;
+  };
+  const std::vector<ReceivedExclusion>& exclusions_received() const { return received_; }
   ShardingClient& sharding() { return *sharding_; }
   const std::string& credential() const { return credential_; }
 
@@ -131,6 +164,7 @@ class ScriptedWorker {
   uint64_t step_ = 0;
   uint64_t exclusion_version_ = 0;
   bool excluded_ = false;
+  std::vector<ReceivedExclusion> received_;
 };
 
 // A synchronous job of ScriptedWorkers on a PacerdHarness, stepped on the simulated clock: every
@@ -154,6 +188,8 @@ class ScriptedJob {
   absl::Status Connect();
   // Runs `ms` of simulated time.
   absl::Status Run(int64_t ms);
+  // One heartbeat per live worker now (e.g. after a Restart() and Connect()).
+  absl::Status Heartbeats();
   // A worker's speed factor (1 = nominal; 0.5 = half speed).
   void SetSpeed(const std::string& worker, double factor) { speed_[worker] = factor; }
   // A worker stops (no steps, no heartbeats) until Revive().
