@@ -1,170 +1,93 @@
 // REALLOCATE carried out by pacerd's reconciler on the sharding service, end to end on a
-// simulated clock (real gRPC on loopback, real RocksDB): in an async job a persistent straggler
-// gets smaller shards; once it recovers the controller goes back to no allocation, and the
-// sharding service must follow — the worker's shards are full size again. An allocation that
-// leaves a worker out resets that worker to the default (weight 1), it does not leave its old
-// shard scale in force.
+// simulated clock (tests/testing/pacerd_harness.h: real gRPC on loopback, real RocksDB,
+// production's housekeeping step): in an async job a persistent straggler gets smaller shards;
+// once it recovers the controller goes back to no allocation, and the sharding service must
+// follow — the worker's shards are full size again. An allocation that leaves a worker out
+// resets that worker to the default (weight 1), it does not leave its old shard scale in force.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 
-#include "cmd/pacerd/pacerd.h"
-#include "common/auth.h"
-#include "proto/pacer/controller.grpc.pb.h"
-#include "proto/pacer/monitor.grpc.pb.h"
-#include "tests/testing/test_util.h"
-#include "worker_sdk/sharding_client.h"
+#include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
 namespace {
 
-constexpr char kPolicy[] = R"(version: 1
-name: test-nd
-policy: non-dedicated
-detection:
-  straggler_threshold: 0.8
-  leader_threshold: 1.2
-  window_s: 1
-  persistent_windows: 2
-  history_windows: 3
-  min_confidence: 0.1
-actions:
-  adjust_batch:
-    enabled: false
-  reallocate:
-    enabled: true
-    tail_backups: false
-    hysteresis: 0.15
-  restart:
-    enabled: false
-  server:
-    enabled: false
-safety:
-  min_gain: 0.01
-  cooldown_s: 1
-)";
+using testing::HarnessOptions;
+using testing::PacerdHarness;
+using testing::ScriptedWorker;
 
 constexpr int kWorkers = 4;
 constexpr uint64_t kShard = 100;
 
+HarnessOptions Options() {
+  HarnessOptions o;
+  o.policy = "reallocate-1s";
+  o.adjust = [](PacerdOptions& p) { p.reconciler.mode = JobMode::kAsync; };
+  return o;
+}
+
 class ReallocationDispatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string policy_path = dir_.Sub("policy.yaml");
-    std::ofstream(policy_path) << kPolicy;
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.policy_file = policy_path;
-    o.reconciler.interval_ms = 1000;
-    o.reconciler.mode = JobMode::kAsync;
-    o.housekeeping = false;  // the script ticks the monitor and reconciles on its clock
-    auto d = Pacerd::Start(o, &clock_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
-    channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
-    monitor_ = Monitor::NewStub(channel_);
+    ASSERT_TRUE(h_.ok());
     for (int i = 0; i < kWorkers; ++i) {
-      ShardingClientOptions co;
-      co.address = pacerd_->address();
-      co.token = pacerd_->job_token();
-      co.worker_id = "w" + std::to_string(i);
-      co.node = "n" + std::to_string(i);
-      auto c = ShardingClient::Connect(co);
-      ASSERT_TRUE(c.ok()) << c.status();
-      clients_.push_back(std::move(*c));
-      grpc::ClientContext ctx;
-      AttachToken(&ctx, pacerd_->job_token());
-      MonitorRegisterRequest req;
-      req.set_worker_id(co.worker_id);
-      req.set_node(co.node);
-      MonitorRegisterResponse resp;
-      ASSERT_TRUE(monitor_->RegisterWorker(&ctx, req, &resp).ok());
+      ScriptedWorker::Options o;
+      o.id = "w" + std::to_string(i);
+      o.node = "n" + std::to_string(i);
+      workers_.push_back(std::make_unique<ScriptedWorker>(h_, o));
+      absl::Status s = workers_.back()->Connect();
+      ASSERT_TRUE(s.ok()) << s;
     }
     DatasetSpec spec;
     spec.set_name("train");
     spec.set_num_records(100'000'000);
     spec.set_shard_size(kShard);
     spec.set_num_epochs(1);
-    ASSERT_TRUE(clients_[0]->RegisterDataset(spec).ok());
+    ASSERT_TRUE(workers_[0]->sharding().RegisterDataset(spec).ok());
   }
 
-  // One simulated second of async training: w3 computes `w3_slowdown` times slower; then
-  // heartbeats, a monitor window and a reconcile.
+  // One simulated second of async training (production's housekeeping after each 100 ms): w3
+  // computes `w3_slowdown` times slower; then a heartbeat from each worker.
   void Second(double w3_slowdown) {
     for (int tick = 0; tick < 10; ++tick) {
-      clock_.AdvanceMs(100);
-      ++step_;
-      ReportStepsRequest req;
+      h_.Advance(100);
       for (int i = 0; i < kWorkers; ++i) {
-        StepReport* r = req.add_steps();
         const double compute = i == 3 ? 0.08 * w3_slowdown : 0.08;
-        r->set_worker_id("w" + std::to_string(i));
-        r->set_step(step_);
-        r->set_local_batch(64);
-        r->set_samples(64);
-        r->set_compute_s(compute);
-        r->set_comm_s(0.01);
-        r->set_wall_s(compute + 0.01);
-        r->set_time_ms(clock_.NowMs());
+        ASSERT_TRUE(workers_[i]->Step(compute, compute + 0.01, 0.01).ok());
       }
-      grpc::ClientContext ctx;
-      AttachToken(&ctx, pacerd_->job_token());
-      ReportStepsResponse resp;
-      ASSERT_TRUE(monitor_->ReportSteps(&ctx, req, &resp).ok());
     }
-    for (auto& c : clients_) {
-      HeartbeatRequest hb;
-      hb.set_step(step_);
-      ASSERT_TRUE(c->Heartbeat(hb).ok());
-    }
-    pacerd_->monitor()->Tick();
-    pacerd_->reconciler()->MaybeReconcile();
+    for (auto& w : workers_) ASSERT_TRUE(w->Heartbeat().ok());
   }
 
   // The size of the shard w3 gets now (the lease is completed at once).
   uint64_t W3ShardSize() {
-    auto r = clients_[3]->Fetch("train");
+    auto r = workers_[3]->sharding().Fetch("train");
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok() || r->outcome() != FetchShardResponse::LEASED) return 0;
-    EXPECT_TRUE(clients_[3]->Complete(r->lease()).ok());
+    EXPECT_TRUE(workers_[3]->sharding().Complete(r->lease()).ok());
     return r->lease().end() - r->lease().begin();
   }
 
   std::vector<ActionRecord> ExecutedReallocations() {
-    auto ctl = ControllerService::NewStub(channel_);
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, pacerd_->job_token());
-    ListActionsResponse actions;
-    EXPECT_TRUE(ctl->ListActions(&ctx, ListActionsRequest(), &actions).ok());
     std::vector<ActionRecord> out;
+    const ListActionsResponse actions = h_.Actions();
     for (const auto& a : actions.actions())
       if (a.kind() == "REALLOCATE" && a.outcome() == "executed") out.push_back(a);
     return out;
   }
 
   std::string Audit() {
-    auto ctl = ControllerService::NewStub(channel_);
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, pacerd_->job_token());
-    ListActionsResponse actions;
-    EXPECT_TRUE(ctl->ListActions(&ctx, ListActionsRequest(), &actions).ok());
     std::string out;
+    const ListActionsResponse actions = h_.Actions();
     for (const auto& a : actions.actions())
       out += "\n" + a.kind() + " " + a.outcome() + " " + a.reason() + " " + a.veto_reason() +
              " | " + a.inputs();
     return out;
   }
 
-  testing::TempDir dir_;
-  SimulatedClock clock_{RealClock::Get()->NowMs()};
-  std::unique_ptr<Pacerd> pacerd_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<Monitor::Stub> monitor_;
-  std::vector<std::unique_ptr<ShardingClient>> clients_;
-  uint64_t step_ = 0;
+  PacerdHarness h_{Options()};
+  std::vector<std::unique_ptr<ScriptedWorker>> workers_;
 };
 
 TEST_F(ReallocationDispatchTest, BackToNoAllocationResetsTheWorkersShardScale) {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <set>
 
-#include "cmd/pacerd/pacerd.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/shard_reader.h"
@@ -25,14 +25,9 @@ using testing::WaitFor;
 class SdkClientTest : public ::testing::Test {
  protected:
   void StartPacerd(int port = 0) {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:" + std::to_string(port);
-    o.metrics_listen = "";
-    o.sharding.heartbeat_interval_ms = 50;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    h_.Restart();  // the same data dir and port on a restart
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
   }
   ClientOptions Options(const std::string& worker) {
     ClientOptions o;
@@ -63,8 +58,12 @@ class SdkClientTest : public ::testing::Test {
     return l.ok() && l->datasets_size() ? l->datasets(0) : DatasetInfo();
   }
 
-  TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .start = false, .adjust = [](PacerdOptions& p) {
+    p.sharding.heartbeat_interval_ms = 50;
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
 };
 
 TEST_F(SdkClientTest, ReaderDeliversEveryRecordOnceAndTheDatasetFinishes) {
@@ -225,7 +224,8 @@ TEST_F(SdkClientTest, ProgressQueuedWhilePacerdIsDownIsCountedAfterItRestarts) {
   ASSERT_TRUE(client->Flush(20'000).ok());
   EXPECT_EQ(Dataset(*client).records_done_current_epoch(), 30u);
 
-  pacerd_.reset();  // pacerd goes away; the training thread keeps going
+  h_.Stop();  // pacerd goes away; the training thread keeps going
+  pacerd_ = nullptr;
   ASSERT_TRUE((*reader)->Next(40, &ids).ok());
   const auto t0 = std::chrono::steady_clock::now();
   (*reader)->MarkConsumed();  // never blocks on the network
@@ -260,7 +260,8 @@ TEST_F(SdkClientTest, AnUnreachablePacerdIsRetriedWithBackoffThenReported) {
   // A port that was just free: nothing listens there.
   StartPacerd();
   const std::string address = pacerd_->address();
-  pacerd_.reset();
+  h_.Stop();
+  pacerd_ = nullptr;
   ClientOptions o;
   o.address = address;
   o.token = "t";

@@ -15,8 +15,8 @@
 #include <set>
 #include <thread>
 
-#include "cmd/pacerd/pacerd.h"
 #include "tests/sdk/ledger_consumer.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/shard_reader.h"
@@ -31,14 +31,8 @@ using testing::WaitFor;
 class LostReplyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.sharding.heartbeat_interval_ms = 50;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
   }
   ShardingClientOptions Direct(const std::string& worker) {
     ShardingClientOptions o;
@@ -76,8 +70,12 @@ class LostReplyTest : public ::testing::Test {
     return l.ok() && l->datasets_size() ? l->datasets(0) : DatasetInfo();
   }
 
-  TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .adjust = [](PacerdOptions& p) {
+    p.sharding.heartbeat_interval_ms = 50;
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
 };
 
 TEST_F(LostReplyTest, ARetriedFetchGetsTheSameLeaseAndAGivenUpOneIsReleasedAtTheNextHeartbeat) {

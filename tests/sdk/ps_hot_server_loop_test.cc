@@ -1,8 +1,9 @@
 // A hot parameter server, the whole loop (label integration): monitor → controller →
 // reconciler → agent → pacer-ps restart, with no step called by hand except the clock.
 //
-// An in-process pacerd runs on a SimulatedClock with its housekeeping thread off; the test
-// closes the monitor's windows (Tick) and reconciles (MaybeReconcile) itself. A real
+// An in-process pacerd (tests/testing/pacerd_harness.h) runs on a SimulatedClock; every 100 ms
+// of it the harness runs production's housekeeping step (lease expiry, the monitor's windows,
+// a reconcile when due). A real
 // pacer-agent supervises three real pacer-ps servers, ps0..ps2 (--worker-id-prefix ps, the
 // names a PsClient reports latency under), each with a --state-dir. Rows are pushed to ps0
 // through a PsClient. Four scripted async workers then report their steps and, as the CTR
@@ -20,11 +21,8 @@
 #include <regex>
 
 #include "agent/agent_registry.h"
-#include "cmd/pacerd/pacerd.h"
 #include "common/auth.h"
-#include "proto/pacer/controller.grpc.pb.h"
-#include "proto/pacer/monitor.grpc.pb.h"
-#include "tests/testing/test_util.h"
+#include "tests/testing/pacerd_harness.h"
 #include "worker_sdk/ps/parameter_store.h"
 #include "worker_sdk/ps/ps_client.h"
 
@@ -32,41 +30,27 @@ namespace pacer {
 namespace {
 
 using testing::BinaryPath;
+using testing::HarnessOptions;
+using testing::PacerdHarness;
 using testing::ReadFileOrEmpty;
 using testing::Subprocess;
-using testing::TempDir;
 using testing::WaitFor;
 using namespace std::chrono_literals;
 
-// Async job, only the server rule on; one-second windows, hot in 2 of the last 3 → persistent.
-// The cooldown outlasts the test's simulated time: one restart per server at most.
-constexpr char kPolicy[] = R"(version: 1
-name: test-hot-server
-policy: non-dedicated
-detection:
-  straggler_threshold: 0.8
-  leader_threshold: 1.2
-  window_s: 1
-  persistent_windows: 2
-  history_windows: 3
-  min_confidence: 0.1
-actions:
-  adjust_batch:
-    enabled: false
-  reallocate:
-    enabled: false
-  restart:
-    enabled: false
-  server:
-    enabled: true
-    hot_threshold: 1.5
-    restart: true
-safety:
-  min_gain: 0.05
-  cooldown_s: 60
-  window_s: 60
-  max_restarts_per_window: 2
-)";
+// An async job under hot-server-restart-1s: only the server rule on; one-second windows, hot
+// in 2 of the last 3 → persistent. The cooldown outlasts the test's simulated time: one
+// restart per server at most.
+HarnessOptions Options() {
+  HarnessOptions o;
+  o.policy = "hot-server-restart-1s";
+  o.start_ms = RealClock::Get()->NowMs();  // the agent's node metrics carry real time
+  o.adjust = [](PacerdOptions& p) {
+    p.reconciler.mode = JobMode::kAsync;
+    p.reconciler.restart_cost_s = 1;  // not used by the server rule; kept small regardless
+    p.agents.heartbeat_interval_ms = 200;
+  };
+  return o;
+}
 
 constexpr int kWorkers = 4;
 const std::vector<std::string> kServers = {"ps0", "ps1", "ps2"};
@@ -105,26 +89,11 @@ std::unique_ptr<PsClient> ClientFor(int port, const std::string& token) {
 class PsHotServerLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string policy_path = dir_.Sub("policy.yaml");
-    std::ofstream(policy_path) << kPolicy;
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.policy_file = policy_path;
-    o.reconciler.interval_ms = 1000;
-    o.reconciler.mode = JobMode::kAsync;
-    o.reconciler.restart_cost_s = 1;  // not used by the server rule; kept small regardless
-    o.agents.heartbeat_interval_ms = 200;
-    o.housekeeping = false;  // the script ticks the monitor and reconciles on its clock
-    auto d = Pacerd::Start(o, &clock_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
-    channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
-    monitor_ = Monitor::NewStub(channel_);
+    ASSERT_TRUE(h_.ok());
+    monitor_ = Monitor::NewStub(h_.channel());
     for (int i = 0; i < kWorkers; ++i) {
       grpc::ClientContext ctx;
-      AttachToken(&ctx, pacerd_->job_token());
+      AttachToken(&ctx, h_.job_token());
       MonitorRegisterRequest req;
       req.set_worker_id("w" + std::to_string(i));
       req.set_node("n" + std::to_string(i));
@@ -138,26 +107,26 @@ class PsHotServerLoopTest : public ::testing::Test {
       agent_.Signal(SIGTERM);
       EXPECT_GE(agent_.Wait(20s), 0) << "pacer-agent did not stop";
     }
-    if (pacerd_) pacerd_->Shutdown();
+    h_.Stop();
   }
 
   // The supervised server's pid while it runs, else 0.
   int64_t RunningPid(const std::string& id) {
-    auto w = pacerd_->agents()->Worker(id);
+    auto w = h_->agents()->Worker(id);
     return w.ok() && w->state() == WORKER_STATE_RUNNING ? w->pid() : 0;
   }
   uint32_t Restarts(const std::string& id) {
-    auto w = pacerd_->agents()->Worker(id);
+    auto w = h_->agents()->Worker(id);
     return w.ok() ? w->restarts() : 0;
   }
-  std::string PortFile(const std::string& id) { return dir_.Sub("ps/" + id + ".port"); }
+  std::string PortFile(const std::string& id) { return h_.dir().Sub("ps/" + id + ".port"); }
 
   // One simulated second of async training: every worker reports ten steps and, with each,
-  // the mean latency it saw to every server (ps0 `ps0_factor` times the others); then the
-  // window closes and pacerd reconciles.
+  // the mean latency it saw to every server (ps0 `ps0_factor` times the others); the harness
+  // runs housekeeping after each 100 ms, so the window closes and pacerd reconciles.
   void Second(double ps0_factor) {
     for (int tick = 0; tick < 10; ++tick) {
-      clock_.AdvanceMs(100);
+      h_.Advance(100);
       ++step_;
       ReportStepsRequest req;
       for (int i = 0; i < kWorkers; ++i) {
@@ -170,7 +139,7 @@ class PsHotServerLoopTest : public ::testing::Test {
         r->set_compute_s(0.06);
         r->set_comm_s(0.03);
         r->set_wall_s(0.09);
-        r->set_time_ms(clock_.NowMs());
+        r->set_time_ms(h_.clock()->NowMs());
         for (const std::string& s : kServers) {
           ServerLatency* l = req.add_server_latency();
           l->set_server_id(s);
@@ -179,25 +148,19 @@ class PsHotServerLoopTest : public ::testing::Test {
           const double mean = s == "ps0" ? 5.0 * ps0_factor : 5.0;
           l->set_mean_latency_ms(mean);
           l->set_p99_latency_ms(mean * 2);
-          l->set_time_ms(clock_.NowMs());
+          l->set_time_ms(h_.clock()->NowMs());
         }
       }
       grpc::ClientContext ctx;
-      AttachToken(&ctx, pacerd_->job_token());
+      AttachToken(&ctx, h_.job_token());
       ReportStepsResponse resp;
       ASSERT_TRUE(monitor_->ReportSteps(&ctx, req, &resp).ok());
       ASSERT_EQ(resp.rejected(), 0u) << resp.ShortDebugString();
     }
-    pacerd_->monitor()->Tick();
-    pacerd_->reconciler()->MaybeReconcile();
   }
 
   std::vector<ActionRecord> Actions() {
-    auto ctl = ControllerService::NewStub(channel_);
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, pacerd_->job_token());
-    ListActionsResponse actions;
-    EXPECT_TRUE(ctl->ListActions(&ctx, ListActionsRequest(), &actions).ok());
+    const ListActionsResponse actions = h_.Actions();
     return {actions.actions().begin(), actions.actions().end()};
   }
   std::string Audit() {
@@ -214,30 +177,27 @@ class PsHotServerLoopTest : public ::testing::Test {
     return out;
   }
 
-  TempDir dir_;
-  SimulatedClock clock_{RealClock::Get()->NowMs()};
-  std::unique_ptr<Pacerd> pacerd_;
-  std::shared_ptr<grpc::Channel> channel_;
+  PacerdHarness h_{Options()};
   std::unique_ptr<Monitor::Stub> monitor_;
   Subprocess agent_;
   uint64_t step_ = 0;
 };
 
 TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsRows) {
-  std::filesystem::create_directories(dir_.Sub("ps"));
+  std::filesystem::create_directories(h_.dir().Sub("ps"));
   agent_ = Subprocess::Start(
-      {BinaryPath("pacer-agent"), "--addr", pacerd_->address(), "--token-file", dir_.Sub("data/job.token"),
+      {BinaryPath("pacer-agent"), "--addr", h_.address(), "--token-file", h_.options().data_dir + "/job.token",
        "--node", "node-ps", "--job", "psjob", "--workers", std::to_string(kServers.size()),
        "--worker-id-prefix", "ps", "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml",
        "--restart-scope", "worker", "--worker-credentials", "inherit", "--",  // pacer-ps needs the job token
-       BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", dir_.Sub("ps/{worker_id}"),
-       "--port-file", dir_.Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
-      {}, dir_.Sub("agent.log"));
+       BinaryPath("pacer-ps"), "--server-id", "{worker_id}", "--state-dir", h_.dir().Sub("ps/{worker_id}"),
+       "--port-file", h_.dir().Sub("ps/{worker_id}.port"), "--snapshot-ms", "600000"},
+      {}, h_.dir().Sub("agent.log"));
   ASSERT_TRUE(WaitFor([&] {
     for (const std::string& s : kServers)
       if (RunningPid(s) == 0 || PortIn(PortFile(s)) == 0) return false;
     return true;
-  }, 20s)) << ReadFileOrEmpty(dir_.Sub("agent.log"));
+  }, 20s)) << ReadFileOrEmpty(h_.dir().Sub("agent.log"));
   std::map<std::string, int64_t> pids;
   for (const std::string& s : kServers) {
     pids[s] = RunningPid(s);
@@ -251,7 +211,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
   ASSERT_TRUE(reference.CreateTable(EmbSpec()).ok());
   std::vector<float> before;
   {
-    auto c = ClientFor(PortIn(PortFile("ps0")), pacerd_->job_token());
+    auto c = ClientFor(PortIn(PortFile("ps0")), h_.job_token());
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(c->CreateTable(EmbSpec()).ok());
     for (int step = 0; step < 3; ++step) {
@@ -291,7 +251,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
   ASSERT_TRUE(WaitFor([&] {
     const int64_t pid = RunningPid("ps0");
     return pid > 0 && pid != pids["ps0"] && Restarts("ps0") == 1 && PortIn(PortFile("ps0")) != 0;
-  }, 20s)) << ReadFileOrEmpty(dir_.Sub("agent.log"));
+  }, 20s)) << ReadFileOrEmpty(h_.dir().Sub("agent.log"));
   EXPECT_EQ(ReadFileOrEmpty("/proc/" + std::to_string(pids["ps0"]) + "/cmdline").find("pacer-ps"),
             std::string::npos)
       << "the old ps0 still runs";
@@ -305,7 +265,7 @@ TEST_F(PsHotServerLoopTest, PersistentHotServerIsRestartedByItsAgentAndKeepsItsR
         << a.target() << " " << a.outcome() << " " << a.reason();
 
   // ps0's rows survived the restart.
-  auto c = ClientFor(PortIn(PortFile("ps0")), pacerd_->job_token());
+  auto c = ClientFor(PortIn(PortFile("ps0")), h_.job_token());
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->CreateTable(EmbSpec()).ok());  // the identical spec: the table came back
   std::vector<float> after;

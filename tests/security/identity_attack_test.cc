@@ -14,13 +14,13 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
-#include "cmd/pacerd/pacerd.h"
 #include "common/auth.h"
 #include "proto/pacer/agent.grpc.pb.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
 #include "tests/sdk/ledger_consumer.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -31,14 +31,8 @@ constexpr uint64_t kRecords = 2000;
 class IdentityAttackTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.rendezvous.max_bytes = 1 << 20;  // small, so that the flood below reaches it quickly
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
     auto channel = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
     sharding_ = ShardingService::NewStub(channel);
     monitor_ = Monitor::NewStub(channel);
@@ -84,8 +78,12 @@ class IdentityAttackTest : public ::testing::Test {
     EXPECT_EQ(m.find("current"), std::string::npos) << m;
   }
 
-  testing::TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .adjust = [](PacerdOptions& p) {
+    p.rendezvous.max_bytes = 1 << 20;  // small, so that the flood below reaches it quickly
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
   std::unique_ptr<ShardingService::Stub> sharding_;
   std::unique_ptr<Monitor::Stub> monitor_;
   std::unique_ptr<Rendezvous::Stub> rendezvous_;

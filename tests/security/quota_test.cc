@@ -12,11 +12,11 @@
 #include <string>
 #include <thread>
 
-#include "cmd/pacerd/pacerd.h"
 #include "common/auth.h"
 #include "proto/pacer/agent.grpc.pb.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -56,19 +56,8 @@ AgentHeartbeat Heartbeat(const std::string& node, int workers, int first_worker)
 class QuotaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.agents.max_agents = 64;
-    o.agents.max_workers_per_agent = 1024;
-    o.rendezvous.max_bytes = 4 << 20;
-    o.sharding.max_datasets = 50;
-    o.sharding.max_files_total = 100'000;
-    o.sharding.max_workers = 2'000;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
     channel_ = grpc::CreateChannel(pacerd_->address(), grpc::InsecureChannelCredentials());
   }
   std::string Agent(const std::string& node) {
@@ -81,8 +70,17 @@ class QuotaTest : public ::testing::Test {
     return ctx;
   }
 
-  testing::TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .adjust = [](PacerdOptions& p) {
+    p.agents.max_agents = 64;
+    p.agents.max_workers_per_agent = 1024;
+    p.rendezvous.max_bytes = 4 << 20;
+    p.sharding.max_datasets = 50;
+    p.sharding.max_files_total = 100'000;
+    p.sharding.max_workers = 2'000;
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
 };
 

@@ -6,9 +6,8 @@
 #include <future>
 #include <thread>
 
-#include "cmd/pacerd/pacerd.h"
 #include "common/status.h"
-#include "tests/testing/test_util.h"
+#include "tests/testing/pacerd_harness.h"
 #include "worker_sdk/sharding_client.h"
 
 namespace pacer {
@@ -18,17 +17,21 @@ using testing::TempDir;
 
 class ShardingServiceTest : public ::testing::Test {
  protected:
+  // Starts pacerd in the harness (again, on the same data dir and port: a restart).
   void StartPacerd() {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.sharding.lease_timeout_ms = 1000;
-    o.sharding.worker_timeout_ms = 60'000;
-    o.sharding.snapshot_every = 25;
-    auto d = Pacerd::Start(o, &clock_);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    h_.Restart();
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
+  }
+  static testing::HarnessOptions Options() {
+    testing::HarnessOptions o;
+    o.start = false;
+    o.adjust = [](PacerdOptions& p) {
+      p.sharding.lease_timeout_ms = 1000;
+      p.sharding.worker_timeout_ms = 60'000;
+      p.sharding.snapshot_every = 25;
+    };
+    return o;
   }
   std::unique_ptr<ShardingClient> Connect(const std::string& worker, std::string token = "") {
     ShardingClientOptions o;
@@ -48,10 +51,9 @@ class ShardingServiceTest : public ::testing::Test {
     s.set_num_epochs(1);
     return s;
   }
-  // Leases expired so far, from pacerd's counter. Pacerd's housekeeping thread also calls
-  // ExpireOverdue() (every 125 ms of real time), so once the simulated clock has passed a
-  // lease's deadline either caller may be the one to expire it: the test calls it to not wait
-  // for that thread, and checks the total rather than its own call's return value.
+  // Leases expired so far, from pacerd's counter. The harness's Advance() runs production's
+  // housekeeping step, which expires overdue leases; the test calls ExpireOverdue() once more
+  // (nothing left to expire, or at most the one) and checks the total.
   double LeasesExpired() {
     const std::string text = pacerd_->metrics()->RenderText();
     const std::string name = "\npacer_sharding_leases_expired_total ";
@@ -68,9 +70,8 @@ class ShardingServiceTest : public ::testing::Test {
     return l.ok() ? l->journal_seq() : 0;
   }
 
-  TempDir dir_;
-  SimulatedClock clock_;
-  std::unique_ptr<Pacerd> pacerd_;
+  testing::PacerdHarness h_{Options()};
+  Pacerd* pacerd_ = nullptr;
 };
 
 TEST_F(ShardingServiceTest, ZombieWorkerReportsAreRejectedAndNothingCountsTwice) {
@@ -84,7 +85,7 @@ TEST_F(ShardingServiceTest, ZombieWorkerReportsAreRejectedAndNothingCountsTwice)
   ASSERT_TRUE(a->ReportProgress(la, 4).ok());
 
   // `a` is cut off: its lease runs out and the suffix goes to `b`.
-  clock_.AdvanceMs(1500);
+  h_.Advance(1500);
   auto b = Connect("b");
   ExpireOverdueLeases();
   auto fb = b->Fetch("train");
@@ -213,7 +214,6 @@ TEST_F(ShardingServiceTest, RestartRecoversTheSameStateFromSnapshotAndJournal) {
   }
   const ShardingSnapshot before = pacerd_->sharding()->SnapshotForTest();
   EXPECT_GE(pacerd_->sharding()->stats().journal.snapshots, 1u);
-  pacerd_.reset();
   StartPacerd();
   const ShardingSnapshot after = pacerd_->sharding()->SnapshotForTest();
   EXPECT_EQ(before.SerializeAsString(), after.SerializeAsString());
@@ -227,7 +227,7 @@ TEST_F(ShardingServiceTest, PrometheusMetricsCountWhatHappened) {
   auto f = w->Fetch("train");
   ASSERT_TRUE(f.ok());
   ASSERT_TRUE(w->ReportProgress(f->lease(), 4).ok());
-  clock_.AdvanceMs(1500);  // w0 goes silent: its lease expires and the suffix is requeued
+  h_.Advance(1500);  // w0 goes silent: its lease expires and the suffix is requeued
   ExpireOverdueLeases();
   const std::string text = pacerd_->metrics()->RenderText();
   auto value = [&](const std::string& name) -> double {

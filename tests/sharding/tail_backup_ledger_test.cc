@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cmd/pacerd/pacerd.h"
 #include "examples/consumer/ledger.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
 
@@ -45,13 +45,8 @@ struct Consumer {
 class TailBackupLedgerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
   }
 
   Consumer Connect(const std::string& id, const std::string& ledger) {
@@ -130,8 +125,10 @@ class TailBackupLedgerTest : public ::testing::Test {
     EXPECT_TRUE(found);
   }
 
-  testing::TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
 };
 
 // The backup completes first: the primary, which went on past the backup's start, is fenced.

@@ -25,7 +25,8 @@ std::string TestPolicy(const std::string& name) {
 }
 
 PacerdHarness::PacerdHarness(HarnessOptions options)
-    : clock_(kEpochMs), harness_options_(std::move(options)) {
+    : clock_(options.start_ms > 0 ? options.start_ms : kEpochMs),
+      harness_options_(std::move(options)) {
   options_.data_dir =
       harness_options_.data_dir.empty() ? dir_.Sub("data") : harness_options_.data_dir;
   options_.listen = "127.0.0.1:0";

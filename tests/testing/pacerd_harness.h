@@ -44,6 +44,10 @@ struct HarnessOptions {
   // harness's dir (policy_path()): a test may edit the copy and Restart().
   std::string policy;
   bool real_clock = false;  // the production housekeeping thread on the real clock
+  // Where the simulated clock starts; 0: a round epoch, so windows start at the test's time
+  // zero. A test whose real processes stamp real time (a pacer-agent's node metrics) passes
+  // RealClock::Get()->NowMs(), or pacerd refuses their reports as from the future.
+  int64_t start_ms = 0;
   int64_t reconcile_interval_ms = 1000;
   // The data dir; empty: <dir()>/data (a chaos test puts it on a small tmpfs).
   std::string data_dir;
