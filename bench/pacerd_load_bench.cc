@@ -289,9 +289,9 @@ class Fleet {
       auto* t = new StopTag(w.get());
       t->alarm.Set(w->cq_, Wall::now(), t);
     }
-    const auto until = Steady::now() + std::chrono::seconds(30);
-    while (Steady::now() < until && stopped_.load() < workers_.size())
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Every call has a deadline (AddMetadata), so every worker goes idle; the queues are shut
+    // down only then (an alarm set on a shut-down queue is a gRPC assertion).
+    while (stopped_.load() < workers_.size()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (auto& cq : cqs_) cq->Shutdown();
     for (auto& t : threads_) t.join();
   }

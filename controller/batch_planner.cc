@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -244,10 +246,19 @@ double BatchPlanner::CollectiveSeconds(const ClusterView& view, double predicted
 double BatchPlanner::PredictStepSeconds(const ClusterView& view, const BatchPlan& plan,
                                         bool use_last_window) {
   const std::vector<LiveWorker> live = LiveWorkers(view, use_last_window);
+  // Each planned worker against the live one of its id, found by hash (comparing every
+  // planned id with every live one was 4 096² string compares per prediction, half the time of
+  // a 4 096-worker sync simulation). Ids are unique in a valid view; with a repeated id every
+  // live entry of it still counts, as before.
+  std::unordered_map<std::string_view, std::vector<size_t>> by_id;
+  by_id.reserve(live.size());
+  for (size_t i = 0; i < live.size(); ++i) by_id[live[i].view->id].push_back(i);
   double worst = 0;
   for (const auto& wb : plan.workers) {
-    for (const auto& lw : live) {
-      if (lw.view->id != wb.worker_id) continue;
+    auto it = by_id.find(wb.worker_id);
+    if (it == by_id.end()) continue;
+    for (size_t i : it->second) {
+      const LiveWorker& lw = live[i];
       worst = std::max(worst, WorkerStepSeconds(*lw.view, lw.speed, wb.samples, wb.accumulation));
     }
   }
