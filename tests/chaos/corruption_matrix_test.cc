@@ -5,7 +5,10 @@
 // file of the data dir, or start with exactly the state acknowledged before the damage (the
 // sharding state compared field by field, and the controller's audit record still there) —
 // never with older state and no error. Prints the table case -> outcome. Then an operator
-// accepts one loss explicitly (--accept-data-loss) and that is recorded and audited.
+// accepts one loss explicitly (--accept-data-loss) and that is recorded and audited. One
+// PacerdHarness (tests/testing/pacerd_harness.h) gives the temp dir, port and clock; the test
+// damages data dirs between starts, so it starts pacerd on each itself (TryStart) and reads
+// the refusal.
 #include <gtest/gtest.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <rocksdb/db.h>
@@ -15,8 +18,7 @@
 #include <future>
 #include <iomanip>
 
-#include "cmd/pacerd/pacerd.h"
-#include "tests/testing/test_util.h"
+#include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
 namespace {
@@ -28,18 +30,23 @@ constexpr auto Call = [](auto&&... a) { return CallAndWait(a...); };
 
 constexpr char kMarker[] = "corruption-matrix marker";
 
-absl::StatusOr<std::unique_ptr<Pacerd>> StartOn(const std::string& data_dir, const Clock* clock,
-                                                bool accept = false) {
-  PacerdOptions o;
-  o.data_dir = data_dir;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.housekeeping = false;
-  o.sharding.snapshot_every = 25;
-  o.sharding.lease_timeout_ms = 3'600'000;
-  o.sharding.worker_timeout_ms = 3'600'000;
-  o.accept_data_loss = accept;
-  return Pacerd::Start(o, clock);
+testing::HarnessOptions Options() {
+  testing::HarnessOptions o;
+  o.start = false;
+  o.adjust = [](PacerdOptions& p) {
+    p.sharding.snapshot_every = 25;
+    p.sharding.lease_timeout_ms = 3'600'000;
+    p.sharding.worker_timeout_ms = 3'600'000;
+  };
+  return o;
+}
+
+// Stops the harness's pacerd and starts it on `data_dir`: why it did not start, if it did not.
+absl::Status StartOn(testing::PacerdHarness& h, const std::string& data_dir, bool accept = false) {
+  h.Stop();
+  h.mutable_options().data_dir = data_dir;
+  h.mutable_options().accept_data_loss = accept;
+  return h.TryStart();
 }
 
 // Registers `worker` and completes `shards` shards.
@@ -130,27 +137,29 @@ struct Case {
 };
 
 TEST(CorruptionMatrixTest, DamageIsRefusedNamingTheFileOrEveryAcknowledgedUpdateIsKept) {
-  TempDir dir;
-  SimulatedClock clock;
+  testing::PacerdHarness h(Options());
+  const TempDir& dir = h.dir();
   const std::string base = dir.Sub("base");
   ShardingSnapshot expected;
   {
-    auto d = StartOn(base, &clock);
-    ASSERT_TRUE(d.ok()) << d.status();
+    const absl::Status d = StartOn(h, base);
+    ASSERT_TRUE(d.ok()) << d;
     RegisterDatasetRequest rd;
     rd.mutable_spec()->set_name("train");
     rd.mutable_spec()->set_num_records(2000);
     rd.mutable_spec()->set_shard_size(10);
     RegisterDatasetResponse rdr;
-    ASSERT_TRUE(Call(*(*d)->sharding(), &ShardingServiceImpl::RegisterDataset, rd, &rdr).ok());
-    Consume(*(*d)->sharding(), "w", 30);
-    (*d)->reconciler()->RecordOperatorEvent(kMarker);
+    ASSERT_TRUE(Call(*h->sharding(), &ShardingServiceImpl::RegisterDataset, rd, &rdr).ok());
+    Consume(*h->sharding(), "w", 30);
+    h->reconciler()->RecordOperatorEvent(kMarker);
+    h.Stop();
   }
   {
-    auto d = StartOn(base, &clock);  // its recovery flushed session 1 into an SST
-    ASSERT_TRUE(d.ok()) << d.status();
-    Consume(*(*d)->sharding(), "w", 30);
-    expected = (*d)->sharding()->SnapshotForTest();
+    const absl::Status d = StartOn(h, base);  // its recovery flushed session 1 into an SST
+    ASSERT_TRUE(d.ok()) << d;
+    Consume(*h->sharding(), "w", 30);
+    expected = h->sharding()->SnapshotForTest();
+    h.Stop();
   }
   ASSERT_FALSE(LiveWal(base).empty());
   ASSERT_FALSE(Files(base + "/journal", ".sst").empty()) << "no SST: the matrix would miss a case";
@@ -186,23 +195,23 @@ TEST(CorruptionMatrixTest, DamageIsRefusedNamingTheFileOrEveryAcknowledgedUpdate
     fs::copy(base, data_dir, fs::copy_options::recursive);
     c.damage(data_dir);
     if (HasFatalFailure()) return;
-    auto d = StartOn(data_dir, &clock);
+    const absl::Status d = StartOn(h, data_dir);
     std::string outcome;
     if (!d.ok()) {
-      const auto code = d.status().code();
+      const auto code = d.code();
       EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kFailedPrecondition)
-          << d.status();
-      EXPECT_NE(d.status().message().find(data_dir), std::string::npos)
-          << "the refusal does not name a file of the data dir: " << d.status();
-      EXPECT_EQ(std::string(d.status().message()).find('\n'), std::string::npos) << "not one line";
-      outcome = "refused: " + d.status().ToString();
+          << d;
+      EXPECT_NE(d.message().find(data_dir), std::string::npos)
+          << "the refusal does not name a file of the data dir: " << d;
+      EXPECT_EQ(std::string(d.message()).find('\n'), std::string::npos) << "not one line";
+      outcome = "refused: " + d.ToString();
       for (size_t at; (at = outcome.find(data_dir)) != std::string::npos;) {
         outcome.replace(at, data_dir.size(), "DATA");
       }
     } else {
-      const ShardingSnapshot got = (*d)->sharding()->SnapshotForTest();
+      const ShardingSnapshot got = h->sharding()->SnapshotForTest();
       const bool same = google::protobuf::util::MessageDifferencer::Equals(got, expected);
-      const bool audit = AuditHas(**d, kMarker);
+      const bool audit = AuditHas(h.pacerd(), kMarker);
       EXPECT_TRUE(same) << "started with other state: seq " << got.seq() << " instead of "
                         << expected.seq();
       EXPECT_TRUE(audit) << "started without the controller's audit record";
@@ -224,19 +233,19 @@ TEST(CorruptionMatrixTest, DamageIsRefusedNamingTheFileOrEveryAcknowledgedUpdate
   const std::string lost = dir.Sub("accepted");
   fs::copy(base, lost, fs::copy_options::recursive);
   fs::remove_all(lost + "/journal");
-  ASSERT_FALSE(StartOn(lost, &clock).ok());
+  ASSERT_FALSE(StartOn(h, lost).ok());
   {
-    auto d = StartOn(lost, &clock, /*accept=*/true);
-    ASSERT_TRUE(d.ok()) << d.status();
-    EXPECT_EQ((*d)->sharding()->SnapshotForTest().seq(), 0u);
-    EXPECT_TRUE(AuditHas(**d, "--accept-data-loss")) << "the accepted loss is not audited";
-    EXPECT_TRUE(AuditHas(**d, kMarker)) << "the controller store was intact";
-    EXPECT_NE((*d)->metrics()->RenderText().find("pacer_data_loss_accepted_total 1"), std::string::npos);
+    const absl::Status d = StartOn(h, lost, /*accept=*/true);
+    ASSERT_TRUE(d.ok()) << d;
+    EXPECT_EQ(h->sharding()->SnapshotForTest().seq(), 0u);
+    EXPECT_TRUE(AuditHas(h.pacerd(), "--accept-data-loss")) << "the accepted loss is not audited";
+    EXPECT_TRUE(AuditHas(h.pacerd(), kMarker)) << "the controller store was intact";
+    EXPECT_NE(h->metrics()->RenderText().find("pacer_data_loss_accepted_total 1"), std::string::npos);
   }
   const std::string record = testing::ReadFileOrEmpty(lost + "/DATA-LOSS-ACCEPTED");
   EXPECT_NE(record.find("acknowledged updates are missing"), std::string::npos) << record;
-  auto again = StartOn(lost, &clock);
-  EXPECT_TRUE(again.ok()) << again.status();
+  const absl::Status again = StartOn(h, lost);
+  EXPECT_TRUE(again.ok()) << again;
 }
 
 }  // namespace

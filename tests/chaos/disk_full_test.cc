@@ -4,6 +4,8 @@
 // (mount -o remount,size=...) the housekeeping step reopens the journal and consumption resumes.
 // Every acknowledged completion is counted exactly once at the end (the service agrees with
 // the ledger). Needs root (mount); skips with a message where mounting is not permitted.
+// pacerd runs in the harness (tests/testing/pacerd_harness.h) on its simulated clock; the test
+// runs production's housekeeping step (Housekeep) where the thread would.
 #include <sys/mount.h>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -16,8 +18,7 @@
 #include <fstream>
 #include <future>
 
-#include "cmd/pacerd/pacerd.h"
-#include "tests/testing/test_util.h"
+#include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
 namespace {
@@ -91,24 +92,23 @@ int HealthStatus(const std::string& address) {
 }
 
 TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAcknowledgedLost) {
-  TempDir dir;
-  Tmpfs tmpfs(dir.Sub("mnt"));
+  testing::HarnessOptions ho;
+  ho.start = false;  // once the tmpfs is mounted
+  ho.adjust = [](PacerdOptions& o) {
+    o.journal_retry_ms = 0;
+    o.sharding.snapshot_every = 200;
+    o.sharding.lease_timeout_ms = 3'600'000;
+    o.sharding.worker_timeout_ms = 3'600'000;
+  };
+  testing::PacerdHarness h(ho);
+  Tmpfs tmpfs(h.dir().Sub("mnt"));
   if (std::string why = tmpfs.Mount(24); !why.empty()) {
     GTEST_SKIP() << "cannot mount a tmpfs here (" << why << "): run as root to test a full disk";
   }
-  SimulatedClock clock;
-  PacerdOptions o;
-  o.data_dir = tmpfs.dir() + "/data";
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.housekeeping = false;  // the test runs the housekeeping step itself (CheckJournal)
-  o.journal_retry_ms = 0;
-  o.sharding.snapshot_every = 200;
-  o.sharding.lease_timeout_ms = 3'600'000;
-  o.sharding.worker_timeout_ms = 3'600'000;
-  auto d = Pacerd::Start(o, &clock);
-  ASSERT_TRUE(d.ok()) << d.status();
-  ShardingServiceImpl& svc = *(*d)->sharding();
+  h.mutable_options().data_dir = tmpfs.dir() + "/data";
+  const absl::Status started = h.TryStart();
+  ASSERT_TRUE(started.ok()) << started;
+  ShardingServiceImpl& svc = *h->sharding();
   constexpr uint64_t kRecords = 200'000, kShard = 10;
   RegisterDatasetRequest rd;
   rd.mutable_spec()->set_name("train");
@@ -150,7 +150,7 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
     return absl::OkStatus();
   };
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(step().ok());
-  EXPECT_EQ(HealthStatus((*d)->address()), 1) << "SERVING";
+  EXPECT_EQ(HealthStatus(h->address()), 1) << "SERVING";
 
   // The disk fills up: the next updates fail, cleanly.
   FillUp(tmpfs.dir() + "/ballast");
@@ -170,8 +170,8 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
   for (int round = 0; round < 20; ++round) {
     const std::string ballast = tmpfs.dir() + "/ballast" + std::to_string(round);
     FillUp(ballast);
-    (*d)->CheckJournal();
-    if (!(*d)->sharding()->journal_health().ok()) break;
+    h.Housekeep();
+    if (!h->sharding()->journal_health().ok()) break;
     ++reopened;
     absl::Status s;
     for (int n = 1; s.ok() && std::chrono::steady_clock::now() < deadline; ++n) {
@@ -180,10 +180,10 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
     }
     ASSERT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   }
-  ASSERT_FALSE((*d)->sharding()->journal_health().ok()) << "the disk never stayed full";
+  ASSERT_FALSE(h->sharding()->journal_health().ok()) << "the disk never stayed full";
   std::cout << "reopened " << reopened << " time(s) on space freed by the failed database" << std::endl;
-  EXPECT_EQ(Metric(**d, "pacer_sharding_journal_healthy"), 0);
-  EXPECT_EQ(HealthStatus((*d)->address()), 2) << "NOT_SERVING";
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_healthy"), 0);
+  EXPECT_EQ(HealthStatus(h->address()), 2) << "NOT_SERVING";
   absl::Status refused = step();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   EXPECT_NE(refused.message().find("No space"), std::string::npos) << refused;
@@ -191,12 +191,12 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
   // Space returns: the housekeeping step reopens the journal, the pending completion goes through.
   ASSERT_TRUE(tmpfs.Resize(64)) << std::strerror(errno);
   ASSERT_TRUE(WaitFor([&] {
-    (*d)->CheckJournal();
-    return (*d)->sharding()->journal_health().ok();
-  }, std::chrono::seconds(20))) << (*d)->sharding()->journal_health();
-  EXPECT_EQ(Metric(**d, "pacer_sharding_journal_healthy"), 1);
-  EXPECT_EQ(HealthStatus((*d)->address()), 1) << "SERVING again";
-  EXPECT_EQ(Metric(**d, "pacer_sharding_journal_recoveries_total"), reopened + 1);
+    h.Housekeep();
+    return h->sharding()->journal_health().ok();
+  }, std::chrono::seconds(20))) << h->sharding()->journal_health();
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_healthy"), 1);
+  EXPECT_EQ(HealthStatus(h->address()), 1) << "SERVING again";
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_recoveries_total"), reopened + 1);
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(step().ok());
 
   ListDatasetsRequest lr;
@@ -204,11 +204,10 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
   ASSERT_TRUE(Call(svc, &ShardingServiceImpl::ListDatasets, lr, &list).ok());
   EXPECT_EQ(list.datasets(0).records_done_total(), acknowledged) << "lost or counted twice";
   // And after a restart from the disk, the same.
-  d->reset();
-  auto again = Pacerd::Start(o, &clock);
-  ASSERT_TRUE(again.ok()) << again.status();
+  h.Restart();
+  ASSERT_TRUE(h.ok());
   ListDatasetsResponse list2;
-  ASSERT_TRUE(Call(*(*again)->sharding(), &ShardingServiceImpl::ListDatasets, lr, &list2).ok());
+  ASSERT_TRUE(Call(*h->sharding(), &ShardingServiceImpl::ListDatasets, lr, &list2).ok());
   EXPECT_EQ(list2.datasets(0).records_done_total(), acknowledged);
 }
 
