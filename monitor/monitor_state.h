@@ -25,7 +25,8 @@
 // Invariants: every worker index is valid in the estimator and the classifier; events have
 // strictly increasing seq. Memory: bounded per worker by the window tiers of SpeedEstimator
 // (recent full windows + coarse merged ones, never raw reports), plus O(servers + nodes) and
-// events_kept events; docs/design.md §3 "Memory" gives the formula, MemoryBytes() the bytes.
+// events_kept events; docs/benchmarks.md "Memory bounds of the monitor and the controller"
+// gives the formula, MemoryBytes() the bytes.
 //
 // Thread-compatible: MonitorServiceImpl guards it with its mutex.
 #pragma once
