@@ -206,7 +206,12 @@ absl::Status Reconciler::ReconcileNow() {
     }
   }
   // 4. Carry out, in order, outside mu_.
-  for (const auto& [a, context] : to_carry) {
+  CarryOut(to_carry);
+  return absl::OkStatus();
+}
+
+void Reconciler::CarryOut(const std::vector<std::pair<Action, CarryContext>>& actions) {
+  for (const auto& [a, context] : actions) {
     absl::StatusOr<std::string> note =
         parts_.sink ? parts_.sink->Carry(a, context) : absl::StatusOr<std::string>("not carried out: no action sink");
     absl::MutexLock l(&mu_);
@@ -215,7 +220,48 @@ absl::Status Reconciler::ReconcileNow() {
   }
   absl::MutexLock l(&mu_);
   PersistLocked();
-  return absl::OkStatus();
+}
+
+void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
+  const auto [version, excluded] = parts_.sessions->Exclusion();
+  std::vector<StepTiming> timings;
+  timings.reserve(steps.size());
+  const int64_t now = clock_->NowMs();
+  for (const StepReport& r : steps) {
+    StepTiming t;
+    t.worker_id = r.worker_id();
+    t.step = static_cast<int64_t>(r.step());
+    t.compute_s = r.compute_s();
+    t.samples = static_cast<int64_t>(r.samples());
+    t.time_ms = now;
+    t.probe = std::binary_search(excluded.begin(), excluded.end(), r.worker_id());
+    timings.push_back(std::move(t));
+  }
+  absl::MutexLock l(&mu_);
+  controller_->ObserveSteps(timings);
+}
+
+bool Reconciler::MaybeDecideBursts() {
+  std::vector<std::pair<Action, CarryContext>> to_carry;
+  {
+    absl::MutexLock l(&mu_);
+    const int64_t now = clock_->NowMs();
+    const int64_t every = std::max<int64_t>(1, static_cast<int64_t>(options_.heartbeat_interval_s * 1000));
+    if (now - last_burst_decision_ms_ < every || !controller_->StepRuleActive(now)) return false;
+    last_burst_decision_ms_ = now;
+    auto result = controller_->DecideBursts(now);
+    if (!result.ok()) {
+      PACER_LOG(WARNING) << "burst rule: " << result.status();
+      return true;
+    }
+    PersistLocked();
+    for (Action& a : result->dispatch) {
+      PACER_LOG(INFO) << "controller (step rule): " << ActionKindName(a.kind) << " — " << a.reason;
+      to_carry.emplace_back(std::move(a), CarryContext{controller_->history().allocations()});
+    }
+  }
+  CarryOut(to_carry);
+  return true;
 }
 
 absl::Status Reconciler::ValidateAndNotify(const PolicyConfig& config) {

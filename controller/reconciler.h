@@ -65,7 +65,7 @@ struct ReconcilerParts {
   ActionSink* sink = nullptr;
 };
 
-class Reconciler {
+class Reconciler : public StepObserver {
  public:
   Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts parts, const Clock* clock,
              ReconcilerOptions options);
@@ -80,6 +80,14 @@ class Reconciler {
   void OnRegister(const RegisterWorkerRequest& req);
   // The current run: generation (1, 2, ...; 0 before any worker) and the job's step in it.
   std::pair<uint64_t, int64_t> Run() const;
+  // StepObserver (the monitor's accepted step reports): each becomes a StepTiming for the
+  // controller's per-step burst rule (controller/burst_detector.h), stamped with its arrival
+  // time; a step of a worker excluded now is its probe.
+  void OnAcceptedSteps(const std::vector<StepReport>& steps) override;
+  // The burst rule's decision, once per heartbeat interval (housekeeping calls it every round):
+  // an exclusion to make or end is carried out like any action (the next heartbeat replies
+  // carry it). Returns whether it decided.
+  bool MaybeDecideBursts();
   // Asks for an early reconcile (monitor events).
   void Poke() { poked_ = true; }
   // Reconciles when the interval passed or it was poked. Returns whether it ran.
@@ -124,6 +132,8 @@ class Reconciler {
  private:
   // Step 1: what the view is built from, besides the run's job facts.
   absl::StatusOr<ViewInputs> GatherInputs();
+  // Step 4 for a batch of executed actions, in order, outside mu_; notes into the audit.
+  void CarryOut(const std::vector<std::pair<Action, CarryContext>>& actions) ABSL_LOCKS_EXCLUDED(mu_);
   // Step 2's job facts (the run, plan versions, costs).
   void FillJobFactsLocked(ViewInputs* in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new run began (`why`): withdraws the plan in force and its commands.
@@ -145,6 +155,7 @@ class Reconciler {
   RunTracker runs_ ABSL_GUARDED_BY(mu_);
   uint64_t last_plan_version_ ABSL_GUARDED_BY(mu_) = 0;  // newest plan version ever dispatched
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_burst_decision_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ControllerStore> store_ ABSL_GUARDED_BY(mu_);
   History::Changes unsaved_ ABSL_GUARDED_BY(mu_);
   std::string base_policy_digest_ ABSL_GUARDED_BY(mu_);

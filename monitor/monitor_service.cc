@@ -71,6 +71,7 @@ absl::Status MonitorServiceImpl::RegisterWorker(const MonitorRegisterRequest& re
 }
 
 absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, ReportStepsResponse* resp) {
+  std::vector<StepReport> accepted_steps;
   {
     absl::MutexLock lock(&mu_);
     const uint32_t limit = state_->options().max_reports_per_request;
@@ -95,7 +96,12 @@ absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, Repo
         (*resp->mutable_rejected_by_reason())[ReportIssueName(issue)] += 1;
       }
     };
-    for (const StepReport& step : req.steps()) count(state_->IngestStep(step));
+    StepObserver* observer = step_observer_.load();
+    for (const StepReport& step : req.steps()) {
+      const ReportIssue issue = state_->IngestStep(step);
+      count(issue);
+      if (observer && issue == ReportIssue::kNone) accepted_steps.push_back(step);
+    }
     for (const ServerLatency& sample : req.server_latency()) count(state_->IngestServerLatency(sample));
     const uint64_t clamped_after = state_->issues().Get(ReportIssue::kClampedComm) +
                                    state_->issues().Get(ReportIssue::kClampedDataWait) +
@@ -104,6 +110,9 @@ absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, Repo
     resp->set_rejected(rejected);
     resp->set_clamped(static_cast<uint32_t>(clamped_after - clamped_before));
     metrics_.CountReports(state_->accepted(), state_->issues());
+  }
+  if (StepObserver* observer = step_observer_.load(); observer && !accepted_steps.empty()) {
+    observer->OnAcceptedSteps(accepted_steps);
   }
   DeliverEvents();
   return absl::OkStatus();

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <functional>
+#include <atomic>
 #include <memory>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -33,6 +34,15 @@
 #include "proto/pacer/monitor.pb.h"
 
 namespace pacer {
+
+// Hears every step report the monitor accepted (pacerd: the reconciler, which feeds the
+// controller's per-step burst rule, controller/burst_detector.h). Called after the request was
+// ingested, outside the monitor's lock, on the RPC's thread; must be quick and thread-safe.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void OnAcceptedSteps(const std::vector<StepReport>& steps) = 0;
+};
 
 class MonitorServiceImpl {
  public:
@@ -55,6 +65,9 @@ class MonitorServiceImpl {
   void Tick();
   // Receives every classification event (replaces any previous listener; null removes it).
   void SetEventListener(EventListener listener);
+  // Every accepted step report from now on goes to `observer` too (null: none). Set before
+  // serving; `observer` must outlive the service's RPCs.
+  void SetStepObserver(StepObserver* observer) { step_observer_.store(observer); }
   // Hot reload of the detection settings (MonitorState::UpdateDetection).
   absl::Status UpdateDetection(const MonitorOptions& options);
   MonitorOptions Options() const;  // in force now
@@ -70,6 +83,7 @@ class MonitorServiceImpl {
   void DeliverEvents() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<MetricsRegistry> own_metrics_;
+  std::atomic<StepObserver*> step_observer_{nullptr};
 
   mutable absl::Mutex mu_;
   std::unique_ptr<MonitorState> state_ ABSL_GUARDED_BY(mu_);

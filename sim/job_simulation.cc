@@ -451,7 +451,8 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
       t.samples = w.batch;
       t.compute_s = compute[i];
     }
-    if (end > next_heartbeat_ && k == 1 && !w.excluded && t_ + compute[i] > next_heartbeat_) {
+    if (sc_.sim.step_deadline && end > next_heartbeat_ && k == 1 && !w.excluded &&
+        t_ + compute[i] > next_heartbeat_) {
       // Still computing at the heartbeat: the heartbeat says how long the step has run.
       Timing& r = running_[i];
       r.set = true;

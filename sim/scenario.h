@@ -15,7 +15,7 @@
 //                                                             or skewed, mean 1 and std `noise`
 //   events: [{at_s, kind, ...}]                               see EventKind below
 //   sim: {tick_s, report_interval_s, progress_interval_s, shard_size, max_sim_s, reconcile_s,
-//         decision_heartbeats}                                                          (ext)
+//         decision_heartbeats, step_deadline}                                                          (ext)
 //
 // Plain value type; a Scenario returned by ParseScenario has passed every range check.
 #pragma once
@@ -101,6 +101,11 @@ struct SimSettings {
   // the worker learns it in its next heartbeat's reply. 0: pacerd decides inside the heartbeat
   // handler and that heartbeat's reply carries it.
   int64_t decision_heartbeats = 1;
+  // Whether a heartbeat also says how long a step still running has run (a per-step deadline:
+  // StepTiming.in_progress). false (default): only finished steps reach the rule, as pacerd
+  // feeds it today (the monitor's accepted step reports); true: what an SDK that reports its
+  // running step would add.
+  bool step_deadline = false;
 };
 
 struct Scenario {

@@ -176,6 +176,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->sharding_->SetAuditHook([reconciler](const std::string& what) {
     reconciler->RecordOperatorEvent(what);
   });
+  // Accepted step reports feed the controller's per-step burst rule.
+  d->monitor_->SetStepObserver(reconciler);
   d->monitor_->SetEventListener(
       [reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
   PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"
@@ -223,6 +225,7 @@ int Pacerd::HousekeepingStep() {
   CheckJournal();
   const int expired = sharding_->ExpireOverdue();
   monitor_->Tick();
+  reconciler_->MaybeDecideBursts();
   reconciler_->MaybeReconcile();
   pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
   operator_grpc_->Sample();
