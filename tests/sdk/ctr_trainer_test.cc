@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cmd/pacerd/pacerd.h"
 #include "proto/pacer/ps.grpc.pb.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -37,15 +37,12 @@ int PortFrom(const std::string& file) {
 }
 
 TEST(CtrTrainerTest, TwoServersFourWorkersReachTheAuc) {
-  TempDir dir;
-  PacerdOptions o;
-  o.data_dir = dir.Sub("data");
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.sharding.heartbeat_interval_ms = 100;
-  auto pacerd = Pacerd::Start(o);
-  ASSERT_TRUE(pacerd.ok()) << pacerd.status();
-  const std::string token_file = dir.Sub("data/job.token");
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness pacerd(
+      {.real_clock = true, .adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 100; }});
+  ASSERT_TRUE(pacerd.ok());
+  const TempDir& dir = pacerd.dir();
+  const std::string token_file = pacerd.options().data_dir + "/job.token";
 
   std::vector<Subprocess> servers;
   std::string ps_list;
@@ -65,7 +62,7 @@ TEST(CtrTrainerTest, TwoServersFourWorkersReachTheAuc) {
   for (int i = 0; i < kWorkers; ++i) {
     const std::string w = "w" + std::to_string(i);
     workers.push_back(Subprocess::Start(
-        {BinaryPath("pacer-train-ctr"), "--addr", (*pacerd)->address(), "--token-file", token_file,
+        {BinaryPath("pacer-train-ctr"), "--addr", pacerd->address(), "--token-file", token_file,
          "--worker-id", w, "--ps", ps_list, "--register-records", std::to_string(kRecords), "--epochs", "2",
          "--target-auc", std::to_string(kTargetAuc), "--result-file", dir.Sub("result-" + w)},
         {}, dir.Sub(w + ".log")));
@@ -91,7 +88,7 @@ TEST(CtrTrainerTest, TwoServersFourWorkersReachTheAuc) {
         "127.0.0.1:" + std::to_string(PortFrom(dir.Sub("ps" + std::to_string(i) + ".port"))),
         grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer " + (*pacerd)->job_token());
+    ctx.AddMetadata("authorization", "Bearer " + pacerd->job_token());
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     PsStatsResponse stats;
     ASSERT_TRUE(stub->Stats(&ctx, PsStatsRequest(), &stats).ok());

@@ -14,7 +14,7 @@
 #include <signal.h>
 #include <sstream>
 
-#include "cmd/pacerd/pacerd.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -61,18 +61,16 @@ void ExpectAllRunning(std::vector<Subprocess>& workers, const std::vector<std::s
 }
 
 TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
-  TempDir dir;
-  PacerdOptions o;
-  o.data_dir = dir.Sub("data");
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  o.sharding.heartbeat_interval_ms = 50;
-  auto pacerd = Pacerd::Start(o);
-  ASSERT_TRUE(pacerd.ok()) << pacerd.status();
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness pacerd(
+      {.real_clock = true, .adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; }});
+  ASSERT_TRUE(pacerd.ok());
+  const TempDir& dir = pacerd.dir();
+  const PacerdOptions& o = pacerd.options();
   constexpr int kWorld = 3;
   const std::string stop_file = dir.Sub("stop");
   auto start = [&](int rank, const std::string& log) {
-    return Subprocess::Start({BinaryPath("elastic_test_worker"), "--addr", (*pacerd)->address(),
+    return Subprocess::Start({BinaryPath("elastic_test_worker"), "--addr", pacerd->address(),
                               "--token-file", o.data_dir + "/job.token", "--worker-id",
                               "w" + std::to_string(rank), "--rank", std::to_string(rank),
                               "--world-size", std::to_string(kWorld), "--stop-file", stop_file,
@@ -99,7 +97,7 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
   ASSERT_TRUE(WaitFor([&] { return all_past(30, 1); }, milliseconds(120'000)))
       << ReadFileOrEmpty(logs[0]) << ReadFileOrEmpty(logs[1]) << ReadFileOrEmpty(logs[2]);
   ExpectAllRunning(workers, logs);
-  const uint64_t gen_before = (*pacerd)->rendezvous()->stats().generation;
+  const uint64_t gen_before = pacerd->rendezvous()->stats().generation;
   const pid_t survivor0 = workers[0].pid(), survivor2 = workers[2].pid();
 
   workers[1].Kill();  // SIGKILL + reap: no goodbye to anyone
@@ -112,7 +110,7 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
       << "w0:\n" << ReadFileOrEmpty(logs[0]) << "\nw1:\n" << ReadFileOrEmpty(logs[1]) << "\nw2:\n"
       << ReadFileOrEmpty(logs[2]);
   ExpectAllRunning(workers, logs);
-  EXPECT_GT((*pacerd)->rendezvous()->stats().generation, gen_before);
+  EXPECT_GT(pacerd->rendezvous()->stats().generation, gen_before);
   EXPECT_EQ(workers[0].pid(), survivor0);
   EXPECT_EQ(workers[2].pid(), survivor2);
 
@@ -120,9 +118,9 @@ TEST(ElasticAllReduceTest, SurvivorsRegroupAfterAWorkerIsKilledAndRestarted) {
   // failed); the heartbeats carry RegroupCommands and every rank rebuilds at a step boundary.
   const int64_t before_reform = Parse(ReadFileOrEmpty(logs[0])).step;
   RendezvousReformRequest reform;
-  reform.set_generation((*pacerd)->rendezvous()->stats().generation);
+  reform.set_generation(pacerd->rendezvous()->stats().generation);
   RendezvousReformResponse reformed;
-  ASSERT_TRUE((*pacerd)->rendezvous()->Reform(reform, &reformed).ok());
+  ASSERT_TRUE(pacerd->rendezvous()->Reform(reform, &reformed).ok());
   ASSERT_TRUE(WaitFor([&] { return all_past(before_reform + 30, reformed.generation()); },
                       milliseconds(120'000)))
       << "w0:\n" << ReadFileOrEmpty(logs[0]) << "\nw1:\n" << ReadFileOrEmpty(logs[1]) << "\nw2:\n"

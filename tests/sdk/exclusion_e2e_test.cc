@@ -21,9 +21,9 @@
 #include <fstream>
 #include <regex>
 
-#include "cmd/pacerd/pacerd.h"
 #include "examples/consumer/ledger.h"
 #include "proto/pacer/controller.grpc.pb.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
 
@@ -36,33 +36,6 @@ using testing::ReadFileOrEmpty;
 using testing::Subprocess;
 using testing::TempDir;
 using testing::WaitFor;
-
-constexpr char kPolicy[] = R"(version: 1
-name: test-burst-e2e
-policy: non-dedicated
-detection:
-  straggler_threshold: 0.6
-  leader_threshold: 1.3
-  window_s: 1
-  persistent_windows: 5
-  history_windows: 5
-  min_confidence: 0.1
-actions:
-  adjust_batch:
-    enabled: false
-  restart:
-    enabled: false
-  burst_exclusion:
-    max_workers: 1
-safety:
-  min_gain: 0.05
-  cooldown_s: 1
-  adjust_batch_cooldown_s: 1
-  max_actions_per_window: 100
-  min_live_workers: 2
-  rollback:
-    enabled: false
-)";
 
 constexpr int kWorkers = 3;
 constexpr uint64_t kRecords = 1'200'000;
@@ -85,20 +58,11 @@ class ExclusionE2eTest : public ::testing::Test {
     if (access("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", W_OK) != 0) {
       GTEST_SKIP() << "cgroup v1 cpu controller not writable here: no precise contention switch";
     }
-    std::ofstream(dir_.Sub("policy.yaml")) << kPolicy;
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.policy_file = dir_.Sub("policy.yaml");
-    o.sharding.heartbeat_interval_ms = 200;
-    o.sharding.lease_timeout_ms = 10'000;
-    o.sharding.worker_timeout_ms = 60'000;
-    o.reconciler.interval_ms = 500;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    h_.Restart();
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
   }
+
   void TearDown() override {
     if (agent_.pid() > 0) {
       agent_.Signal(SIGTERM);
@@ -161,8 +125,19 @@ class ExclusionE2eTest : public ::testing::Test {
     }, 30s) && r->Command(*id)->state == CommandState::kDone;
   }
 
-  TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h) on the real clock, with its housekeeping
+  // thread, under burst-exclusion-e2e-1s (burst exclusion only, no plans); started in SetUp.
+  testing::PacerdHarness h_{{.policy = "burst-exclusion-e2e-1s",
+                             .real_clock = true,
+                             .reconcile_interval_ms = 500,
+                             .start = false,
+                             .adjust = [](PacerdOptions& p) {
+                               p.sharding.heartbeat_interval_ms = 200;
+                               p.sharding.lease_timeout_ms = 10'000;
+                               p.sharding.worker_timeout_ms = 60'000;
+                             }}};
+  const TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
   Subprocess agent_;
 };
 

@@ -13,8 +13,8 @@
 #include <regex>
 
 #include "agent/agent_registry.h"
-#include "cmd/pacerd/pacerd.h"
 #include "controller/action.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/ps/parameter_store.h"
 #include "worker_sdk/ps/ps_client.h"
@@ -256,19 +256,16 @@ TEST_F(PsRestartTest, CorruptOrTornSnapshotIsRefusedNamingTheFile) {
 // exactly that process (a new pid) and the rows survive (the agent's SIGTERM makes the server
 // save its snapshot). RELIEVE_SERVER and an unsupervised server are refused with clear notes.
 TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive) {
-  TempDir dir;
-  PacerdOptions po;
-  po.data_dir = dir.Sub("data");
-  po.listen = "127.0.0.1:0";
-  po.metrics_listen = "";
-  po.agents.heartbeat_interval_ms = 200;
-  auto pacerd = Pacerd::Start(po);
-  ASSERT_TRUE(pacerd.ok()) << pacerd.status();
-  AgentRegistry& agents = *(*pacerd)->agents();
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness pacerd(
+      {.real_clock = true, .adjust = [](PacerdOptions& o) { o.agents.heartbeat_interval_ms = 200; }});
+  ASSERT_TRUE(pacerd.ok());
+  const TempDir& dir = pacerd.dir();
+  AgentRegistry& agents = *pacerd->agents();
   const std::string port_file = dir.Sub("ps/ps0.port");
   std::filesystem::create_directories(dir.Sub("ps"));
   Subprocess agent = Subprocess::Start(
-      {BinaryPath("pacer-agent"), "--addr", (*pacerd)->address(), "--token-file", dir.Sub("data/job.token"),
+      {BinaryPath("pacer-agent"), "--addr", pacerd->address(), "--token-file", dir.Sub("data/job.token"),
        "--node", "node-ps", "--job", "psjob", "--workers", "1", "--worker-id-prefix", "ps",
        "--worker-credentials", "inherit",  // pacer-ps needs the job token itself
        "--heartbeat-ms", "200", "--stop-grace-ms", "10000", "--no-nvml", "--",
@@ -285,7 +282,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
 
   Model m;
   {
-    auto c = ClientFor(PortIn(port_file), (*pacerd)->job_token());
+    auto c = ClientFor(PortIn(port_file), pacerd->job_token());
     ASSERT_TRUE(m.Create(*c).ok());
     for (int step = 0; step < 4; ++step) ASSERT_TRUE(m.Step(*c, step).ok());
   }
@@ -306,7 +303,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
   EXPECT_EQ(ReadFileOrEmpty("/proc/" + std::to_string(old_pid) + "/cmdline").find("pacer-ps"), std::string::npos)
       << "the old server still runs";
 
-  auto c = ClientFor(PortIn(port_file), (*pacerd)->job_token());
+  auto c = ClientFor(PortIn(port_file), pacerd->job_token());
   ASSERT_TRUE(m.Create(*c).ok());
   std::vector<float> got, want;
   m.PullBoth(*c, &got, &want);
@@ -326,7 +323,7 @@ TEST(PsRestartServerTest, DispatcherRestartsTheSupervisedServerAndItsRowsSurvive
 
   agent.Signal(SIGTERM);
   EXPECT_GE(agent.Wait(20s), 0) << "pacer-agent did not stop";
-  (*pacerd)->Shutdown();
+  pacerd->Shutdown();
 }
 
 }  // namespace

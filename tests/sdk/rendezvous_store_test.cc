@@ -11,8 +11,8 @@
 #include <random>
 #include <thread>
 
-#include "cmd/pacerd/pacerd.h"
 #include "rendezvous/rendezvous_service.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/elastic_gloo.h"
@@ -219,14 +219,9 @@ class RendezvousStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { StartPacerd(0); }
   void StartPacerd(int port) {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:" + std::to_string(port);
-    o.metrics_listen = "";
-    o.sharding.heartbeat_interval_ms = 50;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    h_.Restart();  // the same data dir and port on a restart
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
   }
   RendezvousClientOptions Options(const std::string& token = "") {
     RendezvousClientOptions o;
@@ -247,8 +242,12 @@ class RendezvousStoreTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
 
-  TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .start = false, .adjust = [](PacerdOptions& p) {
+    p.sharding.heartbeat_interval_ms = 50;
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
 };
 
 TEST_F(RendezvousStoreTest, SetGetAndWaitsThatEnd) {
@@ -375,7 +374,8 @@ TEST_F(RendezvousStoreTest, RanksRegroupAfterAPacerdRestart) {
   ASSERT_TRUE(e0.ok() && e1.ok()) << e0.status() << " " << e1.status();
 
   const int port = pacerd_->port();
-  pacerd_.reset();
+  h_.Stop();
+  pacerd_ = nullptr;
   StartPacerd(port);
   ASSERT_TRUE(pacerd_);
   EXPECT_EQ(pacerd_->rendezvous()->stats().generation, 0u) << "rendezvous state is not journaled";

@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <regex>
 
-#include "cmd/pacerd/pacerd.h"
 #include "examples/consumer/ledger.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
 
@@ -32,20 +32,8 @@ constexpr double kTargetAccuracy = 0.95;
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
-    o.sharding.heartbeat_interval_ms = 100;
-    // No test here exercises lease expiry (a restarted worker's leases go back when it registers
-    // again), and "samples" counts records trained: a lease expired under a worker that was
-    // only slow (a 3 s silence is within reach of a loaded CI machine: heartbeats starved, a
-    // slow fsync) would be trained twice and fail the exactly-once sum.
-    o.sharding.lease_timeout_ms = 30'000;
-    o.sharding.worker_timeout_ms = 60'000;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    ASSERT_TRUE(h_.ok());
+    pacerd_ = &h_.pacerd();
     ASSERT_TRUE(std::filesystem::exists(dir_.Sub("data/job.token")));
   }
   std::vector<std::string> Args(int i) {
@@ -66,8 +54,18 @@ class TrainerTest : public ::testing::Test {
     return l.ok() && l->datasets_size() ? l->datasets(0) : DatasetInfo();
   }
 
-  TempDir dir_;
-  std::unique_ptr<Pacerd> pacerd_;
+  // pacerd in process (tests/testing/pacerd_harness.h), on the real clock with its thread.
+  testing::PacerdHarness h_{{.real_clock = true, .adjust = [](PacerdOptions& p) {
+    p.sharding.heartbeat_interval_ms = 100;
+    // No test here exercises lease expiry (a restarted worker's leases go back when it registers
+    // again), and "samples" counts records trained: a lease expired under a worker that was
+    // only slow (a 3 s silence is within reach of a loaded CI machine: heartbeats starved, a
+    // slow fsync) would be trained twice and fail the exactly-once sum.
+    p.sharding.lease_timeout_ms = 30'000;
+    p.sharding.worker_timeout_ms = 60'000;
+  }}};
+  const testing::TempDir& dir_ = h_.dir();
+  Pacerd* pacerd_ = nullptr;
 };
 
 double Field(const std::string& json, const std::string& key) {

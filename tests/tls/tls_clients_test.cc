@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cmd/pacerd/pacerd.h"
 #include "common/tls.h"
 #include "proto/pacer/ps.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
+#include "tests/testing/pacerd_harness.h"
 #include "tests/testing/test_util.h"
 #include "tests/tls/test_pki.h"
 #include "worker_sdk/c_api.h"
@@ -54,18 +54,16 @@ class TlsClientsTest : public ::testing::TestWithParam<bool> {  // param: mTLS
     // pacerd serves copies, so the rotation test can replace them.
     served_ = {dir_.Sub("served.pem"), dir_.Sub("served.key")};
     testing::InstallCert(pki_->server(), served_);
-    PacerdOptions o;
-    o.data_dir = dir_.Sub("data");
-    o.listen = "127.0.0.1:0";
-    o.metrics_listen = "";
+    // pacerd in process (tests/testing/pacerd_harness.h), started once its PKI is made.
+    PacerdOptions& o = h_.mutable_options();
     o.sharding.heartbeat_interval_ms = 100;
     o.tls_cert = served_.cert;
     o.tls_key = served_.key;
     if (mtls()) o.tls_client_ca = pki_->ca();
     o.tls_reload_s = 1;
-    auto d = Pacerd::Start(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    pacerd_ = std::move(*d);
+    const absl::Status started = h_.TryStart();
+    ASSERT_TRUE(started.ok()) << started;
+    pacerd_ = &h_.pacerd();
   }
   bool mtls() const { return GetParam(); }
   std::string addr() const { return pacerd_->address(); }
@@ -104,10 +102,11 @@ class TlsClientsTest : public ::testing::TestWithParam<bool> {  // param: mTLS
     return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
   }
 
-  TempDir dir_;
+  testing::PacerdHarness h_{{.real_clock = true, .start = false}};
+  const TempDir& dir_ = h_.dir();
   std::unique_ptr<testing::TestPki> pki_;
   testing::CertFiles served_;
-  std::unique_ptr<Pacerd> pacerd_;
+  Pacerd* pacerd_ = nullptr;
 };
 
 TEST_P(TlsClientsTest, CppSdkAndCApiConnectWithTheRightFilesOnly) {
