@@ -13,19 +13,11 @@
 namespace pacer {
 namespace {
 
-using testing::HarnessOptions;
 using testing::PacerdHarness;
 using testing::ScriptedWorker;
 
 constexpr int kWorkers = 4;
 constexpr uint64_t kShard = 100;
-
-HarnessOptions Options() {
-  HarnessOptions o;
-  o.policy = "reallocate-1s";
-  o.adjust = [](PacerdOptions& p) { p.reconciler.mode = JobMode::kAsync; };
-  return o;
-}
 
 class ReallocationDispatchTest : public ::testing::Test {
  protected:
@@ -86,7 +78,9 @@ class ReallocationDispatchTest : public ::testing::Test {
     return out;
   }
 
-  PacerdHarness h_{Options()};
+  // An async job under reallocate-1s (data reallocation only, no batch plans).
+  PacerdHarness h_{{.policy = "reallocate-1s",
+                    .adjust = [](PacerdOptions& p) { p.reconciler.mode = JobMode::kAsync; }}};
   std::vector<std::unique_ptr<ScriptedWorker>> workers_;
 };
 

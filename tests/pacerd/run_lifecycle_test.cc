@@ -13,18 +13,11 @@
 namespace pacer {
 namespace {
 
-using testing::HarnessOptions;
 using testing::PacerdHarness;
 using testing::ScriptedWorker;
 
 constexpr int kWorkers = 3;
 constexpr uint32_t kBatch = 64;
-
-HarnessOptions Options() {
-  HarnessOptions o;
-  o.policy = "dedicated-1s";
-  return o;
-}
 
 class RunLifecycleTest : public ::testing::Test {
  protected:
@@ -112,7 +105,7 @@ class RunLifecycleTest : public ::testing::Test {
     return step;
   }
 
-  PacerdHarness h_{Options()};
+  PacerdHarness h_{{.policy = "dedicated-1s"}};  // 1 s windows, plans after 2 slow of 3
   std::string run1_id_;
   std::vector<std::unique_ptr<ScriptedWorker>> workers_;
   std::vector<BatchPlanCommand> received_;
