@@ -39,7 +39,11 @@ PacerdHarness::PacerdHarness(HarnessOptions options)
     options_.policy_file = dir_.Sub("policy.yaml");
     std::ofstream(options_.policy_file) << in.rdbuf();
   }
-  options_.reconciler.interval_ms = harness_options_.reconcile_interval_ms;
+  if (harness_options_.reconcile_interval_ms > 0) {
+    options_.reconciler.interval_ms = harness_options_.reconcile_interval_ms;
+  } else if (!harness_options_.real_clock) {
+    options_.reconciler.interval_ms = 1000;
+  }
   options_.housekeeping = harness_options_.real_clock;
   if (harness_options_.adjust) harness_options_.adjust(options_);
   if (harness_options_.start) Start();

@@ -48,7 +48,9 @@ struct HarnessOptions {
   // zero. A test whose real processes stamp real time (a pacer-agent's node metrics) passes
   // RealClock::Get()->NowMs(), or pacerd refuses their reports as from the future.
   int64_t start_ms = 0;
-  int64_t reconcile_interval_ms = 1000;
+  // 0: one reconcile a second on the simulated clock; with `real_clock`, production's default
+  // (a test converted from a hand-made start keeps the interval it had).
+  int64_t reconcile_interval_ms = 0;
   // The data dir; empty: <dir()>/data (a chaos test puts it on a small tmpfs).
   std::string data_dir;
   // false: the constructor prepares dir, options and clock but does not start pacerd; the
