@@ -76,6 +76,7 @@ void ShardReader::Accept(const FetchShardResponse& resp) {
     case FetchShardResponse::WAIT:
       // The service asked us to come back later: no fetch before then (interruptible).
       service_waiting_ = true;
+      ++wait_answers_;
       not_before_ = std::chrono::steady_clock::now() +
                     std::chrono::milliseconds(std::clamp<int64_t>(resp.retry_after_ms(), 10, 1'000));
       break;
@@ -228,10 +229,20 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       // only after the records already handed out are consumed and reported (end of an epoch),
       // so waiting with records in hand could wait forever. kUntilPrefetched stops waiting as
       // soon as the service says WAIT, so it may fill the batch from the next lease.
+      //
+      // kUntilData with nothing to return still must not wait on the reader itself: the leases in
+      // open_ are read to their end but not consumed (a trainer reading ahead of MarkConsumed),
+      // and the service may have nothing else to give until they complete — the rest of the data
+      // is in them, or they fill the worker's lease quota. A WAIT answered after this call began
+      // says so: return kWait and let the trainer mark them consumed.
+      const bool holding_unconsumed = !open_.empty();
+      const uint64_t waits_before = wait_answers_;
       if (blocking == Blocking::kUntilPrefetched || (blocking == Blocking::kUntilData && got == 0)) {
         q_cv_.wait(l, [&] {
+          const bool waited_on_self = blocking == Blocking::kUntilData && holding_unconsumed &&
+                                      wait_answers_ != waits_before;
           return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ || holding_off_ ||
-                 (blocking == Blocking::kUntilPrefetched && service_waiting_);
+                 (blocking == Blocking::kUntilPrefetched && service_waiting_) || waited_on_self;
         });
         if (!ready_.empty()) continue;
       }

@@ -76,7 +76,11 @@ class ShardReader : public ReportListener {
   //                     (the other workers hold the rest of the epoch). Synchronous all-reduce
   //                     trainers use this and contribute weight 0 on kWait, so that nobody
   //                     blocks a collective waiting for data a peer holds;
-  //   kUntilData:       wait until records come or the data ends (independent workers).
+  //   kUntilData:       wait until records come or the data ends (independent workers) — but
+  //                     never on the reader itself: when every record it handed out is still
+  //                     unconsumed and the service answers WAIT (the rest of the data is in
+  //                     those leases, or they fill the worker's lease quota), it returns kWait:
+  //                     MarkConsumed() and call again.
   // Between ReleaseAll() and Resume() it returns kWait at once (nothing is leased).
   enum class Blocking { kNever, kUntilPrefetched, kUntilData };
 
@@ -180,6 +184,7 @@ class ShardReader : public ReportListener {
   std::deque<Lease> ready_;       // guarded by q_mu_
   bool end_of_data_ = false;      // guarded by q_mu_
   bool service_waiting_ = false;  // guarded by q_mu_: the last fetch said WAIT
+  uint64_t wait_answers_ = 0;     // guarded by q_mu_: WAIT answers so far (fetches, completions)
   bool stopping_ = false;         // guarded by q_mu_
   bool paused_ = false;           // guarded by q_mu_: during a checkpoint restore
   bool holding_off_ = false;      // guarded by q_mu_: between ReleaseAll and Resume

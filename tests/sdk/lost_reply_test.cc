@@ -8,10 +8,12 @@
 //   - retries of CompleteShard / ReportProgress / ReleaseShard on leases that ended 1, 8 and
 //     1 000 leases earlier are answered truthfully (issue 12, acceptance 4);
 //   - the ShardReader leases with its completions: one durable call per shard in steady state,
-//     and a trainer reading ahead without MarkConsumed still gets data.
+//     and a trainer reading ahead without MarkConsumed still gets data — and is told kWait,
+//     never left waiting on itself, when everything the service could give is in its hands.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -348,6 +350,85 @@ TEST_F(LostReplyTest, ATrainerReadingAheadWithoutMarkConsumedStillGetsData) {
   for (uint64_t r = 0; r < kRecords; ++r) ASSERT_EQ(seen[r], 1) << "record " << r;
   ASSERT_TRUE((*client)->Flush(10'000).ok());
   EXPECT_TRUE(Dataset().finished());
+}
+
+
+// Next(kUntilData) on a reader whose handed-out records are all unconsumed, bounded by a
+// deadline: a call that would wait on the reader itself fails the test instead of hanging it.
+absl::StatusOr<ShardReader::Outcome> NextWithin(std::unique_ptr<ShardReader>& reader, size_t n,
+                                                std::vector<uint64_t>* ids) {
+  auto call = std::async(std::launch::async, [&] {
+    return reader->Next(n, ids, ShardReader::Blocking::kUntilData);
+  });
+  if (call.wait_for(std::chrono::seconds(30)) == std::future_status::ready) return call.get();
+  ADD_FAILURE() << "Next(" << n << ", kUntilData) still waiting after 30 s";
+  reader.reset();  // stopping: the blocked call returns CANCELLED
+  return call.get();
+}
+
+TEST_F(LostReplyTest, AReaderHoldingTheRestOfTheDataUnconsumedIsToldWaitNotLeftWaiting) {
+  // Two leases hold all 40 records; both are read to their end and none is consumed. The
+  // service can end the data only once they complete, which needs a MarkConsumed.
+  auto client = Client::Connect(Sdk("w0"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->sharding().RegisterDataset(Spec(40, 20, 1)).ok());
+  ShardReaderOptions ro;
+  ro.prefetch_leases = 1;
+  auto made = ShardReader::Create(client->get(), ro);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<ShardReader> reader = std::move(*made);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto out = NextWithin(reader, 20, &ids);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(*out, ShardReader::Outcome::kRecords);
+  }
+  ASSERT_EQ(ids.size(), 40u);
+  auto held = NextWithin(reader, 15, &ids);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, ShardReader::Outcome::kWait);
+  EXPECT_EQ(ids.size(), 40u);
+  reader->MarkConsumed();
+  auto end = NextWithin(reader, 15, &ids);
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(*end, ShardReader::Outcome::kEndOfData);
+  std::set<uint64_t> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), 40u);
+  ASSERT_TRUE((*client)->Flush(10'000).ok());
+  EXPECT_TRUE(Dataset().finished());
+}
+
+TEST_F(LostReplyTest, AReaderFillingItsLeaseQuotaUnconsumedIsToldWaitNotLeftWaiting) {
+  // kDefaultMaxLeasesPerWorker (4) leases read to their end, none consumed: the service answers
+  // WAIT (quota) until they complete, though most of the data is still to be leased.
+  auto client = Client::Connect(Sdk("w0"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->sharding().RegisterDataset(Spec(200, 10, 1)).ok());
+  ShardReaderOptions ro;
+  ro.prefetch_leases = 1;
+  auto made = ShardReader::Create(client->get(), ro);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<ShardReader> reader = std::move(*made);
+  std::vector<uint64_t> ids;
+  while (ids.size() < 4 * 10) {
+    auto out = NextWithin(reader, 10, &ids);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(*out, ShardReader::Outcome::kRecords) << "after " << ids.size() << " records";
+  }
+  auto quota = NextWithin(reader, 10, &ids);
+  ASSERT_TRUE(quota.ok()) << quota.status();
+  EXPECT_EQ(*quota, ShardReader::Outcome::kWait);
+  EXPECT_EQ(ids.size(), 40u);
+  // Consumed, they complete and lease the next shards: the rest of the data, each record once.
+  for (;;) {
+    reader->MarkConsumed();
+    auto out = NextWithin(reader, 10, &ids);
+    ASSERT_TRUE(out.ok()) << out.status();
+    if (*out == ShardReader::Outcome::kEndOfData) break;
+  }
+  std::set<uint64_t> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), 200u);
+  EXPECT_EQ(ids.size(), 200u);
 }
 
 }  // namespace

@@ -315,6 +315,15 @@ class RecordIterator {
       auto [outcome, ids] = reader_->Next(chunk_, ShardReader::Blocking::kUntilData);
       buf_ = std::move(ids);
       if (outcome == ShardReader::Outcome::kEndOfData) ended_ = true;
+      if (buf_.empty() && outcome == ShardReader::Outcome::kWait && !mark_consumed_ &&
+          reader_->get().records_read() > 0 && !reader_->get().holding_off()) {
+        // Every record yielded is still unconsumed and the service has nothing else until they
+        // are (the rest of the data is in those leases, or they fill the lease quota): ending
+        // the iteration here would read as the end of the data.
+        Raise(absl::FailedPreconditionError(
+            "records(mark_consumed=False): the service has no more records until the ones "
+            "yielded so far are marked consumed; call mark_consumed() and iterate again"));
+      }
       if (buf_.empty()) throw py::stop_iteration();
     }
     return buf_[pos_++];
