@@ -174,7 +174,7 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
     }
     const uint64_t previous = w.incarnation;
     for (auto eit = w.ended.begin(); eit != w.ended.end();) {
-      eit = eit->second.incarnation() < previous ? w.ended.erase(eit) : std::next(eit);
+      eit = eit->second.incarnation() < previous ? EraseEnded(w, eit) : std::next(eit);
     }
   }
   w.node = u.node();
@@ -383,11 +383,49 @@ void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) 
   e.set_begin(lease.begin);
   e.set_end(lease.end);
   e.set_incarnation(lease.incarnation);
-  w.ended.emplace(lease.id, std::move(e));
-  // At most kMaxEndedPerWorker per worker (a stream's epoch never closes, and one epoch of a
-  // huge dataset holds millions of leases). The smallest ids go first — not the first ended —
-  // so a replay forgets exactly the same ones.
-  while (w.ended.size() > kMaxEndedPerWorker) w.ended.erase(w.ended.begin());
+  AddEnded(w, std::move(e));
+  // Bounded (a stream's epoch never closes, and one epoch of a huge dataset holds millions of
+  // leases): see "Memory" in the header.
+  TrimEnded(w);
+}
+
+namespace {
+size_t Beyond(size_t n, size_t floor) { return n > floor ? n - floor : 0; }
+}  // namespace
+
+size_t ShardingState::EndedFloor(const WorkerRec& w) {
+  const size_t max_leases = w.max_leases != 0 ? w.max_leases : kDefaultMaxLeasesPerWorker;
+  return std::max(kMinEndedPerWorker, 2 * max_leases);
+}
+
+void ShardingState::AddEnded(WorkerRec& w, EndedLease e) {
+  const size_t floor = EndedFloor(w);
+  const size_t before = Beyond(w.ended.size(), floor);
+  const uint64_t id = e.lease_id();
+  if (!w.ended.insert_or_assign(id, std::move(e)).second) return;  // replaced: same count
+  ++ended_total_;
+  ended_beyond_floor_ += Beyond(w.ended.size(), floor) - before;
+}
+
+std::map<uint64_t, EndedLease>::iterator ShardingState::EraseEnded(
+    WorkerRec& w, std::map<uint64_t, EndedLease>::iterator it) {
+  const size_t floor = EndedFloor(w);
+  const size_t before = Beyond(w.ended.size(), floor);
+  it = w.ended.erase(it);
+  --ended_total_;
+  ended_beyond_floor_ -= before - Beyond(w.ended.size(), floor);
+  return it;
+}
+
+void ShardingState::TrimEnded(WorkerRec& w) {
+  // The smallest ids go first — not the first ended — so a replay forgets exactly the same
+  // ones. Only `w`'s own records go, so the cost is O(what is dropped), never O(workers). After
+  // this either the job is within kMaxEndedBeyondFloor or `w` holds no more than its floor, so
+  // ended_beyond_floor_ can only grow while it is within the budget: it never exceeds it.
+  while (w.ended.size() > kMaxEndedPerWorker) EraseEnded(w, w.ended.begin());
+  while (ended_beyond_floor_ > kMaxEndedBeyondFloor && w.ended.size() > EndedFloor(w)) {
+    EraseEnded(w, w.ended.begin());
+  }
 }
 
 void ShardingState::ForgetOldEnded(const Dataset& ds) {
@@ -398,7 +436,7 @@ void ShardingState::ForgetOldEnded(const Dataset& ds) {
   for (auto& [id, w] : workers_) {
     for (auto it = w.ended.begin(); it != w.ended.end();) {
       if (it->second.dataset() == ds.spec->name() && it->second.epoch() < keep_from) {
-        it = w.ended.erase(it);
+        it = EraseEnded(w, it);
       } else {
         ++it;
       }
@@ -493,7 +531,11 @@ absl::Status ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
   WorkerRec& w = it->second;
   w.weight = u.weight() > 0 ? u.weight() : 1.0;
   w.shard_size = u.shard_size();
+  // max_leases moves the worker's ended-lease floor: recount what lies beyond it, then trim.
+  const size_t before = Beyond(w.ended.size(), EndedFloor(w));
   w.max_leases = u.max_leases();
+  ended_beyond_floor_ = ended_beyond_floor_ - before + Beyond(w.ended.size(), EndedFloor(w));
+  TrimEnded(w);
   return absl::OkStatus();
 }
 

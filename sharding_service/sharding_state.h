@@ -16,10 +16,19 @@
 //
 // Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
 // truthful retries), independent of the number of records: pending work is ranges, never one
-// object per shard. Ended leases are kept per worker for the dataset's open epochs and the epoch
-// just before them, and at most kMaxEndedPerWorker (4 096) per worker, the newest: so at most
-// min(~2 epochs of leases, 4 096 x workers) EndedLease records of ~100 bytes (a stream's single
-// epoch never closes; one epoch of a huge dataset holds millions of leases).
+// object per shard. Ended leases (EndedLease records, ~190 bytes each with their map node) are
+// kept per worker for the dataset's open epochs and the epoch just before them, and within that:
+//  * each worker keeps its newest EndedFloor(w) = max(kMinEndedPerWorker, 2 x its max_leases)
+//    (16 by default) whatever else the job holds: the leases its retries can still be about —
+//    a client retries only calls in flight, on leases it held, and holds at most max_leases;
+//  * beyond those floors the whole job keeps at most kMaxEndedBeyondFloor (16 384) more; when
+//    an ending lease would exceed that, the ending worker's own oldest beyond its floor go;
+//  * and no worker keeps more than kMaxEndedPerWorker (4 096).
+// So ended records <= sum over workers of EndedFloor(w) + kMaxEndedBeyondFloor, i.e. at most
+// 16 x W + 16 384 with default allocations (81 920 records, ~15 MiB, at 4 096 workers; a lone
+// worker keeps its last 4 096). A retry about a forgotten lease is answered "outcome unknown"
+// (FAILED_PRECONDITION), never falsely OK. The rule depends only on the updates applied, so a
+// replay forgets exactly the same records.
 //
 // Journal formats (what an Update means):
 //  * v5 (this code): as v3, plus DeleteDatasetUpdate and ResetDatasetUpdate (an operator
@@ -61,7 +70,11 @@ inline constexpr size_t kMaxWorkerIdLength = 256;
 inline constexpr uint32_t kDefaultMaxAttempts = 3;
 inline constexpr uint32_t kDefaultMaxLeasesPerWorker = 4;  // per worker and dataset
 inline constexpr size_t kMaxOpenEpochs = 2;                // without a barrier
-inline constexpr size_t kMaxEndedPerWorker = 4096;  // ended leases kept per worker, at most
+// Ended leases kept for truthful retries (see "Memory" above): per worker at most, per worker at
+// least (the floor, raised to 2 x max_leases), and over the job beyond every worker's floor.
+inline constexpr size_t kMaxEndedPerWorker = 4096;
+inline constexpr size_t kMinEndedPerWorker = 16;
+inline constexpr size_t kMaxEndedBeyondFloor = 16'384;
 inline constexpr size_t kMaxCheckpoints = 64;
 inline constexpr uint64_t kDefaultShardSize = 1024;
 // Quotas a client can reach (RESOURCE_EXHAUSTED), so no client can make the state unbounded.
@@ -151,8 +164,12 @@ class ShardingState {
     uint32_t max_leases = 0;
     bool lost = false;
     std::set<uint64_t> leases;
-    std::map<uint64_t, EndedLease> ended;  // by lease id; see "Memory" above
+    // By lease id; see "Memory" above. Changed only through AddEnded / EraseEnded, which keep
+    // the state's ended-lease counters.
+    std::map<uint64_t, EndedLease> ended;
   };
+  // How many of `w`'s newest ended leases are kept whatever the rest of the job holds.
+  static size_t EndedFloor(const WorkerRec& w);
 
   ShardingState() = default;
 
@@ -193,6 +210,10 @@ class ShardingState {
   const std::map<std::string, WorkerRec>& workers() const { return workers_; }
   bool HasCheckpoint(const std::string& tag) const { return checkpoints_.count(tag) > 0; }
   uint64_t last_seq() const { return last_seq_; }
+  // Ended-lease records held over every worker, and how many of them lie beyond each worker's
+  // EndedFloor (<= kMaxEndedBeyondFloor: the memory bound of "Memory" above).
+  size_t ended_records() const { return ended_total_; }
+  size_t ended_beyond_floor() const { return ended_beyond_floor_; }
   uint64_t last_lease_id() const { return next_lease_id_ - 1; }
   // Leases ended since the last call (drained by the service to notify workers).
   std::vector<std::pair<std::string, uint64_t>> TakeCancelledLeases();
@@ -257,6 +278,14 @@ class ShardingState {
   void RememberEnded(const LeaseRec& lease, LeaseEndReason reason);
   // Forgets ended leases of `ds` older than the epoch before its oldest open one.
   void ForgetOldEnded(const Dataset& ds);
+  // Every change to a worker's `ended` goes through these, which keep ended_total_ and
+  // ended_beyond_floor_.
+  void AddEnded(WorkerRec& w, EndedLease e);
+  std::map<uint64_t, EndedLease>::iterator EraseEnded(
+      WorkerRec& w, std::map<uint64_t, EndedLease>::iterator it);
+  // Drops `w`'s oldest ended leases past kMaxEndedPerWorker and, while the job holds more than
+  // kMaxEndedBeyondFloor beyond the floors, past w's floor.
+  void TrimEnded(WorkerRec& w);
   static Partition PartitionFromProto(const PartitionState& d, bool keep_attempts);
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
@@ -271,6 +300,8 @@ class ShardingState {
   uint64_t next_token_ = 1;
   uint64_t next_incarnation_ = 1;
   uint64_t last_seq_ = 0;
+  size_t ended_total_ = 0;         // sum of every worker's ended.size()
+  size_t ended_beyond_floor_ = 0;  // sum of max(0, ended.size() - EndedFloor(w))
   // Not part of the snapshot: a notification queue for the live service only.
   std::vector<std::pair<std::string, uint64_t>> cancelled_;
 };

@@ -190,14 +190,20 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
     w.shard_size = in.shard_size();
     w.max_leases = in.max_leases();
     w.lost = in.lost();
+    auto [wit, added] = st.workers_.emplace(in.worker_id(), std::move(w));
+    if (!added) continue;  // a duplicate worker: the first one counts (as before)
     for (const auto& e : in.recent_ended()) {
-      EndedLease& kept = w.ended[e.lease_id()] = e;
+      EndedLease kept = e;
       // A v2 snapshot names no incarnation: those leases were the current incarnation's or
       // earlier, which is all a registration reply needs to know.
-      if (kept.incarnation() == 0) kept.set_incarnation(w.incarnation);
+      if (kept.incarnation() == 0) kept.set_incarnation(wit->second.incarnation);
+      st.AddEnded(wit->second, std::move(kept));
     }
-    st.workers_.emplace(w.id, std::move(w));
   }
+  // A snapshot written before ended leases were bounded over the job (up to 4 096 per worker)
+  // is brought within the bound here, each worker's oldest first, in worker order; one written
+  // since is within it already and loads unchanged (TrimEnded drops nothing).
+  for (auto& [id, w] : st.workers_) st.TrimEnded(w);
   for (const auto& in : snap.leases()) {
     LeaseRec l;
     l.id = in.lease_id();
