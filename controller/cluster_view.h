@@ -59,6 +59,12 @@ struct WorkerView {
 
   // Data progress (async jobs, timeout-relaunch).
   double shard_elapsed_s = 0;  // time spent on the shard it holds now; 0 = none held
+
+  // Step statistics (sync jobs): its speed over its recent training steps and the relative
+  // standard error of that mean (controller/step_statistics.h). Filled by the Controller from
+  // the step timings it observes, not by the view builder; 0 = none.
+  double step_speed = 0;
+  double step_speed_rel_se = 0;
 };
 
 struct NodeView {

@@ -110,6 +110,19 @@ bool ExclusionsMoved(const History& history, int64_t from_ms, int64_t to_ms) {
   return false;
 }
 
+// The per-step burst rule (Controller::DecideBursts).
+bool BurstRuleIn(const PolicyConfig& config) {
+  return config.policy == "non-dedicated" && config.burst_exclusion.step_factor > 0 &&
+         config.burst_exclusion.max_workers > 0;
+}
+
+// Batch plans checked against step statistics: the AntDT presets plan with detection
+// (ProposeBatchPlan's significance test); LB-BSP plans on raw window speeds, as published.
+bool StepStatisticsIn(const PolicyConfig& config) {
+  return (config.policy == "non-dedicated" || config.policy == "dedicated") &&
+         config.adjust_batch.enabled && config.adjust_batch.speed_significance > 0;
+}
+
 bool SameAllocations(const std::vector<WorkerAllocation>& a,
                      const std::vector<WorkerAllocation>& b) {
   if (a.size() != b.size()) return false;
@@ -243,10 +256,13 @@ std::optional<double> Controller::MeasuredGain(const AuditRecord& r, const Clust
   return after_rate / before_rate - 1;
 }
 
-bool Controller::StepRuleConfigured() const {
-  return config_.policy == "non-dedicated" && config_.burst_exclusion.step_factor > 0 &&
-         config_.burst_exclusion.max_workers > 0;
+bool UsesStepTimings(const PolicyConfig& config) {
+  return BurstRuleIn(config) || StepStatisticsIn(config);
 }
+
+bool Controller::StepRuleConfigured() const { return BurstRuleIn(config_); }
+
+bool Controller::StepStatisticsConfigured() const { return StepStatisticsIn(config_); }
 
 bool Controller::StepRuleActive(int64_t now_ms) const {
   return StepRuleConfigured() && last_view_ && burst_view_.job.mode == JobMode::kSync &&
@@ -254,6 +270,8 @@ bool Controller::StepRuleActive(int64_t now_ms) const {
 }
 
 void Controller::ObserveSteps(const std::vector<StepTiming>& timings) {
+  if (StepStatisticsConfigured())
+    for (const StepTiming& t : timings) step_stats_.Observe(t);
   if (!StepRuleConfigured()) return;
   for (const StepTiming& t : timings) bursts_.Observe(t);
 }
@@ -354,8 +372,25 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   // window's speed: one step's noise would make every plan a few percent worse.
   const ClusterView* decide_view = &view;
   ClusterView steady;
+  // Each worker's step statistics: a batch plan moves a worker off the typical speed only when
+  // its steps show the difference (adjust_batch.speed_significance). A worker silent for as
+  // long as the monitor takes to call it gone (3 windows, and 3 of its steps) is left out.
+  if (view.job.mode == JobMode::kSync && StepStatisticsConfigured() && step_stats_.workers() > 0) {
+    const std::map<std::string, StepStatistics::Summary> stats = step_stats_.Summaries(
+        view.now_ms, static_cast<int64_t>(3 * config_.detection.window_s * 1000));
+    if (!stats.empty()) {
+      steady = view;
+      for (auto& w : steady.workers) {
+        auto it = stats.find(w.id);
+        if (it == stats.end()) continue;
+        w.step_speed = it->second.speed;
+        w.step_speed_rel_se = it->second.rel_se;
+      }
+      decide_view = &steady;
+    }
+  }
   if (StepRuleActive(view.now_ms)) {
-    steady = view;
+    if (decide_view != &steady) steady = view;
     for (auto& w : steady.workers) {
       const std::optional<double> newest = bursts_.NewestSpeed(w.id, view.now_ms);
       const double recovered = config_.burst_exclusion.rejoin_factor;

@@ -48,6 +48,7 @@
 #include "controller/policies/policy.h"
 #include "controller/policy_config.h"
 #include "controller/safety_gate.h"
+#include "controller/step_statistics.h"
 
 namespace pacer {
 
@@ -55,6 +56,12 @@ struct ReconcileResult {
   std::vector<Action> dispatch;  // executed actions (rollbacks first), Action::id set
   std::vector<uint64_t> audit_ids;  // records written or folded into by this reconcile
 };
+
+// Whether a controller running `config` reads per-step timings (Controller::ObserveSteps): the
+// burst rule (non-dedicated with burst_exclusion.step_factor), or batch plans checked against
+// step statistics (the AntDT presets with adjust_batch.speed_significance > 0). A driver that
+// has to produce the timings (the simulator) asks this.
+bool UsesStepTimings(const PolicyConfig& config);
 
 class Controller {
  public:
@@ -75,7 +82,9 @@ class Controller {
   // carry exclusion out, and timings are fresh. While it is active, Reconcile() leaves
   // exclusions to it (the window rule proposes none, and exclusions are not judged by the
   // job's throughput: each one is re-judged per step by the rule itself). Until timings
-  // arrive (a pacerd that does not feed them), the window rule runs as before.
+  // arrive (a pacerd that does not feed them), the window rule runs as before. The same
+  // timings feed the step statistics batch plans are checked against
+  // (adjust_batch.speed_significance; UsesStepTimings above).
   void ObserveSteps(const std::vector<StepTiming>& timings);
   absl::StatusOr<ReconcileResult> DecideBursts(int64_t now_ms);
   bool StepRuleActive(int64_t now_ms) const;
@@ -105,6 +114,7 @@ class Controller {
   SafetyVerdict KeepsQuietMembers(const Action& action, const ClusterView& view) const;
 
   bool StepRuleConfigured() const;
+  bool StepStatisticsConfigured() const;
 
   PolicyConfig config_;
   DecideFn decide_;
@@ -113,6 +123,10 @@ class Controller {
   // said about the job (mode, who is live, whether exclusion can be carried out). Not durable:
   // after a pacerd restart the rule waits for fresh timings and the next reconcile.
   BurstDetector bursts_;
+  // Per-worker step speed and its standard error (step_statistics.h), put in the view the
+  // policy decides on (WorkerView::step_speed). Not durable: after a restart of pacerd a
+  // worker's difference counts as shown only after two of its steps.
+  StepStatistics step_stats_;
   // Sync jobs: (time, job step) at each reconcile, oldest first, at most kMaxStepSamples;
   // and the job step at which each executed action was decided. A gain is measured as the
   // step rate over at least rollback.evaluate_after_steps steps under the action against the

@@ -37,6 +37,13 @@ struct AdjustBatchConfig {
   int64_t lead_heartbeats = 3;  // effective step ≥ this many heartbeat intervals ahead
   int64_t min_steps_ahead = 2;  // and at least this many steps ahead
   bool use_last_window = false;  // plan from last_window_speed instead of the prediction (LB-BSP)
+  // The AntDT presets (ProposeBatchPlan with detection): a worker is planned at its own speed
+  // only when the mean of its recent steps differs from the job's median by more than this many
+  // standard errors of that mean (controller/step_statistics.h); otherwise at the typical speed
+  // moved by its steps' difference shrunk by how much of the job's spread is more than noise.
+  // 0 = off (every unflagged worker at its own windowed speed, as before). Without step
+  // timings nothing changes.
+  double speed_significance = 3;
 };
 
 struct ReallocateConfig {

@@ -54,6 +54,7 @@ std::vector<PolicyField> BuildFields() {
       PF_INT("actions.adjust_batch.lead_heartbeats", adjust_batch.lead_heartbeats, 1, 100),
       PF_INT("actions.adjust_batch.min_steps_ahead", adjust_batch.min_steps_ahead, 1, 1000000),
       PF_BOOL("actions.adjust_batch.use_last_window", adjust_batch.use_last_window),
+      PF_REAL("actions.adjust_batch.speed_significance", adjust_batch.speed_significance, 0, 100),
 
       PF_BOOL("actions.reallocate.enabled", reallocate.enabled),
       PF_BOOL("actions.reallocate.tail_backups", reallocate.tail_backups),

@@ -795,8 +795,7 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   next_window_ = window_s;
   std::vector<int64_t> failed;
   uint64_t timeline_changes = 0;
-  step_rule_ = sync() && policy_.policy == "non-dedicated" &&
-               policy_.burst_exclusion.step_factor > 0 && policy_.burst_exclusion.max_workers > 0;
+  step_rule_ = sync() && UsesStepTimings(policy_);
   if (step_rule_) {
     next_heartbeat_ = kHeartbeatS;
     due_.resize(w_.size());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -43,16 +44,59 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
       const size_t n = unflagged.size();
       median = n % 2 ? unflagged[n / 2] : 0.5 * (unflagged[n / 2 - 1] + unflagged[n / 2]);
     }
-    for (const auto& w : view.workers) {
-      const bool flagged = w.straggler || w.leader;
-      if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
-        if (planning == &view) {
-          filtered = view;
-          planning = &filtered;
+    // A worker whose steps do not show its difference — its recent steps' mean speed is within
+    // speed_significance standard errors (its own, and the reference's: the median of n means,
+    // ~1.25·se/√n) of the median worker's — is not planned at its windowed speed: one or two
+    // noisy steps are no reason to move batches, and a worker given more on a lucky window is
+    // the slowest on the next steps, which is all such a plan does. It is planned at the typical
+    // speed moved by its steps' difference shrunk toward 0 by τ² / (τ² + se²), τ² the spread of
+    // true differences the job shows (the robust spread of the workers' differences less their
+    // noise; the empirical-Bayes estimate under a normal prior): all of it where workers really
+    // differ by more than their noise (mixed speeds, fast steps), none of it where the spread is
+    // noise. A worker whose steps do show its difference (a real straggler: a 30 % slowdown at
+    // 12 % noise within ~6 steps) is planned at its own speed, as before. Workers without step
+    // statistics (no timings reach the controller) are planned as before.
+    const double z = cfg.speed_significance;
+    double reference = 0, reference_se = 0, tau2 = 0;
+    if (z > 0) {
+      std::vector<double> speeds, ses;
+      for (const auto& w : view.workers)
+        if (w.alive && !w.restarting && w.step_speed > 0 && w.step_speed_rel_se > 0) {
+          speeds.push_back(w.step_speed);
+          ses.push_back(w.step_speed_rel_se);
         }
-        for (auto& f : filtered.workers)
-          if (f.id == w.id) f.speed = f.last_window_speed = median;
+      if (speeds.size() >= 3) {
+        auto median_of = [](std::vector<double> v) {
+          std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+          return v[v.size() / 2];
+        };
+        reference = median_of(speeds);
+        const double se_mid = median_of(ses);
+        reference_se = 1.25 * se_mid / std::sqrt(static_cast<double>(ses.size()));
+        std::vector<double> dev;
+        for (double v : speeds) dev.push_back(std::fabs(v / reference - 1));
+        const double spread = 1.4826 * median_of(dev);  // robust sd of the differences
+        tau2 = std::max(0.0, spread * spread - se_mid * se_mid);
       }
+    }
+    for (size_t i = 0; i < view.workers.size(); ++i) {
+      const WorkerView& w = view.workers[i];
+      const bool flagged = w.straggler || w.leader;
+      double planned = -1;  // < 0: its own speed
+      if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
+        planned = median;
+      } else if (reference > 0 && w.alive && !w.restarting && w.step_speed > 0 &&
+                 w.step_speed_rel_se > 0) {
+        const double d = w.step_speed / reference - 1;
+        const double se2 = w.step_speed_rel_se * w.step_speed_rel_se + reference_se * reference_se;
+        if (std::fabs(d) <= z * std::sqrt(se2)) planned = median * (1 + d * tau2 / (tau2 + se2));
+      }
+      if (planned < 0) continue;
+      if (planning == &view) {
+        filtered = view;  // the same workers in the same order
+        planning = &filtered;
+      }
+      filtered.workers[i].speed = filtered.workers[i].last_window_speed = planned;
     }
   }
   absl::StatusOr<std::optional<BatchProposal>> proposal =
