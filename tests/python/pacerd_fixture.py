@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -17,6 +18,18 @@ import time
 
 def bin_path(name):
     return os.path.join(os.environ.get("PACER_BIN_DIR", "build/bin"), name)
+
+
+# The trainer written from docs/pytorch.md, as a user would write it (tests/python/docs_trainer.py).
+DOCS_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs_trainer.py")
+
+
+def free_port():
+    """A port the OS just handed out, for a process that binds it itself (torch's MASTER_PORT);
+    another process may take it meanwhile, which torch reports as an error, not a hang."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def temp_dir():

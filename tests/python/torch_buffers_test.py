@@ -8,20 +8,17 @@ batches; the expected statistics are computed in one process from the union of t
 Skips (77) without torch.
 """
 
-import os
 import sys
-import tempfile
-import time
 
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     import torch.nn.functional as F
 except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
+import gloo_ranks
 import pacer.torch as pt
 
 WORLD = 3
@@ -109,45 +106,16 @@ def worker(rank, store, result_dir):
         if net.scale.item() != 3.0:
             failures.append(f"{name}: buffer 'scale' is {net.scale.item()}, not rank 0's 3.0")
         print(f"rank {rank} {name}: mean err {(got[0] - want_mean).abs().max().item():.2g}", flush=True)
-    with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
-        f.write("\n".join(failures) if failures else "OK")
+    gloo_ranks.write_verdict(result_dir, rank, failures)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def main():
     torch.set_num_threads(1)
-    base = os.environ.get("TEST_TMPDIR") or None
-    with tempfile.TemporaryDirectory(dir=base) as tmp:
-        ctx = mp.start_processes(worker, args=(os.path.join(tmp, "store"), tmp), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-        paths = [os.path.join(tmp, f"rank{r}") for r in range(WORLD)]
-        deadline = time.monotonic() + 180
-        all_in_since = None
-        while not ctx.join(timeout=1):
-            now = time.monotonic()
-            if all_in_since is None and all(os.path.exists(p) for p in paths):
-                all_in_since = now
-            teardown_stuck = all_in_since is not None and now - all_in_since > 30
-            if teardown_stuck or now > deadline:
-                for proc in ctx.processes:
-                    if proc.is_alive():
-                        proc.kill()
-                for proc in ctx.processes:
-                    proc.join()
-                if not teardown_stuck:
-                    print("FAIL: ranks did not finish within 180 s")
-                    return 1
-                print("note: every rank wrote its verdict but teardown hung; ranks terminated")
-                break
-        results = [open(p).read() if os.path.exists(p) else "no result" for p in paths]
-    bad = [f"rank {r}: {s}" for r, s in enumerate(results) if s != "OK"]
-    if bad:
-        print("FAIL\n" + "\n".join(bad))
-        return 1
-    print("PASS: BatchNorm statistics = weighted mean over the ranks' batches, repeats excluded, "
-          "equal on every rank; other buffers from rank 0")
-    return 0
+    return gloo_ranks.report(gloo_ranks.run_ranks(worker, WORLD),
+                             "BatchNorm statistics = weighted mean over the ranks' batches, "
+                             "repeats excluded, equal on every rank; other buffers from rank 0")
 
 
 if __name__ == "__main__":

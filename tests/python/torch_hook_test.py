@@ -10,21 +10,18 @@ gradient with uneven batches (so the test can tell the difference).
 Skips (exit 77, ctest SKIP_RETURN_CODE) with a message when torch cannot be imported.
 """
 
-import os
-import time
 import sys
-import tempfile
 
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError as e:  # CI installs python3-torch; elsewhere this is a skip, not a pass
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
+import gloo_ranks
 import pacer.torch as pt
 
 WORLD = 3
@@ -92,42 +89,15 @@ def worker(rank, store, result_dir):
                 failures.append(f"sizes {sizes}: plain DDP matched the full batch ({pd}); test too weak")
     # The verdict is written before teardown: Gloo teardown with a file:// store can hang on a
     # loaded machine (torch 1.13), and that must not hide or fake the result.
-    with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
-        f.write("\n".join(failures) if failures else "OK")
+    gloo_ranks.write_verdict(result_dir, rank, failures)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def main():
     torch.set_num_threads(1)
-    base = os.environ.get("TEST_TMPDIR") or None
-    with tempfile.TemporaryDirectory(dir=base) as tmp:
-        ctx = mp.start_processes(worker, args=(os.path.join(tmp, "store"), tmp), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-        paths = [os.path.join(tmp, f"rank{r}") for r in range(WORLD)]
-        deadline = time.monotonic() + 180
-        all_in_since = None
-        while not ctx.join(timeout=1):  # raises if a rank failed; True once all exited
-            now = time.monotonic()
-            if all_in_since is None and all(os.path.exists(p) for p in paths):
-                all_in_since = now
-            teardown_stuck = all_in_since is not None and now - all_in_since > 30
-            if teardown_stuck or now > deadline:
-                for proc in ctx.processes:
-                    if proc.is_alive():
-                        proc.kill()
-                if not teardown_stuck:
-                    print("FAIL: ranks did not finish within 180 s")
-                    return 1
-                print("note: every rank wrote its verdict but teardown hung; ranks terminated")
-                break
-        results = [open(p).read() if os.path.exists(p) else "no result" for p in paths]
-    bad = [f"rank {r}: {s}" for r, s in enumerate(results) if s != "OK"]
-    if bad:
-        print("FAIL\n" + "\n".join(bad))
-        return 1
-    print("PASS: hooked DDP gradient == full-batch gradient (rtol 1e-5, atol 1e-6) on 3 Gloo ranks")
-    return 0
+    return gloo_ranks.report(gloo_ranks.run_ranks(worker, WORLD),
+                             "hooked DDP gradient == full-batch gradient (rtol 1e-5, atol 1e-6) on 3 Gloo ranks")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Every process is reaped; each wait has a deadline. Skips (77) without torch.
 import json
 import os
 import shutil
-import socket
 import sys
 import unittest
 
@@ -25,17 +24,9 @@ except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
-from pacerd_fixture import Children, Pacerd, temp_dir, wait_for
+from pacerd_fixture import DOCS_TRAINER as TRAINER, Children, Pacerd, free_port, temp_dir, wait_for
 import torch_ledger
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TRAINER = os.path.join(HERE, "docs_trainer.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(d, rank, world, port, attempt=0):

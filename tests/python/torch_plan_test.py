@@ -17,7 +17,6 @@ Every process is reaped; each wait has a deadline. Skips (77) without torch.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import unittest
@@ -28,20 +27,13 @@ except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
-from pacerd_fixture import Children, Pacerd, bin_path, temp_dir
+from pacerd_fixture import DOCS_TRAINER as TRAINER, Children, Pacerd, bin_path, free_port, temp_dir
 import torch_ledger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-TRAINER = os.path.join(HERE, "docs_trainer.py")
 RECORDS = 12000
 ARGS = ["--records", str(RECORDS), "--batch", "32", "--cost", "2", "--slow-ms", "2.5"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def policy(name):
