@@ -11,7 +11,8 @@
 // --pacerd PATH) on port 0 with a temp data dir, restarted for each --workers level, or an
 // attached one (--address HOST:PORT --job-token-file F --pacerd-pid PID for its RSS).
 //
-// Printed per level, every --sample-s and at the end: pacerd's RSS (VmRSS), its CPU, CPU per
+// Printed per level, every --sample-s and at the end: pacerd's RSS (VmRSS), its CPU, its threads'
+// run-queue wait (runnable, no CPU: a starved pacerd) and the load average, CPU per
 // worker-second (pacerd's CPU seconds / (workers x seconds)), the Heartbeat round trip p50 /
 // p99 / max as the client saw it (queueing in this process included), RPCs and errors by
 // method and code. RSS growth is measured from the end of --warmup-s (registration and the
@@ -154,6 +155,28 @@ double CpuSeconds(pid_t pid) {
     if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Seconds pacerd's threads spent runnable but waiting for a CPU, so far (the second field of
+// /proc/<pid>/task/*/schedstat): a pacerd that waits longer than it runs is starved by the
+// machine, whatever its own code does. 0 where schedstat is not available.
+double RunQueueWaitSeconds(pid_t pid) {
+  std::error_code ec;
+  double wait_ns = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream f(task.path() / "schedstat");
+    double run = 0, wait = 0;
+    if (f >> run >> wait) wait_ns += wait;
+  }
+  return wait_ns / 1e9;
+}
+
+// The 1-minute load average.
+double LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double load = 0;
+  f >> load;
+  return load;
 }
 
 double SelfCpuSeconds() {
@@ -721,6 +744,9 @@ struct LevelResult {
   int workers = 0;
   double seconds = 0, rss_start = 0, rss_warm = 0, rss_end = 0, rss_max = 0;
   double cpu_s = 0, cpu_ms_per_worker_s = 0, bench_cpu_s = 0;
+  // pacerd's run-queue wait per second of its CPU after the warm-up, and the machine's load
+  // average (lowest and highest sample) during the level.
+  double wait_per_cpu_s = 0, load_min = 0, load_max = 0;
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
   uint64_t heartbeats = 0, step_reports = 0, completions = 0, errors = 0, skipped = 0;
 };
@@ -753,7 +779,9 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
   out->workers = n;
   out->rss_start = pid > 0 ? RssMiB(pid) : 0;
   const double cpu0 = pid > 0 ? CpuSeconds(pid) : 0, self0 = SelfCpuSeconds();
-  double cpu_warm = cpu0;
+  double cpu_warm = cpu0, wait_warm = pid > 0 ? RunQueueWaitSeconds(pid) : 0;
+  double wait_last = wait_warm;
+  out->load_min = out->load_max = LoadAverage();
   Fleet fleet(o, address, token, n);
   const auto t0 = Steady::now();
   fleet.Run();
@@ -765,8 +793,8 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
   double t_last = 0, cpu_last = cpu0;
   if (!o.json) {
     std::printf("-- %d workers, %.0f s (pacerd pid %d at %s)\n", n, o.duration_s, pid, address.c_str());
-    std::printf("%8s %9s %8s %10s %9s %9s %9s %9s %7s\n", "t_s", "rss_MiB", "cpu_%", "hb/s", "p50_ms",
-                "p99_ms", "max_ms", "hb_skip", "errors");
+    std::printf("%8s %9s %8s %9s %6s %10s %9s %9s %9s %9s %7s\n", "t_s", "rss_MiB", "cpu_%",
+                "rq_wait_%", "load", "hb/s", "p50_ms", "p99_ms", "max_ms", "hb_skip", "errors");
     std::fflush(stdout);
   }
   while (Steady::now() < end_at) {
@@ -779,13 +807,21 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
       warm = true;
       out->rss_warm = rss;
       cpu_warm = pid > 0 ? CpuSeconds(pid) : 0;
+      wait_warm = pid > 0 ? RunQueueWaitSeconds(pid) : 0;
     }
     if (now >= next_sample || now >= end_at) {
       const double cpu = pid > 0 ? CpuSeconds(pid) : 0;
+      const double wait = pid > 0 ? RunQueueWaitSeconds(pid) : 0;
+      const double load = LoadAverage();
+      out->load_min = std::min(out->load_min, load);
+      out->load_max = std::max(out->load_max, load);
       const uint64_t hb = fleet.counters.heartbeats.load();
       if (!o.json) {
-        std::printf("%8.0f %9.1f %8.1f %10.0f %9.2f %9.2f %9.2f %9llu %7llu\n", t, rss,
+        // rq_wait_%: pacerd's threads' time runnable but not running, per wall second (summed
+        // over threads, like cpu_%).
+        std::printf("%8.0f %9.1f %8.1f %9.1f %6.1f %10.0f %9.2f %9.2f %9.2f %9llu %7llu\n", t, rss,
                     100 * (cpu - cpu_last) / std::max(1e-9, t - t_last),
+                    100 * (wait - wait_last) / std::max(1e-9, t - t_last), load,
                     static_cast<double>(hb - hb_last) / std::max(1e-9, t - t_last),
                     1000 * fleet.heartbeat_interval.Pct(0.5), 1000 * fleet.heartbeat_interval.Pct(0.99),
                     1000 * fleet.heartbeat_interval.max(),
@@ -797,6 +833,7 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
       hb_last = hb;
       t_last = t;
       cpu_last = cpu;
+      wait_last = wait;
       while (next_sample <= now) next_sample += std::chrono::duration_cast<Steady::duration>(
                                                     std::chrono::duration<double>(o.sample_s));
     }
@@ -811,6 +848,9 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
   // Per worker-second after the warm-up (registration bursts excluded).
   const double steady_s = std::max(1e-9, seconds - std::min(o.warmup_s, seconds));
   out->cpu_ms_per_worker_s = 1000 * (cpu1 - cpu_warm) / (static_cast<double>(n) * steady_s);
+  if (pid > 0) {
+    out->wait_per_cpu_s = (RunQueueWaitSeconds(pid) - wait_warm) / std::max(1e-9, cpu1 - cpu_warm);
+  }
   out->bench_cpu_s = SelfCpuSeconds() - self0;
   out->p50_ms = 1000 * fleet.heartbeat_all.Pct(0.5);
   out->p99_ms = 1000 * fleet.heartbeat_all.Pct(0.99);
@@ -900,26 +940,31 @@ int main(int argc, char** argv) {
                   "\"rss_end_mib\":%.1f,\"rss_max_mib\":%.1f,\"cpu_s\":%.2f,\"cpu_ms_per_worker_s\":%.4f,"
                   "\"bench_cpu_s\":%.2f,\"heartbeat_p50_ms\":%.2f,\"heartbeat_p99_ms\":%.2f,"
                   "\"heartbeat_max_ms\":%.2f,\"heartbeats\":%llu,\"step_reports\":%llu,"
-                  "\"completions\":%llu,\"heartbeats_skipped\":%llu,\"errors\":%llu}",
+                  "\"completions\":%llu,\"heartbeats_skipped\":%llu,\"errors\":%llu,"
+                  "\"runqueue_wait_per_cpu_s\":%.2f,\"load_min\":%.1f,\"load_max\":%.1f}",
                   i ? "," : "", r.workers, r.seconds, r.rss_start, r.rss_warm, r.rss_end, r.rss_max,
                   r.cpu_s, r.cpu_ms_per_worker_s, r.bench_cpu_s, r.p50_ms, r.p99_ms, r.max_ms,
                   static_cast<unsigned long long>(r.heartbeats),
                   static_cast<unsigned long long>(r.step_reports),
                   static_cast<unsigned long long>(r.completions),
                   static_cast<unsigned long long>(r.skipped),
-                  static_cast<unsigned long long>(r.errors));
+                  static_cast<unsigned long long>(r.errors), r.wait_per_cpu_s, r.load_min,
+                  r.load_max);
     }
     std::printf("]\n");
   } else {
-    std::printf("\n%8s %7s %9s %9s %9s %9s %9s %12s %8s %8s %8s %10s %8s %7s\n", "workers", "secs",
-                "rss0_MiB", "rssW_MiB", "rssE_MiB", "rssMax", "growth", "cpu_ms/w·s", "p50_ms",
-                "p99_ms", "max_ms", "heartbeats", "hb_skip", "errors");
+    // wait/cpu: pacerd's run-queue wait per second of its CPU after the warm-up (above 1: it
+    // waited for a CPU longer than it ran); load: the load average, lowest-highest sample.
+    std::printf("\n%8s %7s %9s %9s %9s %9s %9s %12s %8s %8s %8s %10s %8s %7s %9s %11s\n", "workers",
+                "secs", "rss0_MiB", "rssW_MiB", "rssE_MiB", "rssMax", "growth", "cpu_ms/w·s",
+                "p50_ms", "p99_ms", "max_ms", "heartbeats", "hb_skip", "errors", "wait/cpu", "load");
     for (const auto& r : results) {
-      std::printf("%8d %7.0f %9.1f %9.1f %9.1f %9.1f %+9.1f %12.4f %8.2f %8.2f %8.1f %10llu %8llu %7llu\n",
+      std::printf("%8d %7.0f %9.1f %9.1f %9.1f %9.1f %+9.1f %12.4f %8.2f %8.2f %8.1f %10llu %8llu %7llu "
+                  "%9.2f %5.1f-%-5.1f\n",
                   r.workers, r.seconds, r.rss_start, r.rss_warm, r.rss_end, r.rss_max,
                   r.rss_end - r.rss_warm, r.cpu_ms_per_worker_s, r.p50_ms, r.p99_ms, r.max_ms,
                   static_cast<unsigned long long>(r.heartbeats), static_cast<unsigned long long>(r.skipped),
-                  static_cast<unsigned long long>(r.errors));
+                  static_cast<unsigned long long>(r.errors), r.wait_per_cpu_s, r.load_min, r.load_max);
     }
   }
   uint64_t errors = 0;
