@@ -131,8 +131,11 @@ TEST(SpeedSignificance, AStragglerWhoseStepsShowItIsPlannedAtItsOwnSpeed) {
   ASSERT_TRUE(slow && other);
   EXPECT_NEAR(static_cast<double>(slow->samples) / other->samples, 0.7, 0.01);
   // Every other worker is planned alike (the typical speed), not at its own noise.
-  for (const auto& wb : a->plan->workers)
-    if (wb.worker_id != "w5") EXPECT_NEAR(wb.samples, other->samples, 1) << wb.worker_id;
+  for (const auto& wb : a->plan->workers) {
+    if (wb.worker_id != "w5") {
+      EXPECT_NEAR(wb.samples, other->samples, 1) << wb.worker_id;
+    }
+  }
 }
 
 TEST(SpeedSignificance, WorkersWithoutStepStatisticsArePlannedAsBefore) {
