@@ -1,6 +1,7 @@
 #include "cmd/pacerd/pacerd.h"
 
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -229,7 +230,23 @@ int Pacerd::HousekeepingStep() {
   reconciler_->MaybeReconcile();
   pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
   operator_grpc_->Sample();
+  ReleaseFreeHeap();
   return expired;
+}
+
+void Pacerd::ReleaseFreeHeap() {
+#ifdef __GLIBC__
+  // glibc keeps what is freed in the arena it came from (one per thread, up to 8 per core: 16
+  // here, with gRPC's threads), so every arena stays as large as the biggest burst it saw — a
+  // snapshot's copy, a backlog of in-flight calls. Measured at 4 096 workers after 7 minutes:
+  // 250 MB held from the system, 102 MB in use (docs/benchmarks.md, "pacerd under load").
+  // Handing the free pages back every kHeapReleaseIntervalMs bounds RSS by the live heap plus
+  // what was freed since; it takes a few ms, one arena lock at a time.
+  const int64_t now = clock_->NowMs();
+  if (now - last_heap_release_ms_.load() < kHeapReleaseIntervalMs) return;
+  last_heap_release_ms_ = now;
+  malloc_trim(0);
+#endif
 }
 
 void Pacerd::CheckJournal() {

@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -82,7 +83,8 @@ class Pacerd {
   void CheckJournal();
   // One round of housekeeping, what the thread runs every period: CheckJournal, the expiry of
   // silent workers' leases (returns how many expired), the monitor's window close (Tick), a
-  // reconcile when due (or poked), metrics and the operator timeline's sample.
+  // reconcile when due (or poked), metrics and the operator timeline's sample, and every
+  // kHeapReleaseIntervalMs the heap's free pages handed back to the system (ReleaseFreeHeap).
   int HousekeepingStep();
 
   int port() const { return port_; }
@@ -136,6 +138,10 @@ class Pacerd {
   std::mutex journal_check_mu_;  // CheckJournal() may run on the thread and in a test
   int64_t last_journal_retry_ms_ = 0;
   bool journal_was_healthy_ = true;
+  // Returns the allocator's free pages to the system (malloc_trim), at most once an interval.
+  void ReleaseFreeHeap();
+  static constexpr int64_t kHeapReleaseIntervalMs = 10'000;
+  std::atomic<int64_t> last_heap_release_ms_{0};
 };
 
 }  // namespace pacer
