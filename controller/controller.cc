@@ -18,18 +18,6 @@ bool Reversible(ActionKind kind) {
          kind == ActionKind::kExcludeWorkers;
 }
 
-// Speed shares v_i / Σv of the live workers now: the hysteresis basis of a restored plan, so
-// that the policy does not re-propose the plan just rolled back on the same speeds.
-std::map<std::string, double> SpeedShares(const ClusterView& view) {
-  std::map<std::string, double> shares;
-  double sum = 0;
-  for (const auto& w : view.workers)
-    if (w.alive && !w.restarting && w.speed > 0) sum += w.speed;
-  for (const auto& w : view.workers)
-    if (w.alive && !w.restarting && w.speed > 0) shares[w.id] = w.speed / sum;
-  return shares;
-}
-
 // Step seconds of a sync job without the `excluded` workers, each at its batch now and its
 // last window's speed; `counted` gets the share of the batch that still counts. 0 when a
 // counted worker has no speed.
@@ -574,7 +562,10 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
       restore.version = history_.plan()->version + 1;
       restore.effective_step = BatchPlanner::EffectiveStep(view, config_.adjust_batch,
                                                            restore.predicted_step_s);
-      restore.basis_share = SpeedShares(view);
+      // The hysteresis basis is what the undone plan was decided on: speeds that moved since
+      // (a worker that turned slow meanwhile, which may be why the plan measured badly) call
+      // for a new plan, which the gate admits only when it answers something new.
+      restore.basis_share = rec.action.plan->basis_share;
       undo.plan = std::move(restore);
     } else if (rec.action.kind == ActionKind::kReallocate) {
       // Only what this action changed and is still in force: a newer REALLOCATE that set other

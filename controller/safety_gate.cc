@@ -1,5 +1,7 @@
 #include "controller/safety_gate.h"
 
+#include <set>
+
 #include "absl/strings/str_format.h"
 
 namespace pacer {
@@ -9,6 +11,40 @@ int64_t Ms(double seconds) { return static_cast<int64_t>(seconds * 1000); }
 
 bool TakesWorkerOffline(ActionKind kind) {
   return kind == ActionKind::kRestart || kind == ActionKind::kMigrate;
+}
+
+// The newest executed rollback of an action of `kind`, or null.
+const AuditRecord* LastRollback(const History& history, ActionKind kind) {
+  for (auto it = history.audit().rbegin(); it != history.audit().rend(); ++it) {
+    if (it->outcome == AuditRecord::Outcome::kExecuted && it->action.kind == kind &&
+        it->action.rollback_of != 0)
+      return &*it;
+  }
+  return nullptr;
+}
+
+// The workers a plan gives fewer samples than an even split of the global batch: the ones it
+// takes for slow.
+std::set<std::string> Lightened(const BatchPlan& plan) {
+  std::set<std::string> slow;
+  const auto n = static_cast<int64_t>(plan.workers.size());
+  for (const auto& w : plan.workers)
+    if (w.samples * n < plan.global_batch) slow.insert(w.worker_id);
+  return slow;
+}
+
+// A rollback says "this decision did not pay", not "no decision of this kind can": a batch plan
+// that lightens a worker the rolled-back plan did not answers something the rollback never
+// judged (a straggler that appeared since). Other kinds, and a rolled-back record whose payload
+// is gone, are held off as a whole.
+bool DecidesSomethingNew(const Action& action, const History& history, const AuditRecord& rollback) {
+  if (action.kind != ActionKind::kAdjustBatch || !action.plan) return false;
+  const AuditRecord* undone = history.FindRecord(rollback.action.rollback_of);
+  if (undone == nullptr || !undone->action.plan) return false;
+  const std::set<std::string> before = Lightened(*undone->action.plan);
+  for (const std::string& w : Lightened(*action.plan))
+    if (!before.count(w)) return true;
+  return false;
 }
 
 }  // namespace
@@ -23,7 +59,8 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
     return veto(absl::StrFormat("predicted gain %.3f below min_gain %.3f", action.predicted_gain,
                                 cfg.min_gain));
 
-  if (auto rb = history.LastRollbackOf(action.kind); rb && now - *rb < Ms(cfg.window_s))
+  if (const AuditRecord* rb = LastRollback(history, action.kind);
+      rb && now - rb->time_ms < Ms(cfg.window_s) && !DecidesSomethingNew(action, history, *rb))
     return veto(absl::StrFormat("a %s was rolled back within the last %.0fs",
                                 ActionKindName(action.kind), cfg.window_s));
 

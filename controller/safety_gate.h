@@ -2,7 +2,8 @@
 // proposed it. Checked in this order (the first failing rule is the veto reason):
 //  1. mandatory actions (membership change, rollbacks) are always admitted;
 //  2. hysteresis: predicted gain ≥ safety.min_gain;
-//  3. after a rollback of this kind, no new action of the kind for safety.window_s;
+//  3. after a rollback of this kind, no new action of the kind for safety.window_s — except a
+//     batch plan that lightens a worker the rolled-back plan did not (a new straggler);
 //  4. cooldown per (kind, target): cooldown_s (adjust_batch_cooldown_s for ADJUST_BS);
 //  5. at most max_actions_per_window executed actions in the last window_s;
 //  6. at most max_restarts_per_window disruptive ones (RESTART, MIGRATE, server restart);

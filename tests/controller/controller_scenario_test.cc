@@ -591,6 +591,51 @@ TEST_F(ScenarioTest, RollbackNotBeforeThePlanRanEvaluateAfterSteps) {
   EXPECT_NEAR(*ctl->history().FindRecord(id)->measured_gain, 0.025, 1e-9);
 }
 
+// A rollback holds off the decision it judged, not every batch plan: within safety.window_s the
+// same plan (the same worker lightened) is vetoed, but a worker that turns slow afterwards is
+// planned for at once instead of waiting out the window behind someone else's rollback.
+TEST_F(ScenarioTest, ARollbackHoldsOffTheSamePlanNotOneForANewStraggler) {
+  PolicyConfig c = NonDedicated();
+  c.safety.rollback.evaluate_after_steps = 10;
+  auto ctl = Make(c);
+  ClusterView v = SyncView(4, 1000);
+  MakeStraggler(v, 2, 0.5, true);
+  v.job.throughput = 200;
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr);
+  ASSERT_LT(a->plan->Find("w2")->samples, 250);
+  const uint64_t id = a->id;
+  // It did not help: rolled back once judged.
+  v.job.current_step = a->plan->effective_step + 10;
+  clock_.AdvanceMs(61'000);
+  auto judged = ctl->Reconcile(At(v));
+  ASSERT_TRUE(judged.ok());
+  ASSERT_EQ(judged->dispatch.size(), 1u);
+  ASSERT_EQ(judged->dispatch[0].rollback_of, id);
+
+  // w2 still slow, nothing else changed: no plan again.
+  for (int i = 0; i < 3; ++i) {
+    clock_.AdvanceMs(30'000);
+    v.job.current_step += 20;
+    auto again = ctl->Reconcile(At(v));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(Count(*again, ActionKind::kAdjustBatch), 0) << i;
+  }
+
+  // w0 turns slow too, still within the window: a plan that lightens w0 is a new decision.
+  MakeStraggler(v, 0, 0.4, true);
+  clock_.AdvanceMs(30'000);
+  v.job.current_step += 20;
+  auto fresh = ctl->Reconcile(At(v));
+  ASSERT_TRUE(fresh.ok());
+  const Action* p = Find(*fresh, ActionKind::kAdjustBatch);
+  ASSERT_NE(p, nullptr) << (ctl->history().audit().empty() ? "" : ctl->history().audit().back().veto_reason);
+  EXPECT_LT(p->plan->Find("w0")->samples, 250);
+  EXPECT_EQ(p->rollback_of, 0u);
+}
+
 // "3 → 1 workers": a worker of the plan in force that only went quiet (no report for a few
 // windows: a pause, or ranks reaching the end of the data one after another) keeps its place
 // for member_grace_s; with one live worker no plan is made at all.
