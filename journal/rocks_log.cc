@@ -1,4 +1,6 @@
-#include "sharding_service/rocks_journal.h"
+#include "journal/rocks_log.h"
+
+#include <google/protobuf/message_lite.h>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
@@ -23,6 +25,8 @@ namespace pacer {
 namespace {
 
 constexpr char kFormatKey[] = "m:format";
+// Written with an imported older store, deleted once the high-water mark holds it.
+constexpr char kImportedKey[] = "m:imported";
 constexpr char kHwmMagic[] = "pacer-journal-hwm-v1";
 // Wire tag of JournalRecord.updates (field 1, length-delimited).
 constexpr uint32_t kRecordUpdatesTag = (1 << 3) | 2;
@@ -126,10 +130,26 @@ absl::StatusOr<std::optional<uint64_t>> ReadHwm(rocksdb::FileSystem* fs, const s
   return std::optional<uint64_t>(seq);
 }
 
+// The updates of one record (JournalRecord: field 1, length-delimited, repeated), as bytes.
+bool SplitRecord(const rocksdb::Slice& value, std::vector<std::string>* out) {
+  out->clear();
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(value.data()),
+                                           static_cast<int>(value.size()));
+  for (;;) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return in.CurrentPosition() == static_cast<int>(value.size());
+    uint32_t size = 0;
+    if (tag != kRecordUpdatesTag || !in.ReadVarint32(&size)) return false;
+    std::string bytes;
+    if (!in.ReadString(&bytes, static_cast<int>(size))) return false;
+    out->push_back(std::move(bytes));
+  }
+}
+
 }  // namespace
 
 // What OpenAndReplay() found and opened.
-struct RocksJournal::Opened {
+struct RocksLog::Opened {
   std::unique_ptr<rocksdb::DB> db;
   uint64_t last_seq = 0;
   uint64_t snapshot_seq = 0;
@@ -138,34 +158,31 @@ struct RocksJournal::Opened {
   JournalRecovery recovery;
 };
 
-absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const JournalOptions& options,
-                                                       const SnapshotFn& on_snapshot,
-                                                       const UpdateFn& on_update,
-                                                       const PinnedFn& on_pinned) {
-  auto j = RocksJournal::Open(options, on_snapshot, on_update, on_pinned);
+absl::StatusOr<std::unique_ptr<DurableLog>> OpenRocksLog(const JournalOptions& options,
+                                                         const DurableLog::Replay& replay) {
+  auto j = RocksLog::Open(options, replay);
   if (!j.ok()) return j.status();
-  return std::unique_ptr<Journal>(std::move(*j));
+  return std::unique_ptr<DurableLog>(std::move(*j));
 }
 
-std::string RocksJournal::HwmPath(const JournalOptions& options) {
+std::string RocksLog::HwmPath(const JournalOptions& options) {
   return options.hwm_file.empty() ? StripSlashes(options.dir) + ".hwm" : options.hwm_file;
 }
 
-RocksJournal::RocksJournal(JournalOptions options, std::unique_ptr<rocksdb::Env> env)
+RocksLog::RocksLog(JournalOptions options, std::unique_ptr<rocksdb::Env> env)
     : options_(std::move(options)),
       hwm_path_(HwmPath(options_)),
       fs_(options_.fs ? options_.fs : rocksdb::FileSystem::Default()),
       env_(std::move(env)) {}
 
-absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOptions& options,
-                                                                 const SnapshotFn& on_snapshot,
-                                                                 const UpdateFn& on_update,
-                                                                 const PinnedFn& on_pinned) {
+absl::StatusOr<std::unique_ptr<RocksLog>> RocksLog::Open(const JournalOptions& options,
+                                                         const Replay& replay) {
   if (options.dir.empty()) return absl::InvalidArgumentError("journal: dir is required");
+  if (options.format.written.empty()) return absl::InvalidArgumentError("journal: format is required");
   std::unique_ptr<rocksdb::Env> env;
   if (options.fs) env = rocksdb::NewCompositeEnv(options.fs);
-  std::unique_ptr<RocksJournal> j(new RocksJournal(options, std::move(env)));
-  auto opened = j->OpenAndReplay(on_snapshot, on_update, on_pinned, 0);
+  std::unique_ptr<RocksLog> j(new RocksLog(options, std::move(env)));
+  auto opened = j->OpenAndReplay(replay, 0);
   if (!opened.ok()) return opened.status();
   j->Install(std::move(*opened));
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
@@ -173,10 +190,7 @@ absl::StatusOr<std::unique_ptr<RocksJournal>> RocksJournal::Open(const JournalOp
   return j;
 }
 
-absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotFn& on_snapshot,
-                                                                 const UpdateFn& on_update,
-                                                                 const PinnedFn& on_pinned,
-                                                                 uint64_t min_seq) {
+absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, uint64_t min_seq) {
   const std::string& dir = options_.dir;
   const bool accept = options_.accept_data_loss;
   Opened out;
@@ -267,31 +281,70 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   out.db.reset(raw);
   out.recovery.created = !exists;
 
-  // 2. The format.
+  // 2. The format (or an older store, imported).
+  const JournalFormat& formats = options_.format;
   std::string format;
   st = out.db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  // A folder without a format key and without a high-water mark (every log writes its mark when
+  // it is created) is from before the log: an older store, imported when the owner knows it.
+  if (st.IsNotFound() && exists && !hwm && options_.import_legacy) {
+    auto legacy = options_.import_legacy(*out.db);
+    if (!legacy.ok()) {
+      return absl::Status(legacy.status().code(),
+                          absl::StrCat("journal: the older store in '", dir, "' cannot be imported: ",
+                                       legacy.status().message(),
+                                       legacy.status().code() == absl::StatusCode::kDataLoss
+                                           ? kAcceptHint
+                                           : ""));
+    }
+    if (legacy->has_value()) {
+      // One batch: a crash before it leaves the old layout (imported again at the next open),
+      // after it the new one. The mark is written at the end of this open; until then
+      // kImportedKey says why the folder has none (and is deleted once the mark is written).
+      rocksdb::WriteBatch batch;
+      for (const auto& k : (*legacy)->delete_keys) batch.Delete(k);
+      for (const auto& [from, to] : (*legacy)->delete_ranges) batch.DeleteRange(from, to);
+      batch.Put(kFormatKey, formats.written);
+      batch.Put(Key('s', 1), (*legacy)->snapshot);
+      batch.Put(kImportedKey, (*legacy)->what);
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      st = out.db->Write(wo, &batch);
+      if (!st.ok()) return FromRocks(st, "journal: cannot write the imported store in '" + dir + "'");
+      PACER_LOG(WARNING) << "journal: '" << dir << "' imported from " << (*legacy)->what
+                         << " into " << formats.written;
+      format = formats.written;
+      st = rocksdb::Status::OK();
+    }
+  }
   if (st.IsNotFound() && exists && !accept) {
     return absl::DataLossError("journal: the RocksDB database in '" + dir +
                                "' has lost its contents (no format key; files: " +
                                ListFiles(fs_.get(), dir) + ")" + kAcceptHint);
   }
+  const bool readable = std::find(formats.readable.begin(), formats.readable.end(), format) !=
+                        formats.readable.end();
   if (st.IsNotFound()) {
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    st = out.db->Put(wo, kFormatKey, kJournalFormatV5);
+    st = out.db->Put(wo, kFormatKey, formats.written);
     if (!st.ok()) return FromRocks(st, "journal: cannot write format key");
   } else if (!st.ok()) {
     return FromRocks(st, "journal: cannot read format key");
-  } else if (format == kJournalFormatV2 || format == kJournalFormatV3 ||
-             format == kJournalFormatV4) {
-    out.upgrade_format = true;  // becomes v5 with the first group this binary writes
-  } else if (format != kJournalFormatV5) {
+  } else if (readable && format != formats.written) {
+    out.upgrade_format = true;  // written anew with the first group this binary writes
+  } else if (format != formats.written) {
+    std::vector<std::string> known = formats.readable;
+    known.push_back(formats.written);
     return absl::FailedPreconditionError(absl::StrCat(
         "journal in '", dir, "' has format '", format, "'; this pacerd reads '",
-        kJournalFormatV2, "', '", kJournalFormatV3, "', '", kJournalFormatV4, "' and '",
-        kJournalFormatV5, "' (was it written by a newer pacerd?)"));
+        absl::StrJoin(known, "', '"), "' (was it written by a newer pacerd?)"));
   }
   out.recovery.format = exists ? format : "";
+  std::string imported;
+  if (exists && out.db->Get(rocksdb::ReadOptions(), kImportedKey, &imported).ok()) {
+    out.recovery.imported = imported;
+  }
 
   // 3. Replay: the pinned entries, the newest snapshot, then the tail of records of
   // consecutive updates.
@@ -302,8 +355,8 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
     for (it->Seek("p"); it->Valid() && it->key().size() > 1 && it->key()[0] == 'p'; it->Next()) {
       const std::string key(it->key().data() + 1, it->key().size() - 1);
       out.pinned.insert(key);
-      if (!on_pinned) continue;
-      if (auto s = on_pinned(key, it->value().ToString()); !s.ok()) {
+      if (!replay.on_pinned) continue;
+      if (auto s = replay.on_pinned(key, it->value().ToString()); !s.ok()) {
         return absl::DataLossError(absl::StrCat("journal: pinned entry '", key, "' in '", dir,
                                                 "' does not load: ", s.message(), kAcceptHint));
       }
@@ -316,13 +369,12 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
     it->SeekForPrev(Key('s', ~uint64_t{0}));
     if (it->Valid() && it->key().size() == 9 && it->key()[0] == 's') {
       snapshot_seq = SeqOf(it->key());
-      ShardingSnapshot snap;
-      if (!snap.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
-          snap.seq() != snapshot_seq) {
-        return absl::DataLossError(absl::StrCat("journal: snapshot at seq ", snapshot_seq,
-                                                " in '", dir, "' is corrupt", kAcceptHint));
-      }
-      if (auto s = on_snapshot(snap); !s.ok()) {
+      if (auto s = replay.on_snapshot(snapshot_seq, it->value().ToString()); !s.ok()) {
+        if (s.code() == absl::StatusCode::kDataLoss) {
+          return absl::DataLossError(absl::StrCat("journal: snapshot at seq ", snapshot_seq, " in '",
+                                                  dir, "' is corrupt (", s.message(), ")",
+                                                  kAcceptHint));
+        }
         return absl::DataLossError(absl::StrCat("journal: snapshot at seq ", snapshot_seq,
                                                 " in '", dir, "' does not load: ", s.message()));
       }
@@ -331,34 +383,12 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
   }
   uint64_t expected = snapshot_seq + 1;
   {
-    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
-    JournalRecord record;
-    for (it->Seek(Key('j', expected)); it->Valid(); it->Next()) {
-      const rocksdb::Slice key = it->key();
-      if (key.size() != 9 || key[0] != 'j') break;
-      const uint64_t first = SeqOf(key);
-      if (first != expected) {
-        return absl::DataLossError(absl::StrCat("journal: gap in '", dir, "': expected update ",
-                                                expected, ", found ", first));
-      }
-      if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size())) ||
-          record.updates_size() == 0) {
-        return absl::DataLossError(
-            absl::StrCat("journal: record of update ", first, " in '", dir, "' is corrupt"));
-      }
-      for (const Update& update : record.updates()) {
-        if (update.seq() != expected) {
-          return absl::DataLossError(absl::StrCat("journal: update ", expected, " in '", dir,
-                                                  "' is corrupt (found seq ", update.seq(), ")"));
-        }
-        if (auto s = on_update(update); !s.ok()) {
-          return absl::DataLossError(
-              absl::StrCat("journal: update ", expected, " does not apply: ", s.message()));
-        }
-        ++expected;
-      }
-    }
-    if (!it->status().ok()) return FromRocks(it->status(), "journal: reading updates in '" + dir + "'");
+    absl::Status s = ReadRecords(*out.db, expected, /*exact=*/true, [&](uint64_t seq, const std::string& bytes) {
+      if (absl::Status a = replay.on_update(seq, bytes); !a.ok()) return a;
+      expected = seq + 1;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
   }
   out.last_seq = expected - 1;
   out.snapshot_seq = snapshot_seq;
@@ -375,7 +405,7 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
     if (!accept) return absl::DataLossError(what + kAcceptHint);
     accepted.push_back(what);
   }
-  if (!hwm && options_.must_exist && exists) {
+  if (!hwm && options_.must_exist && exists && out.recovery.imported.empty()) {
     const std::string what = "the high-water mark '" + hwm_path_ + "' is missing";
     if (!accept) {
       return absl::DataLossError("journal: " + what +
@@ -391,10 +421,15 @@ absl::StatusOr<RocksJournal::Opened> RocksJournal::OpenAndReplay(const SnapshotF
     hwm_written_ = 0;  // the mark follows what was recovered (down, when a loss was accepted)
     if (auto s = WriteHwm(out.last_seq); !s.ok()) return s;
   }
+  if (!out.recovery.imported.empty()) {  // the mark holds the import now
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    if (auto s = FromRocks(out.db->Delete(wo, kImportedKey), "journal: cannot finish the import in '" + dir + "'"); !s.ok()) return s;
+  }
   return out;
 }
 
-void RocksJournal::Install(Opened opened) {
+void RocksLog::Install(Opened opened) {
   db_ = std::move(opened.db);
   last_seq_ = durable_seq_ = opened.last_seq;
   last_snapshot_seq_ = opened.snapshot_seq;
@@ -405,7 +440,7 @@ void RocksJournal::Install(Opened opened) {
   health_ = absl::OkStatus();
 }
 
-absl::Status RocksJournal::WriteHwm(uint64_t seq) {
+absl::Status RocksLog::WriteHwm(uint64_t seq) {
   if (seq == hwm_written_ && seq != 0) return absl::OkStatus();
   const std::string tmp = hwm_path_ + ".tmp";
   const std::string text = absl::StrCat(kHwmMagic, " seq=", seq, "\n");
@@ -433,7 +468,7 @@ absl::Status RocksJournal::WriteHwm(uint64_t seq) {
   return absl::OkStatus();
 }
 
-RocksJournal::~RocksJournal() {
+RocksLog::~RocksLog() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
@@ -462,43 +497,92 @@ RocksJournal::~RocksJournal() {
   db_.reset();
 }
 
-void RocksJournal::Append(const Update& update) {
-  std::string bytes = update.SerializeAsString();
+void RocksLog::Append(uint64_t seq, std::string bytes) {
   std::lock_guard<std::mutex> l(mu_);
-  PACER_CHECK(update.seq() == last_seq_ + 1)
-      << "journal append out of order: " << update.seq() << " after " << last_seq_;
-  last_seq_ = update.seq();
-  queue_.push_back(Entry{update.seq(), std::move(bytes), nullptr, {}});
+  PACER_CHECK(seq == last_seq_ + 1) << "journal append out of order: " << seq << " after " << last_seq_;
+  last_seq_ = seq;
+  queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
   stats_.appends++;
   cv_.notify_one();
 }
 
-void RocksJournal::AppendAll(const std::vector<Update>& updates) {
-  std::vector<std::string> bytes;
-  bytes.reserve(updates.size());
-  for (const Update& u : updates) bytes.push_back(u.SerializeAsString());
+void RocksLog::AppendAll(std::vector<std::pair<uint64_t, std::string>> updates) {
   std::lock_guard<std::mutex> l(mu_);
-  for (size_t i = 0; i < updates.size(); ++i) {
-    PACER_CHECK(updates[i].seq() == last_seq_ + 1)
-        << "journal append out of order: " << updates[i].seq() << " after " << last_seq_;
-    last_seq_ = updates[i].seq();
-    queue_.push_back(Entry{updates[i].seq(), std::move(bytes[i]), nullptr, {}});
+  for (auto& [seq, bytes] : updates) {
+    PACER_CHECK(seq == last_seq_ + 1) << "journal append out of order: " << seq << " after " << last_seq_;
+    last_seq_ = seq;
+    queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
     stats_.appends++;
   }
   if (!updates.empty()) cv_.notify_one();  // one wake-up: the writer takes them as one group
 }
 
-void RocksJournal::WriteSnapshot(ShardingSnapshot snapshot, std::vector<PinnedEntry> pinned) {
-  // Serialized by the writer: the caller (the service, under its lock) only moves it here.
-  auto snap = std::make_shared<ShardingSnapshot>(std::move(snapshot));
+void RocksLog::WriteSnapshot(uint64_t seq,
+                             std::shared_ptr<const google::protobuf::MessageLite> snapshot,
+                             std::vector<PinnedEntry> pinned) {
+  // Serialized by the writer: the caller (the owner, under its lock) only moves it here.
   std::lock_guard<std::mutex> l(mu_);
-  PACER_CHECK(snap->seq() <= last_seq_) << "snapshot ahead of the journal";
-  const uint64_t seq = snap->seq();
-  queue_.push_back(Entry{seq, std::string(), std::move(snap), std::move(pinned)});
+  PACER_CHECK(seq <= last_seq_) << "snapshot ahead of the journal";
+  queue_.push_back(Entry{seq, std::string(), std::move(snapshot), std::move(pinned)});
   cv_.notify_one();
 }
 
-void RocksJournal::WhenDurable(uint64_t seq, Done done) {
+absl::Status RocksLog::ReadFrom(uint64_t seq, const EntryFn& on_update) const {
+  std::lock_guard<std::mutex> l(mu_);  // db_ is replaced by Recover()
+  if (!db_) return health_;
+  if (seq <= last_snapshot_seq_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("journal: '", options_.dir, "' holds updates after its snapshot at seq ",
+                     last_snapshot_seq_, " only; read from the snapshot instead of seq ", seq));
+  }
+  return ReadRecords(*db_, seq, /*exact=*/false, on_update);
+}
+
+absl::Status RocksLog::ReadRecords(rocksdb::DB& db, uint64_t from, bool exact,
+                                   const EntryFn& fn) const {
+  const std::string& dir = options_.dir;
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::unique_ptr<rocksdb::Iterator> it(db.NewIterator(ro));
+  // `from` may lie inside a record (ReadFrom): start at the record holding it.
+  if (!exact) it->SeekForPrev(Key('j', from));
+  if (exact || !it->Valid() || it->key().size() != 9 || it->key()[0] != 'j') it->Seek(Key('j', from));
+  uint64_t expected = from;
+  bool first_record = true;
+  std::vector<std::string> updates;
+  for (; it->Valid(); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    if (key.size() != 9 || key[0] != 'j') break;
+    const uint64_t first = SeqOf(key);
+    if (first_record && first < from) expected = first;
+    first_record = false;
+    if (first != expected) {
+      return absl::DataLossError(absl::StrCat("journal: gap in '", dir, "': expected update ",
+                                              expected, ", found ", first));
+    }
+    if (!SplitRecord(it->value(), &updates) || updates.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("journal: record of update ", first, " in '", dir, "' is corrupt"));
+    }
+    for (const std::string& bytes : updates) {
+      if (expected >= from) {
+        if (absl::Status s = fn(expected, bytes); !s.ok()) {
+          if (s.code() == absl::StatusCode::kDataLoss) {
+            return absl::DataLossError(absl::StrCat("journal: update ", expected, " in '", dir,
+                                                    "' is corrupt (", s.message(), ")"));
+          }
+          return absl::DataLossError(
+              absl::StrCat("journal: update ", expected, " does not apply: ", s.message()));
+        }
+      }
+      ++expected;
+    }
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "journal: reading updates in '" + dir + "'");
+  return absl::OkStatus();
+}
+
+void RocksLog::WhenDurable(uint64_t seq, Done done) {
   absl::Status status;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -511,37 +595,36 @@ void RocksJournal::WhenDurable(uint64_t seq, Done done) {
   done(status);
 }
 
-absl::Status RocksJournal::Flush() {
+absl::Status RocksLog::Flush() {
   std::unique_lock<std::mutex> l(mu_);
   const uint64_t target = last_seq_;
   durable_cv_.wait(l, [&] { return durable_seq_ >= target || !health_.ok(); });
   return health_;
 }
 
-absl::Status RocksJournal::health() const {
+absl::Status RocksLog::health() const {
   std::lock_guard<std::mutex> l(mu_);
   return health_;
 }
 
-uint64_t RocksJournal::last_seq() const {
+uint64_t RocksLog::last_seq() const {
   std::lock_guard<std::mutex> l(mu_);
   return last_seq_;
 }
 
-JournalStats RocksJournal::stats() const {
+JournalStats RocksLog::stats() const {
   std::lock_guard<std::mutex> l(mu_);
   JournalStats s = stats_;
   s.hwm_seq = hwm_seq_.load();
   return s;
 }
 
-JournalRecovery RocksJournal::recovery() const {
+JournalRecovery RocksLog::recovery() const {
   std::lock_guard<std::mutex> l(mu_);
   return recovery_;
 }
 
-absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn& on_update,
-                                   const PinnedFn& on_pinned) {
+absl::Status RocksLog::Recover(const Replay& replay) {
   std::unique_lock<std::mutex> l(mu_);
   if (health_.ok()) return absl::OkStatus();
   // The writer is idle: it never writes past a failure, it only discards what is queued.
@@ -553,7 +636,7 @@ absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn
     db_->Close().PermitUncheckedError();
     db_.reset();
   }
-  auto opened = OpenAndReplay(on_snapshot, on_update, on_pinned, durable);
+  auto opened = OpenAndReplay(replay, durable);
   if (!opened.ok()) {
     // Still refused; health keeps the first cause (a full disk) and says why reopening failed.
     if (failure_.ok()) failure_ = health_;
@@ -571,7 +654,7 @@ absl::Status RocksJournal::Recover(const SnapshotFn& on_snapshot, const UpdateFn
   return absl::OkStatus();
 }
 
-void RocksJournal::HwmLoop() {
+void RocksLog::HwmLoop() {
   const auto period = std::chrono::milliseconds(std::max<int64_t>(1, options_.hwm_interval_ms));
   std::unique_lock<std::mutex> l(mu_);
   while (!stopping_) {
@@ -591,7 +674,7 @@ void RocksJournal::HwmLoop() {
   }
 }
 
-void RocksJournal::WriterLoop() {
+void RocksLog::WriterLoop() {
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   std::vector<Entry> batch_entries;
@@ -614,7 +697,7 @@ void RocksJournal::WriterLoop() {
     }
     rocksdb::WriteBatch batch;
     uint64_t max_seq = 0, snapshot_seq = 0, bytes = 0, pinned_written = 0;
-    if (upgrade) batch.Put(kFormatKey, kJournalFormatV5);  // atomically with the first v5 group
+    if (upgrade) batch.Put(kFormatKey, options_.format.written);  // atomically with the first group
     // One record per run of updates; a snapshot closes the run, so a record never straddles a
     // snapshot and the range delete below removes exactly the updates the snapshot holds.
     std::string record;
@@ -687,7 +770,7 @@ void RocksJournal::WriterLoop() {
         }
         if (upgrade) {
           upgrade_format_ = false;
-          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << kJournalFormatV5;
+          PACER_LOG(INFO) << "journal: '" << options_.dir << "' upgraded to " << options_.format.written;
         }
         if (snapshot_seq != 0) {
           last_snapshot_seq_ = snapshot_seq;
