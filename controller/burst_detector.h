@@ -51,6 +51,9 @@ struct StepTiming {
   // yet): compute_s is the time so far, a lower bound. A per-step deadline: a worker in a burst
   // is seen before its first slow step ends. Replaced by the step's own timing when it ends.
   bool in_progress = false;
+  // The step's wall seconds, when known (its start is time_ms − wall_s): pacerd tells a probe
+  // by when the step started (WorkerSessions::ProbeStep). 0: unknown.
+  double wall_s = 0;
 };
 
 // What Decide() concludes. `excluded` is the whole new set (sorted); `added` and `rejoined` are

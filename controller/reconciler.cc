@@ -1,6 +1,7 @@
 #include "controller/reconciler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +20,6 @@ std::string PolicyDigest(const std::string& yaml) {
   for (unsigned char c : yaml) h = (h ^ c) * 1099511628211ull;
   return absl::StrFormat("%016x", h);
 }
-namespace {
-
 std::string DescribeAction(const Action& a) {
   std::string out;
   if (a.plan) {
@@ -45,8 +44,6 @@ std::string DescribeAction(const Action& a) {
   }
   return out;
 }
-
-}  // namespace
 
 Reconciler::Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts parts,
                        const Clock* clock, ReconcilerOptions options)
@@ -223,7 +220,6 @@ void Reconciler::CarryOut(const std::vector<std::pair<Action, CarryContext>>& ac
 }
 
 void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
-  const auto [version, excluded] = parts_.sessions->Exclusion();
   std::vector<StepTiming> timings;
   timings.reserve(steps.size());
   const int64_t now = clock_->NowMs();
@@ -234,7 +230,13 @@ void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
     t.compute_s = r.compute_s();
     t.samples = static_cast<int64_t>(r.samples());
     t.time_ms = now;
-    t.probe = std::binary_search(excluded.begin(), excluded.end(), r.worker_id());
+    t.wall_s = r.wall_s();
+    // A probe is a step an excluded worker began after a heartbeat reply carried it the
+    // exclusion, not any step of a worker decided excluded: until the reply reaches it, it
+    // trains (and once let back in, its step still running is a probe).
+    const int64_t start_ms =
+        r.time_ms() > 0 ? r.time_ms() - static_cast<int64_t>(std::llround(r.wall_s() * 1000)) : 0;
+    t.probe = parts_.sessions->ProbeStep(r.worker_id(), start_ms);
     timings.push_back(std::move(t));
   }
   absl::MutexLock l(&mu_);

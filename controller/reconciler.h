@@ -88,6 +88,8 @@ class Reconciler : public StepObserver {
   // an exclusion to make or end is carried out like any action (the next heartbeat replies
   // carry it). Returns whether it decided.
   bool MaybeDecideBursts();
+  // The reconciler's clock (when a heartbeat reply leaves: WorkerSessions::ProbeStep).
+  int64_t NowMs() const { return clock_->NowMs(); }
   // Asks for an early reconcile (monitor events).
   void Poke() { poked_ = true; }
   // Reconciles when the interval passed or it was poked. Returns whether it ran.
@@ -164,5 +166,8 @@ class Reconciler : public StepObserver {
 
 // Digest of a policy file's text (which --policy a stored applied policy replaced).
 std::string PolicyDigest(const std::string& yaml);
+// An action's payload in words (the plan, allocations, nodes): `pacerctl actions`' detail, and
+// what the simulator's decisions are compared on (sim/control_plane.h).
+std::string DescribeAction(const Action& a);
 
 }  // namespace pacer

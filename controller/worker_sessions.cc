@@ -34,17 +34,36 @@ void WorkerSessions::SetExclusion(uint64_t version, std::set<std::string> exclud
   excluded_ = std::move(excluded);
 }
 
-void WorkerSessions::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp) {
+void WorkerSessions::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms) {
   absl::MutexLock l(&mu_);
   Reported& r = reported_[req.worker_id()];
   r.honors_exclusion = req.honors_exclusion();
   r.max_local_batch = req.max_local_batch();
+  // What the worker holds: nothing when it reports no version (a new process); the exclusion
+  // in force when it reports its version (also after a pacerd restart, which sends nothing
+  // again); else the command last sent to it, once it reports that version.
+  auto sent = exclusion_sent_.find(req.worker_id());
+  std::optional<bool> holds;
+  if (req.exclusion_version() == 0) {
+    holds = false;
+  } else if (req.exclusion_version() >= exclusion_version_) {
+    holds = excluded_.count(req.worker_id()) > 0;
+  } else if (sent != exclusion_sent_.end() && !sent->second.empty() &&
+             req.exclusion_version() >= sent->second.back().version) {
+    holds = sent->second.back().excluded;
+  }
+  if (holds && *holds) holds_exclusion_.insert(req.worker_id());
+  if (holds && !*holds) holds_exclusion_.erase(req.worker_id());
   if (req.honors_exclusion() && exclusion_version_ > req.exclusion_version()) {
+    const bool excluded = excluded_.count(req.worker_id()) > 0;
     WorkerCommand* cmd = resp->add_commands();
     cmd->set_command_id(exclusion_version_);
     cmd->set_reason(exclusion_reason_);
     cmd->mutable_exclusion()->set_version(exclusion_version_);
-    cmd->mutable_exclusion()->set_excluded(excluded_.count(req.worker_id()) > 0);
+    cmd->mutable_exclusion()->set_excluded(excluded);
+    std::vector<SentExclusion>& list = exclusion_sent_[req.worker_id()];
+    list.push_back({exclusion_version_, excluded, now_ms});
+    if (list.size() > kSentKept) list.erase(list.begin());
   }
   auto it = plans_.find(req.worker_id());
   if (it == plans_.end() || req.plan_version() >= it->second.version()) return;
@@ -64,6 +83,23 @@ std::optional<BatchPlanCommand> WorkerSessions::PlanFor(const std::string& worke
   auto it = plans_.find(worker);
   if (it == plans_.end()) return std::nullopt;
   return it->second;
+}
+
+bool WorkerSessions::HoldsExclusion(const std::string& worker) const {
+  absl::MutexLock l(&mu_);
+  return holds_exclusion_.count(worker) > 0;
+}
+
+bool WorkerSessions::ProbeStep(const std::string& worker, int64_t start_ms) const {
+  absl::MutexLock l(&mu_);
+  auto sent = exclusion_sent_.find(worker);
+  if (start_ms > 0 && sent != exclusion_sent_.end()) {
+    for (auto it = sent->second.rbegin(); it != sent->second.rend(); ++it) {
+      if (it->sent_ms <= start_ms) return it->excluded;
+    }
+    if (sent->second.size() < kSentKept) return false;  // began before the first command
+  }
+  return holds_exclusion_.count(worker) > 0;
 }
 
 std::pair<uint64_t, std::vector<std::string>> WorkerSessions::Exclusion() const {

@@ -44,7 +44,8 @@ class WorkerSessions {
   void SetExclusion(uint64_t version, std::set<std::string> excluded, const std::string& reason);
 
   // Records what the worker said and adds the commands it does not hold yet to `resp`.
-  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  // `now_ms` is when the reply leaves (ProbeStep).
+  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms = 0);
 
   struct Reported {
     bool honors_exclusion = false;
@@ -52,6 +53,16 @@ class WorkerSessions {
   };
   // What each worker last said about itself (by worker id).
   std::map<std::string, Reported> Reports() const;
+
+  // Whether the worker is excluded as it knows it: the last exclusion command a reply carried
+  // to it, once a heartbeat shows it holds that version (false before any, and for a process
+  // that holds none).
+  bool HoldsExclusion(const std::string& worker) const;
+  // Whether the worker's step that started at `start_ms` was an excluded worker's probe: it
+  // started after a reply carried it an exclusion (the newest exclusion command sent at or
+  // before then says); a step that began before the command reached it trains. Without a
+  // start (0) or a command sent in this pacerd's life (a restart): HoldsExclusion.
+  bool ProbeStep(const std::string& worker, int64_t start_ms) const;
 
   // The plan command a worker would get now; the exclusion in force (tests, pacerctl).
   std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
@@ -65,6 +76,16 @@ class WorkerSessions {
   std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);
   uint64_t exclusion_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Reported> reported_ ABSL_GUARDED_BY(mu_);
+  // Per worker: the exclusion commands replies carried to it, newest last (at most
+  // kSentKept), and whether it holds an exclusion (HoldsExclusion).
+  struct SentExclusion {
+    uint64_t version = 0;
+    bool excluded = false;
+    int64_t sent_ms = 0;
+  };
+  static constexpr size_t kSentKept = 4;
+  std::map<std::string, std::vector<SentExclusion>> exclusion_sent_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> holds_exclusion_ ABSL_GUARDED_BY(mu_);
 };
 
 // The command one worker gets for its part of `plan`.

@@ -28,7 +28,7 @@ class HeartbeatReplyBuilder : public HeartbeatCommandSource {
 
   void AddCommands(const HeartbeatRequest& req, HeartbeatResponse* resp) override {
     reconciler_->OnHeartbeat(req);
-    sessions_->OnHeartbeat(req, resp);
+    sessions_->OnHeartbeat(req, resp, reconciler_->NowMs());
     rendezvous_->OnHeartbeat(req, resp);
   }
 

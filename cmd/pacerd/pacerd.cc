@@ -97,7 +97,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
   d->sessions_ = std::make_unique<WorkerSessions>();
-  d->sink_ = std::make_unique<PacerdActionSink>(d->sessions_.get(), d->sharding_.get(), d->agents_.get());
+  d->sink_ = std::make_unique<PacerdActionSink>(d->sessions_.get(), d->sharding_.get(), d->agents_.get(),
+                                                options.also_carry);
   ReconcilerParts parts;
   parts.monitor = d->monitor_.get();
   parts.sharding = d->sharding_.get();

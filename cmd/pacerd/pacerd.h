@@ -66,6 +66,10 @@ struct PacerdOptions {
   bool accept_data_loss = false;
   // How often the housekeeping thread tries to reopen a failed journal (a full disk).
   int64_t journal_retry_ms = 1000;
+  // An embedder's sink told of every action pacerd carried out, after pacerd's own sink and
+  // with the same context; null: none. The differential test's model carries pacerd's decisions
+  // out through it (tests/testing/pacerd_control_plane.h). Must outlive pacerd.
+  ActionSink* also_carry = nullptr;
 };
 
 class Pacerd {

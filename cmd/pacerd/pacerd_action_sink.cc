@@ -39,6 +39,14 @@ absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Act
 }
 
 absl::StatusOr<std::string> PacerdActionSink::Carry(const Action& a, const CarryContext& context) {
+  absl::StatusOr<std::string> note = CarryHere(a, context);
+  if (!then_ || !note.ok()) return note;
+  absl::StatusOr<std::string> then = then_->Carry(a, context);
+  if (!then.ok()) return then.status();
+  return absl::StrCat(*note, "; ", *then);
+}
+
+absl::StatusOr<std::string> PacerdActionSink::CarryHere(const Action& a, const CarryContext& context) {
   switch (a.kind) {
     case ActionKind::kAdjustBatch:
       if (!a.plan) return std::string("no plan in the action: nothing sent");

@@ -26,18 +26,23 @@ absl::StatusOr<std::string> DispatchAgentAction(AgentRegistry& agents, const Act
 
 class PacerdActionSink : public ActionSink {
  public:
-  // `agents` may be null (actions for agents are then noted "no agent registry").
-  PacerdActionSink(WorkerSessions* sessions, ShardingServiceImpl* sharding, AgentRegistry* agents)
-      : sessions_(sessions), sharding_(sharding), agents_(agents) {}
+  // `agents` may be null (actions for agents are then noted "no agent registry"). `then`, when
+  // set, is told of each action after it was carried out here (PacerdOptions::also_carry); its
+  // note is appended.
+  PacerdActionSink(WorkerSessions* sessions, ShardingServiceImpl* sharding, AgentRegistry* agents,
+                   ActionSink* then = nullptr)
+      : sessions_(sessions), sharding_(sharding), agents_(agents), then_(then) {}
 
   absl::StatusOr<std::string> Carry(const Action& action, const CarryContext& context) override;
 
  private:
+  absl::StatusOr<std::string> CarryHere(const Action& action, const CarryContext& context);
   std::string Reallocate(const Action& a, const CarryContext& context);
 
   WorkerSessions* sessions_;
   ShardingServiceImpl* sharding_;
   AgentRegistry* agents_;
+  ActionSink* then_;
 };
 
 }  // namespace pacer
