@@ -12,15 +12,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
+#include "controller/action_sink.h"
 #include "controller/batch_plan.h"
 #include "controller/controller.h"
-#include "monitor/monitor_state.h"
-#include "sharding_service/sharding_state.h"
 #include "sim/data_ledger.h"
-#include "controller/action_sink.h"
-#include "controller/view_builder.h"
-#include "common/recent_durations.h"
+#include "sim/in_process_control_plane.h"
 
 namespace pacer::sim {
 
@@ -43,7 +39,7 @@ constexpr double kProbeIntervalS = 2.0;
 constexpr double kHeartbeatS = 1.0;
 
 constexpr char kDataset[] = "train";
-constexpr int64_t kStartMs = 1'700'000'000'000;
+constexpr int64_t kStartMs = kSimStartMs;
 constexpr double kServerLatencyMs = 5.0;
 constexpr double kReportLeadS = 0.002;  // reports leave this long before a window ends
 
@@ -68,7 +64,17 @@ struct SimWorker {
   double retry_fetch_at = 0;
   uint64_t report_seq = 0;
   uint32_t monitor_index = 0;  // the monitor's dense index (MonitorState::WorkerIndex)
+  uint64_t lease_begin = 0;    // the lease's first position (begin is the first undone one)
   std::string id, node_name;
+  LeaseGrant grant() const {
+    LeaseGrant g;
+    g.id = lease;
+    g.token = token;
+    g.lease_begin = lease_begin;
+    g.begin = begin;
+    g.end = end;
+    return g;
+  }
 };
 
 int64_t IndexOf(const std::string& id, char prefix_len) {
@@ -82,9 +88,9 @@ int64_t IndexOf(const std::string& id, char prefix_len) {
 class JobSimulation : public ActionSink {
  public:
   JobSimulation(const SpeedModel& model, const PolicyConfig& policy, std::string name,
-                double max_sim_s)
+                double max_sim_s, ControlPlane* control_plane)
       : model_(model), sc_(model.scenario()), policy_(policy), max_sim_s_(max_sim_s),
-        speed_(&model), clock_(kStartMs), rng_{MixSeed(sc_.seed, 77)} {
+        speed_(&model), cp_(control_plane), rng_{MixSeed(sc_.seed, 77)} {
     run_.name = std::move(name);
     run_.policy = policy.policy;
   }
@@ -94,8 +100,10 @@ class JobSimulation : public ActionSink {
  private:
   bool sync() const { return sc_.job.mode == SimJobMode::kSync; }
   absl::Status Init();
-  absl::Status Apply(Update u);
-  void SetClock(double t);
+  void SetClock(double t) { cp_->SetTime(t); }
+  // What the control plane is told at a decision point that it learns from heartbeats and
+  // agents (the workers' facts, the job's step).
+  ModelFacts Facts() const;
   absl::Status Consume(SimWorker& w, int64_t w_index, uint64_t want, uint64_t* got);
   absl::Status Fetch(SimWorker& w);
   absl::Status Acknowledge(SimWorker& w, bool complete);
@@ -130,19 +138,15 @@ class JobSimulation : public ActionSink {
     }
     return 1.0 + sc_.noise * (2.0 * rng_.Uniform() - 1.0);
   }
-  uint64_t DoneTotal() const { return state_.FindDataset(kDataset)->records_done_total; }
+  uint64_t DoneTotal() const { return cp_->RecordsDone(); }
 
   const SpeedModel& model_;
   const Scenario& sc_;
   const PolicyConfig policy_;
   const double max_sim_s_;
   SpeedState speed_;
-  SimulatedClock clock_;
-  int64_t clock_ns_ = 0;
+  ControlPlane* cp_;  // the sharding service, monitor and controller the job talks to
   SplitMix rng_;
-  std::unique_ptr<MonitorState> monitor_;
-  std::unique_ptr<Controller> controller_;
-  ShardingState state_;
   DataLedger ledger_;
   std::vector<SimWorker> w_;
   absl::flat_hash_map<std::string, int64_t> index_;
@@ -159,9 +163,12 @@ class JobSimulation : public ActionSink {
   int64_t down_ = 0;  // workers down (relaunching)  // job-wide stall (sync relaunch, PS server restart)
   std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
   std::optional<BatchPlan> pending_plan_;
+  // ChunkSync held a drawn step back so that the report due before the window's end goes out
+  // first (report_now_); the next ChunkSync runs it.
+  bool held_step_ = false, report_now_ = false;
+  std::vector<double> held_compute_;
   uint64_t interval_samples_ = 0;
   double last_throughput_ = 0, last_step_wall_ = 0;
-  RecentDurations shard_times_;  // recent completed lease durations (as pacerd's sharding service)
   // Step path (Heartbeat): per worker, the newest step timing due at the next heartbeat and
   // the newest one that ends after it; the next probe of an excluded worker; decisions on
   // their way to the workers.
@@ -180,32 +187,7 @@ class JobSimulation : public ActionSink {
   PolicyRun run_;
 };
 
-void JobSimulation::SetClock(double t) {
-  const int64_t ns = static_cast<int64_t>(std::llround(t * 1e9));
-  if (ns > clock_ns_) {
-    clock_.AdvanceNs(ns - clock_ns_);
-    clock_ns_ = ns;
-  }
-}
-
-absl::Status JobSimulation::Apply(Update u) {
-  u.set_seq(state_.last_seq() + 1);
-  u.set_time_ms(clock_.NowMs());
-  ++run_.sharding_updates;
-  absl::Status s = state_.Apply(u);
-  if (!s.ok()) return absl::InternalError(absl::StrCat("sharding state refused an update: ", s.message()));
-  return s;
-}
-
 absl::Status JobSimulation::Init() {
-  absl::StatusOr<std::unique_ptr<MonitorState>> m =
-      MonitorState::Create(MonitorOptionsForPolicy(policy_), &clock_);
-  if (!m.ok()) return m.status();
-  monitor_ = std::move(*m);
-  absl::StatusOr<std::unique_ptr<Controller>> c = Controller::Create(policy_);
-  if (!c.ok()) return c.status();
-  controller_ = std::move(*c);
-
   const int64_t n = model_.workers();
   const int64_t B = sc_.job.global_batch;
   node_names_.resize(static_cast<size_t>(model_.nodes()));
@@ -216,14 +198,13 @@ absl::Status JobSimulation::Init() {
   shard_size_ = sc_.sim.shard_size > 0
                     ? static_cast<uint64_t>(sc_.sim.shard_size)
                     : static_cast<uint64_t>(std::max(local, std::round(sc_.speeds.median * 30)));
-  Update ds;
-  DatasetSpec* spec = ds.mutable_register_dataset()->mutable_spec();
-  spec->set_name(kDataset);
-  spec->set_num_records(static_cast<uint64_t>(sc_.job.total_samples));
-  spec->set_shard_size(shard_size_);
-  spec->set_batch_size(static_cast<uint64_t>(std::max<double>(1, local)));
-  spec->set_num_epochs(1);
-  if (absl::Status s = Apply(ds); !s.ok()) return s;
+  DatasetSpec spec;
+  spec.set_name(kDataset);
+  spec.set_num_records(static_cast<uint64_t>(sc_.job.total_samples));
+  spec.set_shard_size(shard_size_);
+  spec.set_batch_size(static_cast<uint64_t>(std::max<double>(1, local)));
+  spec.set_num_epochs(1);
+  if (absl::Status s = cp_->Start(spec); !s.ok()) return s;
 
   w_.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -248,11 +229,9 @@ absl::Status JobSimulation::Up(int64_t i) {
   if (w.down) --down_;
   w.down = false;
   w.node_name = node_names_[speed_.node(i)];
-  Update u;
-  u.mutable_register_worker()->set_worker_id(w.id);
-  u.mutable_register_worker()->set_node(w.node_name);
-  if (absl::Status s = Apply(u); !s.ok()) return s;
-  w.incarnation = state_.FindWorker(w.id)->incarnation;
+  absl::StatusOr<uint64_t> incarnation = cp_->RegisterWorker(w.id, w.node_name, &w.monitor_index);
+  if (!incarnation.ok()) return incarnation.status();
+  w.incarnation = *incarnation;
   // A relaunched process starts on the initial batch (the SDK's, until pacerd's plan reaches it).
   if (sync()) {
     const int64_t B = sc_.job.global_batch, n = model_.workers();
@@ -261,8 +240,6 @@ absl::Status JobSimulation::Up(int64_t i) {
   }
   w.rep_compute = w.rep_wall = w.rep_steps = 0;
   w.carry = 0;
-  if (absl::Status s = monitor_->RegisterWorker(w.id, w.node_name); !s.ok()) return s;
-  w.monitor_index = *monitor_->WorkerIndex(w.id);
   return absl::OkStatus();
 }
 
@@ -273,9 +250,7 @@ absl::Status JobSimulation::Down(int64_t i, double cost, int64_t migrate_to) {
     run_.wasted_samples += w.consumed - w.acked;
     w.lease = 0;
   }
-  Update u;
-  u.mutable_worker_lost()->set_worker_id(w.id);
-  if (absl::Status s = Apply(u); !s.ok()) return s;
+  if (absl::Status s = cp_->WorkerDown(w.id); !s.ok()) return s;
   w.down = true;
   ++down_;
   w.up_at = t_ + cost;
@@ -286,83 +261,56 @@ absl::Status JobSimulation::Down(int64_t i, double cost, int64_t migrate_to) {
 }
 
 absl::Status JobSimulation::Fetch(SimWorker& w) {
-  absl::StatusOr<FetchPlan> plan = state_.PlanFetch(w.id, kDataset);
-  if (!plan.ok()) return absl::InternalError(absl::StrCat("PlanFetch: ", plan.status().message()));
-  if (plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) {
+  absl::StatusOr<std::optional<LeaseGrant>> g = cp_->Fetch(w.id, w.incarnation);
+  if (!g.ok()) return g.status();
+  if (!g->has_value()) {
     w.retry_fetch_at = t_ + sc_.sim.report_interval_s;  // the SDK backs off until its next heartbeat
     return absl::OkStatus();
   }
-  Update u;  // decided here, as the service decides (an update records the outcome)
-  *u.mutable_create_lease() = state_.DecideLease(*plan, w.id, kDataset, /*request_id=*/0);
-  if (absl::Status s = Apply(u); !s.ok()) return s;
-  const ShardingState::LeaseRec* l = state_.FindLease(state_.last_lease_id());
-  w.lease = l->id;
-  w.token = l->token;
-  w.begin = l->begin + l->done;
-  w.end = l->end;
+  const LeaseGrant& l = **g;
+  w.lease = l.id;
+  w.token = l.token;
+  w.lease_begin = l.lease_begin;
+  w.begin = l.begin;
+  w.end = l.end;
   w.consumed = w.acked = 0;
   w.lease_start = t_;
   w.pair_key = 0;
-  if (l->backup) {
-    w.pair_key = l->partner;  // the primary's id tags both copies in the ledger
+  if (l.backup) {
+    w.pair_key = l.partner;  // the primary's id tags both copies in the ledger
     // The primary's acknowledgements from now on belong to the pair; its earlier ones (all
     // before the backup's start) stay ordinary.
     for (auto& o : w_)
-      if (o.lease == l->partner) o.pair_key = l->partner;
+      if (o.lease == l.partner) o.pair_key = l.partner;
   }
   return absl::OkStatus();
 }
 
 absl::Status JobSimulation::Acknowledge(SimWorker& w, bool complete) {
   if (w.lease == 0 || (!complete && w.consumed == w.acked)) return absl::OkStatus();
-  // Only a lease in a tail-backup pair can be fenced behind the worker's back (its partner
-  // completed first); every other lease ends only through this worker, so the service's
-  // token check (a std::map lookup per report) is needed only for pairs.
-  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
-  const bool may_be_fenced = w.pair_key != 0 || l == nullptr;
-  if (may_be_fenced && !state_.CheckLease(w.id, w.incarnation, w.lease, w.token).ok()) {
+  const uint64_t offset = w.begin - w.lease_begin;  // a backup starts inside its range
+  absl::StatusOr<AckOutcome> r = cp_->Acknowledge(w.id, w.incarnation, w.grant(), offset + w.consumed,
+                                                  complete, /*may_be_fenced=*/w.pair_key != 0);
+  if (!r.ok()) return r.status();
+  if (*r == AckOutcome::kFenced) {
     // Fenced off (the backup partner completed first): the un-acknowledged work is wasted.
     ++run_.fenced_reports;
     run_.wasted_samples += w.consumed - w.acked;
     w.lease = 0;
     return absl::OkStatus();
   }
-  const uint64_t offset = w.begin - l->begin;  // a backup starts inside its range
-  Update u;
-  if (complete) {
-    u.mutable_end_lease()->set_lease_id(w.lease);
-    u.mutable_end_lease()->set_reason(LEASE_COMPLETED);
-    u.mutable_end_lease()->set_records_done(offset + w.consumed);
-  } else {
-    u.mutable_progress()->set_lease_id(w.lease);
-    u.mutable_progress()->set_records_done(offset + w.consumed);
-  }
-  const bool behind = l->done > offset + w.consumed;  // a dead partner's count was inherited
-  if (!complete && behind) {
-    ledger_.Acknowledge(w.begin + w.acked, w.begin + w.consumed, w.pair_key);
-    w.acked = w.consumed;
-    return absl::OkStatus();  // nothing new to report (a real SDK's report would be a no-op)
-  }
-  if (absl::Status s = Apply(u); !s.ok()) return s;
   ledger_.Acknowledge(w.begin + w.acked, w.begin + w.consumed, w.pair_key);
   w.acked = w.consumed;
-  if (complete) {
-    shard_times_.Add(t_ - w.lease_start);
-    w.lease = 0;
-  }
+  if (complete) w.lease = 0;
   return absl::OkStatus();
 }
 
 absl::Status JobSimulation::Release(SimWorker& w) {
   if (absl::Status s = Acknowledge(w, false); !s.ok()) return s;
   if (w.lease == 0) return absl::OkStatus();  // fenced meanwhile
-  const ShardingState::LeaseRec* l = state_.FindLease(w.lease);
-  Update u;
-  u.mutable_end_lease()->set_lease_id(w.lease);
-  u.mutable_end_lease()->set_reason(LEASE_RELEASED);
-  u.mutable_end_lease()->set_records_done(std::max(l->done, (w.begin - l->begin) + w.consumed));
+  const LeaseGrant g = w.grant();
   w.lease = 0;
-  return Apply(u);
+  return cp_->Release(w.id, w.incarnation, g, (g.begin - g.lease_begin) + w.consumed);
 }
 
 absl::Status JobSimulation::Consume(SimWorker& w, int64_t, uint64_t want, uint64_t* got) {
@@ -392,15 +340,22 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     pending_plan_.reset();
   }
   static thread_local std::vector<double> compute;
-  compute.resize(static_cast<size_t>(n));
-  double slowest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const SimWorker& w = w_[i];
-    compute[i] = 0;
-    if (w.batch <= 0) continue;
-    compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
-    if (!w.excluded) slowest = std::max(slowest, compute[i]);
+  const bool drawn = held_step_;  // the step held back for an early report (below)
+  if (held_step_) {
+    compute.swap(held_compute_);
+    held_step_ = false;
+  } else {
+    compute.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const SimWorker& w = w_[i];
+      compute[i] = 0;
+      if (w.batch <= 0) continue;
+      compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
+    }
   }
+  double slowest = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!w_[i].excluded && w_[i].batch > 0) slowest = std::max(slowest, compute[i]);
   const double step_s = slowest + sc_.job.sync_cost_s;
   // An excluded worker (pacer-train-mlp) times half its batch every kProbeIntervalS so the
   // monitor keeps seeing its speed; that one step waits for the probe. Charged as an expected
@@ -410,6 +365,16 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     if (w_[i].excluded && w_[i].batch > 0) probe_delay = std::max(probe_delay, 0.5 * compute[i] - slowest);
   }
   const double per_step_s = step_s * (1 + std::max(0.0, probe_delay) / kProbeIntervalS);
+  // A report due before the monitor's window ends must arrive before that end: pacerd's monitor
+  // closes the windows due before it takes a report in, so one sent after a window's end counts
+  // in the next window. When this step would end past the window's end, the report goes out
+  // now (the last step boundary before it) and the step, as drawn, runs right after.
+  if (!drawn && t_ < next_report_ && next_report_ < next_window_ && t_ + per_step_s > next_window_) {
+    held_compute_.swap(compute);
+    held_step_ = true;
+    report_now_ = true;
+    return absl::OkStatus();
+  }
   int64_t k = std::max<int64_t>(1, static_cast<int64_t>((boundary - t_) / per_step_s));
   if (pending_plan_) k = std::max<int64_t>(1, std::min(k, pending_plan_->effective_step - step_));
   for (int64_t i = 0; i < n; ++i) {
@@ -441,6 +406,7 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
     StepTiming t;
     t.step = step_ + k;
     t.time_ms = kStartMs + static_cast<int64_t>(std::llround(end * 1000));
+    t.wall_s = per_step_s;
     if (w.excluded) {
       if (end < next_probe_[i]) continue;
       next_probe_[i] = end + kProbeIntervalS;
@@ -502,11 +468,10 @@ absl::Status JobSimulation::Heartbeat() {
       later_[i].set = false;
     }
   }
-  controller_->ObserveSteps(timings);
-  absl::StatusOr<ReconcileResult> r =
-      controller_->DecideBursts(kStartMs + static_cast<int64_t>(std::llround(hb * 1000)));
-  if (!r.ok()) return absl::InternalError(absl::StrCat("burst rule: ", r.status().message()));
-  for (Action& a : r->dispatch) in_flight_.push_back(std::move(a));
+  absl::StatusOr<std::vector<Action>> r =
+      cp_->DecideBursts(timings, kStartMs + static_cast<int64_t>(std::llround(hb * 1000)), Facts());
+  if (!r.ok()) return r.status();
+  for (Action& a : *r) in_flight_.push_back(std::move(a));
   if (sc_.sim.decision_heartbeats == 0) {
     // pacerd deciding inside the heartbeat handler: the reply to the heartbeat that brought
     // the timings carries the worker's exclusion (only it needs to know: weight 0).
@@ -564,7 +529,7 @@ absl::Status JobSimulation::ChunkAsync(double boundary) {
 
 absl::Status JobSimulation::Report() {
   SetClock(t_);
-  const int64_t now_ms = clock_.NowMs();
+  const int64_t now_ms = cp_->NowMs();
   const int64_t n = model_.workers();
   const bool progress_due = t_ >= next_progress_;
   if (progress_due)
@@ -587,7 +552,7 @@ absl::Status JobSimulation::Report() {
     r.comm_s = r.wall_s - r.compute_s;
     r.time_ms = now_ms;
     ++run_.monitor_reports;
-    monitor_->IngestStepAt(w.monitor_index, r);
+    cp_->ReportStep(w.monitor_index, w.id, r);
     w.rep_compute = w.rep_wall = w.rep_steps = 0;
   }
   // Node agents: CPU steal shows contention (hardware slowness leaves no trace). They report
@@ -606,7 +571,7 @@ absl::Status JobSimulation::Report() {
     const double c = speed_.NodeContention(nd);
     m.set_cpu_steal_frac(c > 0 ? std::min(0.9, 0.05 + 0.5 * c) : 0.01);
     m.set_cpu_busy_frac(0.8);
-    monitor_->IngestNodeMetrics(m);
+    cp_->ReportNode(m);
   }
   // PS jobs: up to 16 workers report the latency they saw to each server (a sample is enough:
   // the monitor takes the median over reporters).
@@ -622,7 +587,7 @@ absl::Status JobSimulation::Report() {
         l.set_mean_latency_ms(kServerLatencyMs / speed_.ServerFactor(s));
         l.set_p99_latency_ms(2 * l.mean_latency_ms());
         l.set_time_ms(now_ms);
-        monitor_->IngestServerLatency(l);
+        cp_->ReportServerLatency(l);
       }
     }
   }
@@ -634,46 +599,28 @@ absl::Status JobSimulation::Report() {
   return absl::OkStatus();
 }
 
+ModelFacts JobSimulation::Facts() const {
+  ModelFacts f;
+  f.current_step = step_;
+  f.workers.reserve(w_.size());
+  for (const SimWorker& w : w_) {
+    WorkerReport r;
+    r.id = w.id;
+    r.node = w.node_name;
+    r.down = w.down;
+    r.honors_exclusion = true;  // modelled: a step does not wait for excluded workers (ChunkSync)
+    r.max_local_batch = sc_.job.batch_cap;
+    r.incarnation = w.incarnation;
+    f.workers.push_back(std::move(r));
+  }
+  return f;
+}
+
 absl::Status JobSimulation::Reconcile() {
   ++run_.reconciles;
-  // The view is built by the code pacerd's Reconciler runs (controller/view_builder.h), from
-  // the same kinds of inputs: the monitor's statuses, what the agents, heartbeats and the
-  // sharding state know per worker (here: the model), and the job's facts.
-  ViewInputs in;
-  in.now_ms = clock_.NowMs();
-  in.window_ms = static_cast<int64_t>(std::llround(policy_.detection.window_s * 1000));
-  in.hot_threshold = policy_.server.hot_threshold;
-  in.workers = monitor_->Workers(/*with_evidence=*/false);  // the view reads no evidence
-  in.servers = monitor_->Servers();
-  in.nodes = monitor_->Nodes(/*with_evidence=*/false);
-  const std::map<std::string, double> lease_ages = OldestLeaseAges(state_, in.now_ms);
-  for (const SimWorker& w : w_) {
-    WorkerFacts& f = in.facts[w.id];
-    f.restarting = w.down;
-    f.max_local_batch = sc_.job.batch_cap;
-    f.honors_exclusion = true;  // modelled: a step does not wait for excluded workers (ChunkSync)
-    if (auto a = lease_ages.find(w.id); a != lease_ages.end()) f.shard_elapsed_s = a->second;
-    f.node = w.node_name;
-  }
-  JobFacts& j = in.job;
-  j.mode = sync() ? JobMode::kSync : JobMode::kAsync;
-  j.global_batch = sync() ? sc_.job.global_batch : 0;
-  j.current_step = step_;
-  j.heartbeat_interval_s = 1;
-  j.progress_interval_s = progress_interval_s_;
-  j.restart_cost_s = sc_.job.restart_cost_s;
-  j.migrate_cost_s = sc_.migrate_cost_s();
-  j.typical_shard_time_s = shard_times_.Median();
-  DatasetProgress d;
-  d.records_per_epoch = static_cast<uint64_t>(sc_.job.total_samples);
-  d.num_epochs = 1;
-  d.records_done_current_epoch = DoneTotal();
-  d.finished = d.records_done_current_epoch >= d.records_per_epoch;
-  j.datasets.push_back(d);
-  const ClusterView view = BuildClusterView(in);
-  absl::StatusOr<ReconcileResult> r = controller_->Reconcile(view);
-  if (!r.ok()) return absl::InternalError(absl::StrCat("controller refused the view: ", r.status().message()));
-  for (const Action& a : r->dispatch) {
+  absl::StatusOr<std::vector<Action>> r = cp_->Reconcile(Facts());
+  if (!r.ok()) return r.status();
+  for (const Action& a : *r) {
     if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
   }
   return absl::OkStatus();
@@ -735,23 +682,7 @@ absl::Status JobSimulation::Dispatch(const Action& a) {
       return absl::OkStatus();
     case ActionKind::kReallocate: {
       ++run_.reallocations;
-      for (const auto& al : a.allocations) {
-        if (!index_.contains(al.worker_id) || !state_.FindWorker(al.worker_id)) continue;
-        Update u;
-        auto* s = u.mutable_set_allocation();
-        s->set_worker_id(al.worker_id);
-        s->set_weight(al.weight > 0 ? al.weight : 1.0);
-        s->set_shard_size(std::max<uint64_t>(
-            1, static_cast<uint64_t>(std::llround(al.shard_scale * static_cast<double>(shard_size_)))));
-        if (absl::Status st = Apply(u); !st.ok()) return st;
-      }
-      if (a.tail_backups) {
-        Update u;
-        u.mutable_set_tail_backup()->set_dataset(kDataset);
-        u.mutable_set_tail_backup()->set_enabled(*a.tail_backups);
-        if (absl::Status st = Apply(u); !st.ok()) return st;
-      }
-      return absl::OkStatus();
+      return cp_->Reallocate(a, shard_size_);
     }
     case ActionKind::kRestart:
     case ActionKind::kMigrate: {
@@ -837,13 +768,14 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
     // controller reconciles on fresh data.
     if (t_ >= next_heartbeat_)
       if (absl::Status s = Heartbeat(); !s.ok()) return s;
-    if (t_ >= next_report_) {
+    if (t_ >= next_report_ || report_now_) {
       if (absl::Status s = Report(); !s.ok()) return s;
+      if (report_now_ && next_report_ > t_) next_report_ += sc_.sim.report_interval_s;  // sent early
+      report_now_ = false;
       while (next_report_ <= t_) next_report_ += sc_.sim.report_interval_s;
     }
     if (t_ >= next_window_) {
-      std::vector<ClassificationEvent> events;
-      monitor_->AdvanceWindows(&events);
+      if (absl::Status s = cp_->CloseWindows(); !s.ok()) return s;
       while (next_window_ <= t_) next_window_ += window_s;
       if (t_ >= next_reconcile_) {
         if (absl::Status s = Reconcile(); !s.ok()) return s;
@@ -866,11 +798,10 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   }
   SetClock(t_);
   if (getenv("PACER_SIM_DEBUG")) {
-    for (const auto& r : controller_->history().audit())
+    for (const Decision& d : cp_->Decisions())
       fprintf(stderr, "[%s] t=%.0f %s %s %s gain=%.3f x%ld %s | %s\n", run_.name.c_str(),
-              (r.time_ms - kStartMs) / 1000.0, AuditOutcomeName(r.outcome), ActionKindName(r.action.kind),
-              r.action.target.c_str(), r.action.predicted_gain, (long)r.repeats, r.veto_reason.c_str(),
-              r.action.reason.substr(0, 200).c_str());
+              (d.time_ms - kStartMs) / 1000.0, d.outcome.c_str(), d.kind.c_str(), d.target.c_str(),
+              d.predicted_gain, (long)d.repeats, d.veto_reason.c_str(), d.reason.substr(0, 200).c_str());
   }
   run_.finished = DoneTotal() >= total;
   run_.jct_s = run_.finished ? t_ : kForever;
@@ -879,6 +810,7 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   run_.records_lost = run_.finished ? ledger_.Lost(total) : 0;
   const uint64_t done = DoneTotal();
   run_.state_done_mismatch = done > ledger_.covered() ? done - ledger_.covered() : ledger_.covered() - done;
+  run_.sharding_updates = cp_->sharding_updates();
   run_.model_events = run_.chunks + run_.monitor_reports + run_.sharding_updates + run_.reconciles + timeline_changes;
   run_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return run_;
@@ -886,9 +818,30 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
 
 }  // namespace
 
+ControlPlaneJob ControlPlaneJobFor(const Scenario& sc) {
+  ControlPlaneJob j;
+  j.mode = sc.job.mode == SimJobMode::kSync ? JobMode::kSync : JobMode::kAsync;
+  j.global_batch = sc.job.mode == SimJobMode::kSync ? sc.job.global_batch : 0;
+  j.heartbeat_interval_s = kHeartbeatS;
+  j.progress_interval_s = std::max(sc.sim.report_interval_s, sc.sim.progress_interval_s);
+  j.restart_cost_s = sc.job.restart_cost_s;
+  j.migrate_cost_s = sc.migrate_cost_s();
+  j.dataset = kDataset;
+  return j;
+}
+
 absl::StatusOr<PolicyRun> RunPolicy(const SpeedModel& model, const PolicyConfig& policy,
                                     const std::string& display_name, double max_sim_s) {
-  JobSimulation sim(model, policy, display_name, max_sim_s);
+  absl::StatusOr<std::unique_ptr<InProcessControlPlane>> cp = InProcessControlPlane::Create(
+      policy, MonitorOptionsForPolicy(policy), ControlPlaneJobFor(model.scenario()), kSimStartMs);
+  if (!cp.ok()) return cp.status();
+  return RunPolicyOn(model, policy, display_name, max_sim_s, **cp);
+}
+
+absl::StatusOr<PolicyRun> RunPolicyOn(const SpeedModel& model, const PolicyConfig& policy,
+                                      const std::string& display_name, double max_sim_s,
+                                      ControlPlane& control_plane) {
+  JobSimulation sim(model, policy, display_name, max_sim_s, &control_plane);
   return sim.Run();
 }
 

@@ -9,6 +9,9 @@
 //             (relaunch after restart_cost_s, migration to a free node) and node CPU-steal
 //             signals for contention.
 //
+// The model talks to its control plane (sim/control_plane.h) as a real job talks to pacerd;
+// RunPolicy uses the simulator's own (InProcessControlPlane), RunPolicyOn any other.
+//
 // One Run(), in order (each loop iteration is one coarse "chunk" of the model):
 //  1. open/close the slowdown episodes due (SpeedState), crash the workers whose failure is
 //     due, bring back the workers whose relaunch finished (re-registered with the monitor and
@@ -40,6 +43,8 @@
 #include "absl/status/statusor.h"
 #include "controller/policy_config.h"
 #include "monitor/monitor_options.h"
+#include "sim/control_plane.h"
+#include "sim/in_process_control_plane.h"
 #include "sim/speed_model.h"
 
 namespace pacer::sim {
@@ -73,10 +78,23 @@ struct PolicyRun {
 // windows of history.
 MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy);
 
+// The simulated clock's time at the job's start (model time 0).
+inline constexpr int64_t kSimStartMs = 1'700'000'000'000;
+
+// What a control plane is configured with for the scenario's job (pacerd: its flags).
+ControlPlaneJob ControlPlaneJobFor(const Scenario& scenario);
+
 // Runs `policy` (a validated PolicyConfig; `display_name` labels it) on the scenario until the
-// dataset is done or `max_sim_s`. INTERNAL when a real component refused what the model
-// assumed it would accept (a bug in the glue, reported, never hidden).
+// dataset is done or `max_sim_s`, on the simulator's own control plane (InProcessControlPlane).
+// INTERNAL when a real component refused what the model assumed it would accept (a bug in the
+// glue, reported, never hidden).
 absl::StatusOr<PolicyRun> RunPolicy(const SpeedModel& model, const PolicyConfig& policy,
                                     const std::string& display_name, double max_sim_s);
+
+// The same run against another control plane (sim/control_plane.h), e.g. a real pacerd
+// (tests/testing/pacerd_control_plane.h), started at kSimStartMs and deciding with `policy`.
+absl::StatusOr<PolicyRun> RunPolicyOn(const SpeedModel& model, const PolicyConfig& policy,
+                                      const std::string& display_name, double max_sim_s,
+                                      ControlPlane& control_plane);
 
 }  // namespace pacer::sim
