@@ -172,8 +172,8 @@ class DurableLog {
   virtual void Append(uint64_t seq, std::string bytes) = 0;
   // Queues consecutive updates at once, so that they are durable in one group.
   virtual void AppendAll(std::vector<std::pair<uint64_t, std::string>> updates) = 0;
-  // Queues a snapshot holding every update <= seq; it is written after every update appended
-  // before it, with the pinned entries it refers to (every one: those not listed are deleted).
+  // Queues a snapshot of every update appended so far (seq == last_seq(): a record never
+  // straddles it); written after them, with the pinned entries it lists (others are deleted).
   virtual void WriteSnapshot(uint64_t seq, std::shared_ptr<const google::protobuf::MessageLite> snapshot,
                              std::vector<PinnedEntry> pinned) = 0;
   // Reads the durable updates from `seq` on (past the newest snapshot only: the ones before it

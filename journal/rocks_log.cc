@@ -522,7 +522,9 @@ void RocksLog::WriteSnapshot(uint64_t seq,
                              std::vector<PinnedEntry> pinned) {
   // Serialized by the writer: the caller (the owner, under its lock) only moves it here.
   std::lock_guard<std::mutex> l(mu_);
-  PACER_CHECK(seq <= last_seq_) << "snapshot ahead of the journal";
+  // A group's record is deleted whole with the snapshot that covers its first update: a
+  // snapshot must cover every update appended before it, or the later ones would go with it.
+  PACER_CHECK(seq == last_seq_) << "snapshot at " << seq << " with updates appended up to " << last_seq_;
   queue_.push_back(Entry{seq, std::string(), std::move(snapshot), std::move(pinned)});
   cv_.notify_one();
 }
