@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
 #include "controller/policies/action_rules.h"
@@ -145,6 +146,10 @@ std::string SummarizeView(const ClusterView& view) {
   return s;
 }
 
+bool DecidedByStepRule(const AuditRecord& record) {
+  return absl::StartsWith(record.inputs, kStepRuleInputs);
+}
+
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const PolicyConfig& config) {
   if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
   absl::StatusOr<DecideFn> decide = FindPolicy(config.policy);
@@ -257,6 +262,15 @@ bool Controller::StepRuleActive(int64_t now_ms) const {
          burst_view_.job.can_exclude_workers && bursts_.HasFreshTimings(now_ms);
 }
 
+void Controller::HoldRestoredExclusion(int64_t now_ms) {
+  const double hold_s = std::max(BurstDetector::kMinFreshS, 2 * config_.detection.window_s);
+  restored_exclusion_held_until_ms_ = now_ms + static_cast<int64_t>(hold_s * 1000);
+}
+
+bool Controller::ExclusionsLeftAlone(int64_t now_ms) const {
+  return StepRuleActive(now_ms) || now_ms < restored_exclusion_held_until_ms_;
+}
+
 void Controller::ObserveSteps(const std::vector<StepTiming>& timings) {
   if (StepStatisticsConfigured())
     for (const StepTiming& t : timings) step_stats_.Observe(t);
@@ -274,7 +288,7 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
   std::string inputs;
   if (!view.job.can_exclude_workers) {
     if (auto a = EndExclusions(view, history_, "burst exclusion")) proposals.push_back(std::move(*a));
-    inputs = "step timings; a live worker cannot carry out an exclusion";
+    inputs = absl::StrCat(kStepRuleInputs, "; a live worker cannot carry out an exclusion");
   } else if (bursts_.HasFreshTimings(now_ms)) {
     BurstDecision d =
         bursts_.Decide(history_.excluded_workers(), config_.burst_exclusion, now_ms);
@@ -290,8 +304,8 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
         excluded.push_back(id);
     for (const auto& id : d.added)
       if (live(id)) added.push_back(id);
-    inputs = absl::StrFormat("step timings of %d workers, median step %.3fs, excluded %s",
-                             static_cast<int>(bursts_.workers()), d.median_step_s,
+    inputs = absl::StrFormat("%s of %d workers, median step %.3fs, excluded %s",
+                             kStepRuleInputs, static_cast<int>(bursts_.workers()), d.median_step_s,
                              history_.excluded_workers().empty()
                                  ? std::string("none")
                                  : absl::StrJoin(history_.excluded_workers(), ","));
@@ -390,8 +404,10 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
   }
   std::vector<Action> proposals = decide_(*decide_view, history_, config_);
   // The step rule, while it has timings, manages exclusions between reconciles (DecideBursts);
-  // the window rule's proposals would undo its decisions a window late.
-  if (StepRuleActive(view.now_ms)) {
+  // the window rule's proposals would undo its decisions a window late (and, just after a
+  // restart, before the workers have even reported whether they honour exclusion:
+  // HoldRestoredExclusion).
+  if (ExclusionsLeftAlone(view.now_ms)) {
     proposals.erase(std::remove_if(proposals.begin(), proposals.end(),
                                    [](const Action& a) {
                                      return a.kind == ActionKind::kExcludeWorkers;
@@ -535,7 +551,7 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;
     // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again
     // as soon as its probe is fast): a job throughput 60 s later says nothing about them.
-    if (rec.action.kind == ActionKind::kExcludeWorkers && StepRuleActive(view.now_ms)) continue;
+    if (rec.action.kind == ActionKind::kExcludeWorkers && ExclusionsLeftAlone(view.now_ms)) continue;
     if (rec.action.kind == ActionKind::kAdjustBatch && StepRuleActive(view.now_ms) &&
         ExclusionsMoved(history_, rec.time_ms, view.now_ms))
       continue;

@@ -88,6 +88,16 @@ class Controller {
   void ObserveSteps(const std::vector<StepTiming>& timings);
   absl::StatusOr<ReconcileResult> DecideBursts(int64_t now_ms);
   bool StepRuleActive(int64_t now_ms) const;
+  // A pacerd restart restored an exclusion in force (controller_store.h keeps who, the deciding
+  // audit id, why and which rule). What it was decided on went with the old process -- the
+  // workers' heartbeat facts (who honours exclusion), the monitor's windows, the step rule's
+  // timings -- and comes back within a few heartbeats. Until then, for
+  // max(BurstDetector::kMinFreshS, 2 detection windows) after `now_ms`, Reconcile proposes no
+  // change to exclusions and judges none by throughput; the step rule, once it has fresh timings
+  // and a view, decides as always. (Found when the first reconcile after a restart let a worker
+  // still in its burst back in -- "a live worker cannot carry out an exclusion": no worker had
+  // heartbeated the new process yet -- and the step rule excluded it again a moment later.)
+  void HoldRestoredExclusion(int64_t now_ms);
 
   // Hot reload: validates `config` first; on error the running policy stays in force.
   // Audited as a kPolicy record at `now_ms`.
@@ -115,6 +125,10 @@ class Controller {
 
   bool StepRuleConfigured() const;
   bool StepStatisticsConfigured() const;
+  // Reconcile leaves exclusions alone: the step rule manages them (StepRuleActive), or a
+  // restored one is held (HoldRestoredExclusion).
+  bool ExclusionsLeftAlone(int64_t now_ms) const;
+  int64_t restored_exclusion_held_until_ms_ = 0;
 
   PolicyConfig config_;
   DecideFn decide_;
@@ -151,5 +165,10 @@ class Controller {
 
 // One line summarising what a decision saw (live workers, B, throughput, flagged workers).
 std::string SummarizeView(const ClusterView& view);
+
+// The per-step burst rule's decisions (DecideBursts) are audited with inputs that start with
+// this: the durable audit tells them apart from the window rule's (DecidedByStepRule).
+inline constexpr char kStepRuleInputs[] = "step timings";
+bool DecidedByStepRule(const AuditRecord& record);
 
 }  // namespace pacer

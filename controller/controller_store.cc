@@ -1,26 +1,30 @@
 #include "controller/controller_store.h"
 
+#include <google/protobuf/util/message_differencer.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/write_batch.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <set>
 
-#include "common/rocksdb_logger.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "controller/controller.h"
 
 namespace pacer {
 namespace {
 
 constexpr char kAuditPrefix[] = "audit/";
+
+// Field by field: serialized bytes differ with a map's iteration order (PlanState.basis_share).
+bool Same(const google::protobuf::Message& a, const google::protobuf::Message& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
 constexpr char kStateKey[] = "state";
 constexpr char kPolicyKey[] = "policy";
-
-std::string AuditKey(uint64_t id) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%s%020" PRIu64, kAuditPrefix, id);
-  return buf;
-}
 
 absl::Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
@@ -185,118 +189,257 @@ absl::StatusOr<AuditRecord> AuditFromProto(const AuditState& p) {
   return r;
 }
 
-absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std::string& dir,
-                                                                      bool must_exist) {
-  rocksdb::Options o;
-  if (must_exist && !rocksdb::Env::Default()->FileExists(dir + "/CURRENT").ok()) {
-    return absl::DataLossError("controller store: '" + dir +
-                               "/CURRENT' is missing, but the data dir's IDENTITY says the store "
-                               "was created: its audit trail and plan history would be lost");
+namespace {
+
+// ---- The store before the journal (format v0), imported on open ----
+// v0 layout: "audit/<20-digit id>" -> AuditState (with its dispatch note), "state" ->
+// ControllerState, "policy" -> AppliedPolicy, each Save one synced WriteBatch. Kept only to read
+// such a folder once (ImportStoreV0); nothing writes it any more.
+absl::StatusOr<std::optional<LegacyImport>> ImportStoreV0(rocksdb::DB& db) {
+  ControllerSnapshot snap;
+  snap.set_seq(1);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::unique_ptr<rocksdb::Iterator> it(db.NewIterator(ro));
+  size_t keys = 0;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) ++keys;
+  if (absl::Status s = FromRocks(it->status(), "reading the v0 store"); !s.ok()) return s;
+  for (it->Seek(kAuditPrefix); it->Valid() && it->key().starts_with(kAuditPrefix); it->Next()) {
+    AuditState* p = snap.add_records();
+    if (!p->ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("controller store: record '" + it->key().ToString() + "' does not parse");
+    }
+    if (auto r = AuditFromProto(*p); !r.ok()) {
+      return absl::DataLossError("controller store: record '" + it->key().ToString() +
+                                 "': " + std::string(r.status().message()));
+    }
   }
-  o.create_if_missing = !must_exist;
-  o.paranoid_checks = true;
-  // Damage is refused, not rolled back to a point in time (docs/journal-integrity.md).
-  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
-  o.track_and_verify_wals_in_manifest = true;
-  o.info_log_level = rocksdb::WARN_LEVEL;
-  // No LOG file on the data disk: a full disk made its writer abort pacerd (rocksdb_logger.h).
-  o.info_log = std::make_shared<RocksDbLogger>("controller store");
-  o.keep_log_file_num = 2;
-  o.max_background_jobs = 1;
-  o.write_buffer_size = 4 << 20;
-  if (!must_exist) (void)rocksdb::Env::Default()->CreateDirIfMissing(dir);  // no ERROR line
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status st = rocksdb::DB::Open(o, dir, &raw);
-  if (!st.ok() && (st.IsPathNotFound() || st.IsInvalidArgument() ||
-                   st.ToString().find("No such file") != std::string::npos)) {
-    return absl::DataLossError("controller store: the RocksDB database in '" + dir +
-                               "' is damaged or incomplete: " + st.ToString());
+  if (absl::Status s = FromRocks(it->status(), "reading the audit"); !s.ok()) return s;
+  size_t known = static_cast<size_t>(snap.records_size());
+  std::string value;
+  rocksdb::Status st = db.Get(ro, kStateKey, &value);
+  if (st.ok()) {
+    if (!snap.mutable_state()->ParseFromString(value)) {
+      return absl::DataLossError("controller store: state does not parse");
+    }
+    for (const auto& w : snap.state().excluded()) snap.mutable_exclusion()->add_excluded(w);
+    ++known;
+  } else if (!st.IsNotFound()) {
+    return FromRocks(st, "reading the state");
   }
-  if (absl::Status s = FromRocks(st, "cannot open RocksDB in '" + dir + "'"); !s.ok()) return s;
-  return std::unique_ptr<ControllerStore>(new ControllerStore(std::unique_ptr<rocksdb::DB>(raw)));
+  st = db.Get(ro, kPolicyKey, &value);
+  if (st.ok()) {
+    if (!snap.mutable_policy()->ParseFromString(value)) {
+      return absl::DataLossError("controller store: policy does not parse");
+    }
+    ++known;
+  } else if (!st.IsNotFound()) {
+    return FromRocks(st, "reading the policy");
+  }
+  if (known != keys) return std::optional<LegacyImport>();  // something else: not a v0 store
+  if (auto check = ControllerDurableState::FromSnapshot(snap); !check.ok()) {
+    return absl::DataLossError("controller store: " + std::string(check.status().message()));
+  }
+  LegacyImport out;
+  out.snapshot = snap.SerializeAsString();
+  out.delete_keys = {kStateKey, kPolicyKey};
+  out.delete_ranges = {{kAuditPrefix, "audit0"}};  // '0' follows '/'
+  out.what = absl::StrCat("controller store v0 (", snap.records_size(), " audit records",
+                          snap.state().has_plan() ? ", a plan" : "", snap.has_policy() ? ", a policy" : "",
+                          ")");
+  return std::optional<LegacyImport>(std::move(out));
 }
 
-ControllerStore::ControllerStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+}  // namespace
+
+ExclusionState ExclusionInForce(const History& history, const ExclusionState& before) {
+  ExclusionState e;
+  for (const auto& w : history.excluded_workers()) e.add_excluded(w);
+  const auto& audit = history.audit();
+  for (auto it = audit.rbegin(); it != audit.rend(); ++it) {
+    if (it->outcome != AuditRecord::Outcome::kExecuted || it->action.kind != ActionKind::kExcludeWorkers)
+      continue;
+    e.set_version(it->id);
+    e.set_reason(it->action.reason);
+    e.set_step_rule(DecidedByStepRule(*it));
+    return e;
+  }
+  e.set_version(before.version());
+  e.set_reason(before.reason());
+  e.set_step_rule(before.step_rule());
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std::string& dir,
+                                                                      bool must_exist,
+                                                                      bool accept_data_loss) {
+  JournalOptions o;
+  o.dir = dir;
+  o.must_exist = must_exist;
+  o.accept_data_loss = accept_data_loss;
+  o.import_legacy = ImportStoreV0;
+  std::unique_ptr<ControllerStore> store(new ControllerStore());
+  ControllerDurableState& state = store->state_;
+  uint64_t replayed = 0;
+  auto journal = ControllerJournal::Open(
+      o,
+      [&](const ControllerSnapshot& snap) -> absl::Status {
+        ASSIGN_OR_RETURN(state, ControllerDurableState::FromSnapshot(snap));
+        return absl::OkStatus();
+      },
+      [&](const ControllerUpdate& u) {
+        ++replayed;
+        return state.ApplyChecked(u);
+      });
+  if (!journal.ok()) return journal.status();
+  store->journal_ = std::move(*journal);
+  store->snapshot_seq_ = state.last_seq() - replayed;
+  if (!store->journal_->recovery().imported.empty()) {
+    PACER_LOG(WARNING) << "controller store '" << dir << "' migrated to " << kControllerJournalFormat
+                       << ": " << store->journal_->recovery().imported;
+  }
+  return store;
+}
 
 ControllerStore::~ControllerStore() = default;
 
 absl::StatusOr<ControllerStore::Loaded> ControllerStore::Load() const {
   Loaded out;
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-  for (it->Seek(kAuditPrefix); it->Valid() && it->key().starts_with(kAuditPrefix); it->Next()) {
-    AuditState p;
-    if (!p.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError("controller store: record '" + it->key().ToString() + "' does not parse");
-    }
+  out.empty = state_.empty();
+  for (const auto& [id, p] : state_.records()) {
     auto r = AuditFromProto(p);
-    if (!r.ok()) {
-      return absl::DataLossError("controller store: record '" + it->key().ToString() +
-                                 "': " + std::string(r.status().message()));
-    }
-    if (!p.dispatch().empty()) out.dispatch[r->id] = p.dispatch();
+    if (!r.ok()) return absl::DataLossError(absl::StrCat("controller store: record ", id, ": ", r.status().message()));
     out.audit.push_back(std::move(*r));
-    out.empty = false;
   }
-  if (absl::Status s = FromRocks(it->status(), "reading the audit"); !s.ok()) return s;
-  std::string value;
-  rocksdb::Status st = db_->Get(ro, kStateKey, &value);
-  if (st.ok()) {
-    if (!out.state.ParseFromString(value)) return absl::DataLossError("controller store: state does not parse");
-    out.empty = false;
-  } else if (!st.IsNotFound()) {
-    return FromRocks(st, "reading the state");
+  out.dispatch = state_.dispatch();
+  ControllerState& s = out.state;
+  s.set_next_audit_id(state_.next_audit_id());
+  if (state_.plan()) *s.mutable_plan() = *state_.plan();
+  for (const auto& a : state_.allocations()) *s.add_allocations() = a;
+  s.set_tail_backups(state_.tail_backups());
+  for (const auto& w : state_.exclusion().excluded()) s.add_excluded(w);
+  for (const auto& [node, n] : state_.nodes()) {
+    ControllerState::Node& pn = (*s.mutable_nodes())[node];
+    pn.set_incidents(n.incidents);
+    pn.set_last_ms(n.last_ms);
   }
-  st = db_->Get(ro, kPolicyKey, &value);
-  if (st.ok()) {
-    AppliedPolicy p;
-    if (!p.ParseFromString(value)) return absl::DataLossError("controller store: policy does not parse");
-    out.policy = std::move(p);
-    out.empty = false;
-  } else if (!st.IsNotFound()) {
-    return FromRocks(st, "reading the policy");
-  }
+  out.exclusion = state_.exclusion();
+  out.policy = state_.policy();
   return out;
+}
+
+absl::Status ControllerStore::RecoverIfFailed() {
+  if (journal_->health().ok()) return absl::OkStatus();
+  ControllerDurableState state;
+  uint64_t replayed = 0;
+  absl::Status s = journal_->Recover(
+      [&](const ControllerSnapshot& snap) -> absl::Status {
+        ASSIGN_OR_RETURN(state, ControllerDurableState::FromSnapshot(snap));
+        return absl::OkStatus();
+      },
+      [&](const ControllerUpdate& u) {
+        ++replayed;
+        return state.ApplyChecked(u);
+      });
+  if (!s.ok()) return s;
+  // What was applied here but never written is journaled again by the next Save (the
+  // Reconciler keeps the changes a failed Save named).
+  state_ = std::move(state);
+  snapshot_seq_ = state_.last_seq() - replayed;
+  return absl::OkStatus();
+}
+
+absl::Status ControllerStore::Commit(std::vector<ControllerUpdate> updates) {
+  if (updates.empty()) return absl::OkStatus();
+  for (ControllerUpdate& u : updates) {
+    u.set_seq(state_.last_seq() + 1);
+    if (absl::Status s = state_.Validate(u); !s.ok()) {
+      return absl::InternalError(absl::StrCat("controller store: an update would not apply: ", s.message()));
+    }
+    state_.Apply(u);
+  }
+  journal_->AppendAll(updates);
+  if (state_.last_seq() - snapshot_seq_ >= kSnapshotEvery) {
+    journal_->WriteSnapshot(state_.ToSnapshot());
+    snapshot_seq_ = state_.last_seq();
+  }
+  return journal_->Flush();
 }
 
 absl::Status ControllerStore::Save(const History& history, const History::Changes& changes,
                                    const std::map<uint64_t, std::string>& dispatch) {
   if (changes.empty()) return absl::OkStatus();
-  rocksdb::WriteBatch batch;
+  if (absl::Status s = RecoverIfFailed(); !s.ok()) return s;
+  // Each update is the difference between what the history holds and what the durable state
+  // holds, in the order Apply needs (records before their notes, trims after both).
+  std::vector<ControllerUpdate> updates;
+  std::set<uint64_t> recorded;
   for (uint64_t id : changes.records) {
     const AuditRecord* r = history.FindRecord(id);
     if (r == nullptr) continue;  // already dropped (max_records)
     AuditState p = AuditToProto(*r);
-    if (auto d = dispatch.find(id); d != dispatch.end()) p.set_dispatch(d->second);
-    batch.Put(AuditKey(id), p.SerializeAsString());
+    auto held = state_.records().find(id);
+    if (held == state_.records().end() || !Same(held->second, p)) {
+      *updates.emplace_back().mutable_record() = std::move(p);
+    }
+    recorded.insert(id);
+  }
+  for (uint64_t id : recorded) {
+    auto d = dispatch.find(id);
+    if (d == dispatch.end()) continue;
+    auto held = state_.dispatch().find(id);
+    if (held != state_.dispatch().end() && held->second == d->second) continue;
+    DispatchNote* n = updates.emplace_back().mutable_dispatch();
+    n->set_id(id);
+    n->set_note(d->second);
   }
   if (changes.state) {
-    ControllerState s;
-    s.set_next_audit_id(history.next_id());
-    if (history.plan()) *s.mutable_plan() = PlanToProto(*history.plan());
-    AllocationsToProto(history.allocations(), s.mutable_allocations());
-    s.set_tail_backups(history.tail_backups());
-    for (const auto& w : history.excluded_workers()) s.add_excluded(w);
-    for (const auto& [node, n] : history.nodes()) {
-      ControllerState::Node& pn = (*s.mutable_nodes())[node];
-      pn.set_incidents(n.incidents);
-      pn.set_last_ms(n.last_ms);
+    if (history.next_id() > state_.next_audit_id()) {
+      updates.emplace_back().mutable_next_audit_id()->set_next_id(history.next_id());
     }
-    batch.Put(kStateKey, s.SerializeAsString());
+    std::optional<PlanState> plan;
+    if (history.plan()) plan = PlanToProto(*history.plan());
+    if (plan.has_value() != state_.plan().has_value() ||
+        (plan && !Same(*plan, *state_.plan()))) {
+      PlanInForce* p = updates.emplace_back().mutable_plan();
+      if (plan) *p->mutable_plan() = std::move(*plan);
+    }
+    AllocationsInForce alloc;
+    AllocationsToProto(history.allocations(), alloc.mutable_allocations());
+    alloc.set_tail_backups(history.tail_backups());
+    AllocationsInForce held;
+    for (const auto& a : state_.allocations()) *held.add_allocations() = a;
+    held.set_tail_backups(state_.tail_backups());
+    if (!Same(alloc, held)) {
+      *updates.emplace_back().mutable_allocations() = std::move(alloc);
+    }
+    const ExclusionState exclusion = ExclusionInForce(history, state_.exclusion());
+    if (!Same(exclusion, state_.exclusion())) {
+      *updates.emplace_back().mutable_exclusion() = exclusion;
+    }
+    for (const auto& [node, n] : history.nodes()) {
+      auto h = state_.nodes().find(node);
+      if (h != state_.nodes().end() && h->second.incidents == n.incidents && h->second.last_ms == n.last_ms)
+        continue;
+      NodeIncidents* p = updates.emplace_back().mutable_node();
+      p->set_node(node);
+      p->set_incidents(n.incidents);
+      p->set_last_ms(n.last_ms);
+    }
     // Records the history no longer keeps.
     const uint64_t oldest = history.audit().empty() ? history.next_id() : history.audit().front().id;
-    batch.DeleteRange(AuditKey(0), AuditKey(oldest));
+    if (!state_.records().empty() && state_.records().begin()->first < oldest) {
+      updates.emplace_back().mutable_audit_trim()->set_oldest_id(oldest);
+    }
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  return FromRocks(db_->Write(wo, &batch), "write");
+  return Commit(std::move(updates));
 }
 
 absl::Status ControllerStore::SavePolicy(const AppliedPolicy& policy) {
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  return FromRocks(db_->Put(wo, kPolicyKey, policy.SerializeAsString()), "write the policy");
+  if (absl::Status s = RecoverIfFailed(); !s.ok()) return s;
+  std::vector<ControllerUpdate> updates(1);
+  *updates[0].mutable_policy() = policy;
+  return Commit(std::move(updates));
 }
 
 void RestoreHistory(const ControllerStore::Loaded& loaded, History* history) {

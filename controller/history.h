@@ -3,7 +3,8 @@
 //
 // Policies read it (const); only the Controller changes it, and only through the methods
 // below, each deterministic in its arguments (time comes from the caller), so the sequence of
-// calls can be journaled and replayed (the journal encoding is left to pacerd's integration).
+// calls can be journaled and replayed (pacerd journals what they changed as ControllerUpdates:
+// controller/controller_store.h, controller/controller_durable_state.h).
 //
 // Invariants: audit ids are unique and increasing; at most `max_records` records are kept
 // (the oldest are dropped, never the ones awaiting measurement while room remains).

@@ -314,13 +314,27 @@ absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
     last_plan_version_ = std::max(last_plan_version_, plan->version);
     parts_.sessions->SetPlan(*plan, "restored after a pacerd restart");
   }
-  // The exclusion in force goes out again under the newest audit id: above any version a
-  // worker may hold, or equal to it with the same state.
+  // The exclusion in force goes out again as it was decided: the deciding audit id (the newest
+  // version any worker can hold) and its reason, held until the controller has seen the job
+  // again (Controller::HoldRestoredExclusion).
+  const ExclusionState& exclusion = loaded.exclusion;
+  if (exclusion.version() > 0) {
+    parts_.sessions->SetExclusion(
+        exclusion.version(),
+        std::set<std::string>(exclusion.excluded().begin(), exclusion.excluded().end()),
+        exclusion.reason());
+    if (exclusion.excluded_size() > 0) controller_->HoldRestoredExclusion(clock_->NowMs());
+  }
+  // A store migrated from before the journal knows who but not which decision: the newest
+  // audit id is above any version a worker may hold, or equal to it with the same state.
   bool excluded_before = !controller_->history().excluded_workers().empty();
   for (const AuditRecord& r : controller_->history().audit()) {
     excluded_before = excluded_before || r.action.kind == ActionKind::kExcludeWorkers;
   }
-  if (excluded_before) {
+  if (exclusion.version() == 0 && excluded_before) {
+    if (!controller_->history().excluded_workers().empty()) {
+      controller_->HoldRestoredExclusion(clock_->NowMs());
+    }
     uint64_t version = 0;
     for (const AuditRecord& r : controller_->history().audit()) version = std::max(version, r.id);
     const auto& ex = controller_->history().excluded_workers();

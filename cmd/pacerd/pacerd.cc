@@ -117,7 +117,9 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   });
   {
     const std::string controller_dir = options.data_dir + "/controller";
-    auto store = ControllerStore::Open(controller_dir, listed("controller"));
+    // The controller's journal accepts what it can recover past itself (as the sharding
+    // journal does); damage it cannot open even so is set aside and the store starts empty.
+    auto store = ControllerStore::Open(controller_dir, listed("controller"), options.accept_data_loss);
     if (!store.ok() && options.accept_data_loss &&
         store.status().code() == absl::StatusCode::kDataLoss) {
       // Accepted: the old folder is kept aside, the store starts empty.
@@ -127,9 +129,12 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
         std::filesystem::rename(controller_dir,
                                 controller_dir + ".lost-" + std::to_string(RealClock::Get()->NowMs()), ec);
       }
-      store = ControllerStore::Open(controller_dir, false);
+      store = ControllerStore::Open(controller_dir, false, /*accept_data_loss=*/true);
     }
     if (!store.ok()) return store.status();
+    if (const std::string lost = (*store)->recovery().accepted_loss; !lost.empty()) {
+      accepted.push_back("controller store: " + lost);
+    }
     RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(*store), policy_text));
   }
   // Both stores are open: a data dir without an identity gets one now (adopted when it held a

@@ -1,6 +1,6 @@
 // ControllerStore: the controller's audit, plan, allocations and node incidents round-trip
-// through a real RocksDB; records the history dropped are deleted; a corrupt record is
-// DATA_LOSS, never a crash or a silent reset.
+// through its journal on a real RocksDB; records the history dropped are deleted; a corrupt
+// record is DATA_LOSS, never a crash or a silent reset.
 #include "controller/controller_store.h"
 
 #include <gtest/gtest.h>
@@ -175,10 +175,10 @@ TEST(ControllerStoreTest, CorruptRecordIsDataLoss) {
     std::unique_ptr<rocksdb::DB> db(raw);
     ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "audit/00000000000000000001", "\xff\xff not a proto").ok());
   }
+  // A store of the code before the journal (format v0) is read when it is opened, to be
+  // migrated: the corrupt record refuses the open itself (controller_journal_test has more).
   auto store = ControllerStore::Open(dir.Sub("c"));
-  ASSERT_TRUE(store.ok());
-  auto loaded = (*store)->Load();
-  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
 }
 
 TEST(ControllerStoreTest, UnknownKindIsRefused) {
