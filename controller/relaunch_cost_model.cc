@@ -1,6 +1,7 @@
 #include "controller/relaunch_cost_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -33,7 +34,31 @@ double PredictThroughput(const ClusterView& view, bool balanced, const std::stri
 }
 
 RelaunchBaseline ComputeRelaunchBaseline(const ClusterView& view, bool balanced) {
-  return RelaunchBaseline{MedianLiveSpeed(view), PredictThroughput(view, balanced, "", 0)};
+  RelaunchBaseline b;
+  b.median_speed = MedianLiveSpeed(view);
+  b.throughput_now = PredictThroughput(view, balanced, "", 0);
+  b.by_sum = view.job.mode == JobMode::kAsync || balanced;
+  b.min1 = b.min2 = std::numeric_limits<double>::infinity();
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting) continue;
+    ++b.live;
+    b.sum += w.speed;
+    if (w.speed < b.min1) {
+      b.min2 = b.min1;
+      b.min1 = w.speed;
+    } else if (w.speed < b.min2) {
+      b.min2 = w.speed;
+    }
+  }
+  return b;
+}
+
+double RelaunchBaseline::ThroughputWith(const WorkerView& worker, double speed) const {
+  if (!worker.alive || worker.restarting || live == 0) return throughput_now;  // not counted
+  if (by_sum) return sum - worker.speed + speed;
+  // The slowest of the others (the next smallest when this worker is the slowest) and `speed`.
+  const double others = worker.speed == min1 ? min2 : min1;
+  return static_cast<double>(live) * std::min(others, speed);
 }
 
 RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& worker,
@@ -55,7 +80,7 @@ RelaunchEstimate EstimateRelaunch(const ClusterView& view, const WorkerView& wor
                     worker.level == SlowLevel::kNode);
   e.speed_after = cause_stays ? worker.speed : std::max(median, worker.speed);
   e.throughput_now = baseline.throughput_now;
-  e.throughput_after = PredictThroughput(view, balanced, worker.id, e.speed_after);
+  e.throughput_after = baseline.ThroughputWith(worker, e.speed_after);
   const double R = static_cast<double>(view.job.remaining_samples);
   double relaunch_s = view.job.restart_cost_s;
   if (kind == ActionKind::kMigrate)

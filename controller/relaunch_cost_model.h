@@ -35,11 +35,18 @@ struct RelaunchEstimate {
   std::string reason;         // one line with the numbers
 };
 
-// What every estimate on one view shares: computed once per decision, so weighing many
-// candidates in a large job costs O(workers) each, not a sort each.
+// What every estimate on one view shares, computed once per decision in O(workers): weighing
+// a candidate is then O(1) (a large job weighs thousands per reconcile; the throughput with one
+// speed replaced follows from the live workers' sum and two smallest speeds).
 struct RelaunchBaseline {
-  double median_speed = 0;   // MedianLiveSpeed(view)
+  double median_speed = 0;    // MedianLiveSpeed(view)
   double throughput_now = 0;  // PredictThroughput(view, balanced, "", 0)
+  bool by_sum = false;        // async or balanced: the job runs at Σ v; else at n × min v
+  int64_t live = 0;           // live workers (alive, not restarting)
+  double sum = 0;             // Σ v over them
+  double min1 = 0, min2 = 0;  // their smallest speed and the next one (equal when tied)
+  // = PredictThroughput(view, balanced, worker.id, speed), up to the rounding of the sum.
+  double ThroughputWith(const WorkerView& worker, double speed) const;
 };
 RelaunchBaseline ComputeRelaunchBaseline(const ClusterView& view, bool balanced);
 

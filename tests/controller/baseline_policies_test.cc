@@ -1,7 +1,10 @@
 // The comparison baselines decide what their papers describe, and nothing else.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "controller/policies/policy.h"
+#include "controller/relaunch_cost_model.h"
 #include "tests/controller/view_builder.h"
 
 namespace pacer {
@@ -74,6 +77,33 @@ TEST(BaselinePoliciesTest, TimeoutRelaunchRestartsOnlyPastThreeTimesTypical) {
   actions = DecideTimeoutRelaunch(v, History(), PolicyConfig());  // yardstick 12 s → > 36 s
   ASSERT_EQ(actions.size(), 1u);
   EXPECT_EQ(actions[0].target, "w0");
+}
+
+
+// Weighing a relaunch candidate is O(1) from the baseline (a 4 096-worker job weighs thousands
+// per reconcile): it must predict what replacing that worker's speed in the view predicts —
+// sync and async, balanced or not, ties at the minimum, dead and restarting workers, one worker.
+TEST(BaselinePoliciesTest, RelaunchBaselinePredictsWhatTheViewPredicts) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 12);
+    ClusterView v = SyncView(n, 1200);
+    if (trial % 2) v.job.mode = JobMode::kAsync;
+    for (auto& w : v.workers) {
+      w.speed = 10.0 * (1 + rng() % 6);  // few distinct values: ties at the minimum
+      w.alive = rng() % 7 != 0;
+      w.restarting = rng() % 9 == 0;
+    }
+    for (const bool balanced : {false, true}) {
+      const RelaunchBaseline b = ComputeRelaunchBaseline(v, balanced);
+      for (const auto& w : v.workers) {
+        for (const double speed : {5.0, w.speed, 35.0, 100.0}) {
+          EXPECT_NEAR(b.ThroughputWith(w, speed), PredictThroughput(v, balanced, w.id, speed), 1e-9)
+              << "trial " << trial << " " << w.id << " balanced " << balanced << " speed " << speed;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
