@@ -54,6 +54,21 @@ class ScenarioTest : public ::testing::Test {
     v.now_ms = clock_.NowMs();
     return v;
   }
+  // 4 workers, w2 a persistent straggler at 0.5x, rollback judged after 10 steps: the first
+  // reconcile's batch plan (fails the test when there is none).
+  Action PlanForOneStraggler(std::unique_ptr<Controller>* ctl, ClusterView* v) {
+    PolicyConfig c = NonDedicated();
+    c.safety.rollback.evaluate_after_steps = 10;
+    *ctl = Make(c);
+    *v = SyncView(4, 1000);
+    MakeStraggler(*v, 2, 0.5, true);
+    v->job.throughput = 200;
+    auto r = (*ctl)->Reconcile(At(*v));
+    EXPECT_TRUE(r.ok()) << r.status();
+    const Action* a = r.ok() ? Find(*r, ActionKind::kAdjustBatch) : nullptr;
+    EXPECT_NE(a, nullptr);
+    return a ? *a : Action();
+  }
   SimulatedClock clock_;
 };
 
@@ -558,18 +573,12 @@ TEST_F(ScenarioTest, DedicatedPresetUsesAccumulationAndNeverRestarts) {
 // its effective step, as well as evaluate_after_s after the decision. A job whose steps stall
 // (or a plan scheduled at a step this run does not reach) is not judged on the old plan.
 TEST_F(ScenarioTest, RollbackNotBeforeThePlanRanEvaluateAfterSteps) {
-  PolicyConfig c = NonDedicated();
-  c.safety.rollback.evaluate_after_steps = 10;
-  auto ctl = Make(c);
-  ClusterView v = SyncView(4, 1000);
-  MakeStraggler(v, 2, 0.5, true);
-  v.job.throughput = 200;
-  auto r = ctl->Reconcile(At(v));
-  ASSERT_TRUE(r.ok());
-  const Action* a = Find(*r, ActionKind::kAdjustBatch);
-  ASSERT_NE(a, nullptr);
-  const uint64_t id = a->id;
-  const int64_t effective = a->plan->effective_step;
+  std::unique_ptr<Controller> ctl;
+  ClusterView v;
+  const Action plan = PlanForOneStraggler(&ctl, &v);
+  ASSERT_TRUE(plan.plan);
+  const uint64_t id = plan.id;
+  const int64_t effective = plan.plan->effective_step;
   // Long past evaluate_after_s, the throughput unchanged, but the job only reached the step
   // before the switch + 9: nothing measured, nothing rolled back.
   v.job.throughput = 205;
@@ -595,20 +604,14 @@ TEST_F(ScenarioTest, RollbackNotBeforeThePlanRanEvaluateAfterSteps) {
 // same plan (the same worker lightened) is vetoed, but a worker that turns slow afterwards is
 // planned for at once instead of waiting out the window behind someone else's rollback.
 TEST_F(ScenarioTest, ARollbackHoldsOffTheSamePlanNotOneForANewStraggler) {
-  PolicyConfig c = NonDedicated();
-  c.safety.rollback.evaluate_after_steps = 10;
-  auto ctl = Make(c);
-  ClusterView v = SyncView(4, 1000);
-  MakeStraggler(v, 2, 0.5, true);
-  v.job.throughput = 200;
-  auto r = ctl->Reconcile(At(v));
-  ASSERT_TRUE(r.ok());
-  const Action* a = Find(*r, ActionKind::kAdjustBatch);
-  ASSERT_NE(a, nullptr);
-  ASSERT_LT(a->plan->Find("w2")->samples, 250);
-  const uint64_t id = a->id;
+  std::unique_ptr<Controller> ctl;
+  ClusterView v;
+  const Action plan = PlanForOneStraggler(&ctl, &v);
+  ASSERT_TRUE(plan.plan);
+  ASSERT_LT(plan.plan->Find("w2")->samples, 250);
+  const uint64_t id = plan.id;
   // It did not help: rolled back once judged.
-  v.job.current_step = a->plan->effective_step + 10;
+  v.job.current_step = plan.plan->effective_step + 10;
   clock_.AdvanceMs(61'000);
   auto judged = ctl->Reconcile(At(v));
   ASSERT_TRUE(judged.ok());

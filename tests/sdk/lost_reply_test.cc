@@ -78,6 +78,21 @@ class LostReplyTest : public ::testing::Test {
   }}};
   const testing::TempDir& dir_ = h_.dir();
   Pacerd* pacerd_ = nullptr;
+
+  // Client "w0" and a ShardReader prefetching one lease, on a newly registered `spec`.
+  void StartReader(const DatasetSpec& spec) {
+    auto c = Client::Connect(Sdk("w0"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+    ASSERT_TRUE(client_->sharding().RegisterDataset(spec).ok());
+    ShardReaderOptions ro;
+    ro.prefetch_leases = 1;
+    auto r = ShardReader::Create(client_.get(), ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    reader_ = std::move(*r);
+  }
+  std::unique_ptr<Client> client_;        // after h_: gone before pacerd stops
+  std::unique_ptr<ShardReader> reader_;   // after client_: gone before it
 };
 
 TEST_F(LostReplyTest, ARetriedFetchGetsTheSameLeaseAndAGivenUpOneIsReleasedAtTheNextHeartbeat) {
@@ -369,60 +384,48 @@ absl::StatusOr<ShardReader::Outcome> NextWithin(std::unique_ptr<ShardReader>& re
 TEST_F(LostReplyTest, AReaderHoldingTheRestOfTheDataUnconsumedIsToldWaitNotLeftWaiting) {
   // Two leases hold all 40 records; both are read to their end and none is consumed. The
   // service can end the data only once they complete, which needs a MarkConsumed.
-  auto client = Client::Connect(Sdk("w0"));
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->sharding().RegisterDataset(Spec(40, 20, 1)).ok());
-  ShardReaderOptions ro;
-  ro.prefetch_leases = 1;
-  auto made = ShardReader::Create(client->get(), ro);
-  ASSERT_TRUE(made.ok()) << made.status();
-  std::unique_ptr<ShardReader> reader = std::move(*made);
+  StartReader(Spec(40, 20, 1));
+  if (HasFatalFailure()) return;
   std::vector<uint64_t> ids;
   for (int i = 0; i < 2; ++i) {
-    auto out = NextWithin(reader, 20, &ids);
+    auto out = NextWithin(reader_, 20, &ids);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(*out, ShardReader::Outcome::kRecords);
   }
   ASSERT_EQ(ids.size(), 40u);
-  auto held = NextWithin(reader, 15, &ids);
+  auto held = NextWithin(reader_, 15, &ids);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(*held, ShardReader::Outcome::kWait);
   EXPECT_EQ(ids.size(), 40u);
-  reader->MarkConsumed();
-  auto end = NextWithin(reader, 15, &ids);
+  reader_->MarkConsumed();
+  auto end = NextWithin(reader_, 15, &ids);
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(*end, ShardReader::Outcome::kEndOfData);
   std::set<uint64_t> distinct(ids.begin(), ids.end());
   EXPECT_EQ(distinct.size(), 40u);
-  ASSERT_TRUE((*client)->Flush(10'000).ok());
+  ASSERT_TRUE(client_->Flush(10'000).ok());
   EXPECT_TRUE(Dataset().finished());
 }
 
 TEST_F(LostReplyTest, AReaderFillingItsLeaseQuotaUnconsumedIsToldWaitNotLeftWaiting) {
   // kDefaultMaxLeasesPerWorker (4) leases read to their end, none consumed: the service answers
   // WAIT (quota) until they complete, though most of the data is still to be leased.
-  auto client = Client::Connect(Sdk("w0"));
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->sharding().RegisterDataset(Spec(200, 10, 1)).ok());
-  ShardReaderOptions ro;
-  ro.prefetch_leases = 1;
-  auto made = ShardReader::Create(client->get(), ro);
-  ASSERT_TRUE(made.ok()) << made.status();
-  std::unique_ptr<ShardReader> reader = std::move(*made);
+  StartReader(Spec(200, 10, 1));
+  if (HasFatalFailure()) return;
   std::vector<uint64_t> ids;
   while (ids.size() < 4 * 10) {
-    auto out = NextWithin(reader, 10, &ids);
+    auto out = NextWithin(reader_, 10, &ids);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_EQ(*out, ShardReader::Outcome::kRecords) << "after " << ids.size() << " records";
   }
-  auto quota = NextWithin(reader, 10, &ids);
+  auto quota = NextWithin(reader_, 10, &ids);
   ASSERT_TRUE(quota.ok()) << quota.status();
   EXPECT_EQ(*quota, ShardReader::Outcome::kWait);
   EXPECT_EQ(ids.size(), 40u);
   // Consumed, they complete and lease the next shards: the rest of the data, each record once.
   for (;;) {
-    reader->MarkConsumed();
-    auto out = NextWithin(reader, 10, &ids);
+    reader_->MarkConsumed();
+    auto out = NextWithin(reader_, 10, &ids);
     ASSERT_TRUE(out.ok()) << out.status();
     if (*out == ShardReader::Outcome::kEndOfData) break;
   }
