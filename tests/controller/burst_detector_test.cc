@@ -13,6 +13,7 @@ namespace pacer {
 namespace {
 
 using testing::SyncView;
+using testing::Timing;
 
 BurstExclusionConfig Rule(int64_t max_workers = 8) {
   BurstExclusionConfig c;
@@ -22,28 +23,16 @@ BurstExclusionConfig Rule(int64_t max_workers = 8) {
   return c;
 }
 
-StepTiming T(const std::string& id, int64_t step, double compute_s, int64_t samples,
-             int64_t time_ms, bool probe = false) {
-  StepTiming t;
-  t.worker_id = id;
-  t.step = step;
-  t.compute_s = compute_s;
-  t.samples = samples;
-  t.time_ms = time_ms;
-  t.probe = probe;
-  return t;
-}
-
 // n workers at 0.16 s per 64-sample step, one timing each at step `step`, time `ms`.
 void Steady(BurstDetector& d, int n, int64_t step, int64_t ms, double noise = 0) {
   for (int i = 0; i < n; ++i)
-    d.Observe(T("w" + std::to_string(i), step, 0.16 * (1 + noise * ((i % 3) - 1)), 64, ms));
+    d.Observe(Timing("w" + std::to_string(i), step, 0.16 * (1 + noise * ((i % 3) - 1)), 64, ms));
 }
 
 TEST(BurstDetector, ExcludesAWorkerWhoseNewestStepIsFourTimesTheMedian) {
   BurstDetector d;
   Steady(d, 16, 10, 1000, 0.05);
-  d.Observe(T("w5", 11, 0.64, 64, 1200));
+  d.Observe(Timing("w5", 11, 0.64, 64, 1200));
   BurstDecision r = d.Decide({}, Rule(), 1500);
   ASSERT_EQ(r.excluded, std::vector<std::string>{"w5"});
   EXPECT_EQ(r.added, std::vector<std::string>{"w5"});
@@ -57,14 +46,14 @@ TEST(BurstDetector, ExcludesAWorkerWhoseNewestStepIsFourTimesTheMedian) {
 TEST(BurstDetector, OrdinaryNoiseAndTheSlowestOfManyNoisyStepsAreNotABurst) {
   BurstDetector d;
   Steady(d, 32, 10, 1000, 0.12);
-  d.Observe(T("w7", 11, 0.16 * 1.9, 64, 1100));  // a slow step, below 2× the median
+  d.Observe(Timing("w7", 11, 0.16 * 1.9, 64, 1100));  // a slow step, below 2× the median
   EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
 }
 
 TEST(BurstDetector, SeveralEquallySlowWorkersAreDroppedTogether) {
   BurstDetector d;
   Steady(d, 32, 10, 1000);
-  for (const char* id : {"w1", "w2", "w3"}) d.Observe(T(id, 11, 0.64, 64, 1100));
+  for (const char* id : {"w1", "w2", "w3"}) d.Observe(Timing(id, 11, 0.64, 64, 1100));
   BurstDecision r = d.Decide({}, Rule(), 1500);
   EXPECT_EQ(r.excluded, (std::vector<std::string>{"w1", "w2", "w3"}));
   // Not more than max_workers: with room for two only, dropping two of three equally slow
@@ -76,35 +65,35 @@ TEST(BurstDetector, ABatchPlanOrAHalfBatchProbeIsNotABurst) {
   BurstDetector d;
   Steady(d, 8, 10, 1000);
   // A plan gave a worker twice as fast twice the samples: the same step seconds.
-  d.Observe(T("w0", 11, 0.16, 128, 1100));
+  d.Observe(Timing("w0", 11, 0.16, 128, 1100));
   // A worker's newest timing is a probe (half its batch) at the median's pace: its step at
   // its training batch is the median's, not half of it (and not a burst either).
-  d.Observe(T("w1", 11, 0.08, 32, 1100, /*probe=*/true));
+  d.Observe(Timing("w1", 11, 0.08, 32, 1100, /*probe=*/true));
   BurstDecision r = d.Decide({}, Rule(), 1500);
   EXPECT_TRUE(r.excluded.empty());
   EXPECT_NEAR(r.median_step_s, 0.16, 1e-9);
   // Its batch is the newest training step's: at 3× the median per sample, a probe shows a
   // worker in a burst even though the probe itself took less time than a full step.
-  d.Observe(T("w2", 12, 0.24, 32, 1200, /*probe=*/true));
+  d.Observe(Timing("w2", 12, 0.24, 32, 1200, /*probe=*/true));
   EXPECT_EQ(d.Decide({}, Rule(), 1500).excluded, std::vector<std::string>{"w2"});
 }
 
 TEST(BurstDetector, StaysExcludedWhileItsProbeIsSlowAndRejoinsWhenItIsFast) {
   BurstDetector d;
   Steady(d, 8, 10, 1000);
-  d.Observe(T("w3", 11, 0.64, 64, 1100));
+  d.Observe(Timing("w3", 11, 0.64, 64, 1100));
   ASSERT_EQ(d.Decide({}, Rule(), 1500).excluded, std::vector<std::string>{"w3"});
   // Excluded: others go on; its probe (half batch) at 3× per sample: still slow enough to stay
   // (above the rejoin line of 1.5×, below the entry line of 2× would also stay).
   Steady(d, 8, 20, 3000);
-  d.Observe(T("w3", 21, 0.24, 32, 3100, /*probe=*/true));
+  d.Observe(Timing("w3", 21, 0.24, 32, 3100, /*probe=*/true));
   BurstDecision r = d.Decide({"w3"}, Rule(), 3500);
   EXPECT_EQ(r.excluded, std::vector<std::string>{"w3"});
   EXPECT_TRUE(r.added.empty());
   EXPECT_TRUE(r.rejoined.empty());
   // The probe back at the median's pace: waited for again.
   Steady(d, 8, 30, 5000);
-  d.Observe(T("w3", 31, 0.085, 32, 5100, /*probe=*/true));
+  d.Observe(Timing("w3", 31, 0.085, 32, 5100, /*probe=*/true));
   r = d.Decide({"w3"}, Rule(), 5500);
   EXPECT_TRUE(r.excluded.empty());
   EXPECT_EQ(r.rejoined, std::vector<std::string>{"w3"});
@@ -114,10 +103,10 @@ TEST(BurstDetector, StaysExcludedWhileItsProbeIsSlowAndRejoinsWhenItIsFast) {
 TEST(BurstDetector, AQuietWorkerIsNotCountedAndAQuietExcludedOneIsWaitedForAgain) {
   BurstDetector d;
   Steady(d, 8, 10, 1000);
-  d.Observe(T("w3", 11, 0.64, 64, 1100));
+  d.Observe(Timing("w3", 11, 0.64, 64, 1100));
   // 10 s later only the others report: w3's timing is stale (> 5 s and > 3 of its steps).
   for (int i = 0; i < 8; ++i)
-    if (i != 3) d.Observe(T("w" + std::to_string(i), 70, 0.16, 64, 11000));
+    if (i != 3) d.Observe(Timing("w" + std::to_string(i), 70, 0.16, 64, 11000));
   BurstDecision r = d.Decide({"w3"}, Rule(), 11500);
   EXPECT_TRUE(r.excluded.empty());
   EXPECT_EQ(r.rejoined, std::vector<std::string>{"w3"});
@@ -127,20 +116,20 @@ TEST(BurstDetector, AQuietWorkerIsNotCountedAndAQuietExcludedOneIsWaitedForAgain
 TEST(BurstDetector, OlderTimingsDoNotReplaceNewerOnesAndBadOnesAreIgnored) {
   BurstDetector d;
   Steady(d, 8, 10, 1000);
-  d.Observe(T("w2", 12, 0.16, 64, 1200));
-  d.Observe(T("w2", 11, 0.64, 64, 1300));  // an older step arriving late
-  d.Observe(T("w2", 13, -1, 64, 1300));    // nonsense
-  d.Observe(T("w2", 13, 0.64, 0, 1300));
+  d.Observe(Timing("w2", 12, 0.16, 64, 1200));
+  d.Observe(Timing("w2", 11, 0.64, 64, 1300));  // an older step arriving late
+  d.Observe(Timing("w2", 13, -1, 64, 1300));    // nonsense
+  d.Observe(Timing("w2", 13, 0.64, 0, 1300));
   EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
 }
 
 TEST(BurstDetector, TooFewWorkersOrTheRuleOffDecideNothing) {
   BurstDetector d;
   Steady(d, 2, 10, 1000);
-  d.Observe(T("w1", 11, 0.64, 64, 1100));
+  d.Observe(Timing("w1", 11, 0.64, 64, 1100));
   EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
   Steady(d, 8, 10, 1000);
-  d.Observe(T("w1", 11, 0.64, 64, 1100));
+  d.Observe(Timing("w1", 11, 0.64, 64, 1100));
   BurstExclusionConfig off = Rule();
   off.step_factor = 0;
   EXPECT_TRUE(d.Decide({}, off, 1500).excluded.empty());
@@ -180,9 +169,9 @@ class BurstControllerTest : public ::testing::Test {
     for (int i = 0; i < 8; ++i) {
       const std::string id = "w" + std::to_string(i);
       if (id == "w3")
-        ts.push_back(T(id, step, w3_compute_s, w3_probe ? 32 : 64, clock_.NowMs(), w3_probe));
+        ts.push_back(Timing(id, step, w3_compute_s, w3_probe ? 32 : 64, clock_.NowMs(), w3_probe));
       else
-        ts.push_back(T(id, step, 0.16, 64, clock_.NowMs()));
+        ts.push_back(Timing(id, step, 0.16, 64, clock_.NowMs()));
     }
     ctl_->ObserveSteps(ts);
   }

@@ -16,22 +16,12 @@ namespace pacer {
 namespace {
 
 using testing::SyncView;
-
-StepTiming T(const std::string& id, int64_t step, double compute_s, int64_t samples,
-             int64_t time_ms) {
-  StepTiming t;
-  t.worker_id = id;
-  t.step = step;
-  t.compute_s = compute_s;
-  t.samples = samples;
-  t.time_ms = time_ms;
-  return t;
-}
+using testing::Timing;
 
 TEST(StepStatistics, MeanAndStandardErrorOfTheRecentSteps) {
   StepStatistics s;
   // Alternating 0.9 / 1.1 s for 100 samples: mean 1 s, sd 0.1 (relative 10 %).
-  for (int k = 0; k < 200; ++k) s.Observe(T("w0", k, k % 2 ? 1.1 : 0.9, 100, 1000 * k));
+  for (int k = 0; k < 200; ++k) s.Observe(Timing("w0", k, k % 2 ? 1.1 : 0.9, 100, 1000 * k));
   auto m = s.Summaries(200'000, 10'000);
   ASSERT_EQ(m.count("w0"), 1u);
   EXPECT_NEAR(m["w0"].speed, 100, 0.5);
@@ -42,25 +32,25 @@ TEST(StepStatistics, MeanAndStandardErrorOfTheRecentSteps) {
 
 TEST(StepStatistics, CountsFinishedTrainingStepsOnceAndForgetsStaleWorkers) {
   StepStatistics s;
-  s.Observe(T("w0", 1, 1.0, 100, 1000));
+  s.Observe(Timing("w0", 1, 1.0, 100, 1000));
   // One step, no spread known anywhere: its speed, and nothing shown yet.
   ASSERT_EQ(s.Summaries(1000, 10'000).size(), 1u);
   EXPECT_EQ(s.Summaries(1000, 10'000)["w0"].rel_se, 1.0);
-  s.Observe(T("w0", 1, 5.0, 100, 1500));            // the same step again: not counted
-  StepTiming probe = T("w0", 2, 9.0, 50, 2000);
+  s.Observe(Timing("w0", 1, 5.0, 100, 1500));            // the same step again: not counted
+  StepTiming probe = Timing("w0", 2, 9.0, 50, 2000);
   probe.probe = true;
   s.Observe(probe);
-  StepTiming running = T("w0", 3, 9.0, 100, 2500);
+  StepTiming running = Timing("w0", 3, 9.0, 100, 2500);
   running.in_progress = true;
   s.Observe(running);
-  s.Observe(T("w0", 4, 1.2, 100, 3000));
+  s.Observe(Timing("w0", 4, 1.2, 100, 3000));
   auto m = s.Summaries(3000, 10'000);
   ASSERT_EQ(m.count("w0"), 1u);
   EXPECT_NEAR(1 / m["w0"].speed, 0.011, 0.0011);  // between 1.0 and 1.2 s per 100 samples
   // Silent for longer than the limit (and 3 of its steps): left out.
   EXPECT_TRUE(s.Summaries(3000 + 20'000, 10'000).empty());
   // A new run counts from step 0 again: the old steps are gone.
-  s.Observe(T("w0", 0, 3.0, 100, 40'000));
+  s.Observe(Timing("w0", 0, 3.0, 100, 40'000));
   EXPECT_EQ(s.Summaries(40'000, 10'000)["w0"].rel_se, 1.0);
   EXPECT_NEAR(s.Summaries(40'000, 10'000)["w0"].speed, 100 / 3.0, 1e-9);
 }
@@ -68,12 +58,13 @@ TEST(StepStatistics, CountsFinishedTrainingStepsOnceAndForgetsStaleWorkers) {
 TEST(StepStatistics, AWorkerIsNotJudgedSurerThanTheJobsNoise) {
   // w0 happens to have two identical steps; the others spread by 12 %: w0's error is the job's.
   StepStatistics s;
-  s.Observe(T("w0", 1, 1.0, 100, 1000));
-  s.Observe(T("w0", 2, 1.0, 100, 2000));
+  s.Observe(Timing("w0", 1, 1.0, 100, 1000));
+  s.Observe(Timing("w0", 2, 1.0, 100, 2000));
   std::mt19937_64 rng(3);
   std::normal_distribution<double> noise(1.0, 0.12);
   for (int i = 1; i < 9; ++i)
-    for (int k = 1; k <= 6; ++k) s.Observe(T("w" + std::to_string(i), k, noise(rng), 100, 1000 * k));
+    for (int k = 1; k <= 6; ++k)
+      s.Observe(Timing("w" + std::to_string(i), k, noise(rng), 100, 1000 * k));
   auto m = s.Summaries(6000, 10'000);
   ASSERT_EQ(m.size(), 9u);
   // The job's 12 % over w0's two steps: ~0.085, not 0.
@@ -164,7 +155,8 @@ TEST(SpeedSignificance, TheControllerFeedsTheStepsIntoTheView) {
     for (int k = 1; k <= 10; ++k)
       for (int i = 0; i < 8; ++i) {
         const double per_sample = (slow && i == 3 ? 1 / 60.0 : 1 / 100.0) * (k % 2 ? 0.95 : 1.05);
-        timings.push_back(T("w" + std::to_string(i), k, per_sample * 100, 100, 90'000 + 1000 * k));
+        timings.push_back(
+            Timing("w" + std::to_string(i), k, per_sample * 100, 100, 90'000 + 1000 * k));
       }
     (*c)->ObserveSteps(timings);
     if (slow) v.workers[3].speed = v.workers[3].last_window_speed = 60;

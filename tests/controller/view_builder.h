@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "controller/burst_detector.h"
 #include "controller/cluster_view.h"
 
 namespace pacer::testing {
@@ -43,6 +44,20 @@ inline void MakeStraggler(ClusterView& v, int i, double relative, bool persisten
   w.contention = contention;
   w.level = level;
   w.confidence = 0.9;
+}
+
+// One step's timing as a worker's step report carries it (the burst rule's and the step
+// statistics' input).
+inline StepTiming Timing(const std::string& id, int64_t step, double compute_s, int64_t samples,
+                         int64_t time_ms, bool probe = false) {
+  StepTiming t;
+  t.worker_id = id;
+  t.step = step;
+  t.compute_s = compute_s;
+  t.samples = samples;
+  t.time_ms = time_ms;
+  t.probe = probe;
+  return t;
 }
 
 }  // namespace pacer::testing
