@@ -250,6 +250,25 @@ absl::StatusOr<std::optional<LegacyImport>> ImportStoreV0(rocksdb::DB& db) {
   return std::optional<LegacyImport>(std::move(out));
 }
 
+// Rebuilds the durable state from the journal, at open and after a failed write: the
+// snapshot's state, then each later update applied in order (`replayed` counts them).
+struct Rebuild {
+  ControllerDurableState& state;
+  uint64_t replayed = 0;
+  auto FromSnapshot() {
+    return [this](const ControllerSnapshot& snap) -> absl::Status {
+      ASSIGN_OR_RETURN(state, ControllerDurableState::FromSnapshot(snap));
+      return absl::OkStatus();
+    };
+  }
+  auto Replay() {
+    return [this](const ControllerUpdate& u) {
+      ++replayed;
+      return state.ApplyChecked(u);
+    };
+  }
+};
+
 }  // namespace
 
 ExclusionState ExclusionInForce(const History& history, const ExclusionState& before) {
@@ -280,20 +299,11 @@ absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(const std
   o.import_legacy = ImportStoreV0;
   std::unique_ptr<ControllerStore> store(new ControllerStore());
   ControllerDurableState& state = store->state_;
-  uint64_t replayed = 0;
-  auto journal = ControllerJournal::Open(
-      o,
-      [&](const ControllerSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ControllerDurableState::FromSnapshot(snap));
-        return absl::OkStatus();
-      },
-      [&](const ControllerUpdate& u) {
-        ++replayed;
-        return state.ApplyChecked(u);
-      });
+  Rebuild rebuild{state};
+  auto journal = ControllerJournal::Open(o, rebuild.FromSnapshot(), rebuild.Replay());
   if (!journal.ok()) return journal.status();
   store->journal_ = std::move(*journal);
-  store->snapshot_seq_ = state.last_seq() - replayed;
+  store->snapshot_seq_ = state.last_seq() - rebuild.replayed;
   if (!store->journal_->recovery().imported.empty()) {
     PACER_LOG(WARNING) << "controller store '" << dir << "' migrated to " << kControllerJournalFormat
                        << ": " << store->journal_->recovery().imported;
@@ -331,21 +341,13 @@ absl::StatusOr<ControllerStore::Loaded> ControllerStore::Load() const {
 absl::Status ControllerStore::RecoverIfFailed() {
   if (journal_->health().ok()) return absl::OkStatus();
   ControllerDurableState state;
-  uint64_t replayed = 0;
-  absl::Status s = journal_->Recover(
-      [&](const ControllerSnapshot& snap) -> absl::Status {
-        ASSIGN_OR_RETURN(state, ControllerDurableState::FromSnapshot(snap));
-        return absl::OkStatus();
-      },
-      [&](const ControllerUpdate& u) {
-        ++replayed;
-        return state.ApplyChecked(u);
-      });
+  Rebuild rebuild{state};
+  absl::Status s = journal_->Recover(rebuild.FromSnapshot(), rebuild.Replay());
   if (!s.ok()) return s;
   // What was applied here but never written is journaled again by the next Save (the
   // Reconciler keeps the changes a failed Save named).
   state_ = std::move(state);
-  snapshot_seq_ = state_.last_seq() - replayed;
+  snapshot_seq_ = state_.last_seq() - rebuild.replayed;
   return absl::OkStatus();
 }
 
