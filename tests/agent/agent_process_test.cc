@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -318,7 +319,11 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
     // have been slowed by foreign load. The quota fixes w0's CPU, so a foreign load that eased
     // off meanwhile cannot make w0 look slowed by the factor.
     const bool stable = slowdown1 > 1.0 / 2.5 && slowdown1 < 1.15;
-    if (!stable && attempt < kAttempts) continue;
+    // Foreign load can also land on w0 alone within one 2 s window (a quota-capped process gets
+    // less than its quota when the cores are busy): w1 sped up by 0.77 while w0 read 3.75 for
+    // factor 3. A measurement outside the band is taken again; a wrong quota misses every time.
+    const bool in_band = std::abs(slowdown0 - factor) <= 0.2 * factor;
+    if ((!stable || (strict && !in_band)) && attempt < kAttempts) continue;
     ASSERT_TRUE(stable) << "foreign load kept changing in all " << kAttempts << " attempts";
     if (strict) {
       EXPECT_NEAR(slowdown0, factor, 0.2 * factor);
