@@ -2,8 +2,11 @@
 // two in-process pacer-ps servers on loopback (port 0) behind one PsClient: keys spread over
 // both servers, pull/push round trips in key order, async pushes, dense tensors, per-server
 // latency stats, authentication and bad input as clear errors.
+#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -150,6 +153,65 @@ TEST_F(PsClusterTest, BadInputIsAClearError) {
   absl::Status down = c->Pull("t", keys, &v);
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
   EXPECT_TRUE(v.empty());
+}
+
+// A server serving one call at a time (--max-threads 1) under many concurrent callers: gRPC's
+// sync server turns away the calls it has no thread for (RESOURCE_EXHAUSTED "Server Threadpool
+// Exhausted", before any handler runs). The client waits and calls again within its deadline,
+// so every call succeeds, and every push is applied exactly once (the CTR demo's worker died of
+// one such refusal). A limit of the store (naming its --max-* flag) is still returned at once.
+TEST(PsOverloadTest, CallsTurnedAwayForWantOfAThreadAreRetriedAndAppliedOnce) {
+  PsServerOptions so;
+  so.server_id = "ps0";
+  so.job_token = "secret";
+  so.max_threads = 1;
+  so.limits.max_keys_per_request = 64;
+  auto server = PsServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kClients = 4, kThreads = 8, kPushes = 40;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int c = 0; c < kClients; ++c) {
+    PsClientOptions o;
+    o.servers = {(*server)->address()};
+    o.token = "secret";
+    o.reporter = "w" + std::to_string(c);
+    o.rpc_timeout_ms = 30'000;
+    auto client = PsClient::Connect(o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->CreateTable(Spec("t", 1, PsOptimizer::SGD, 1.0f)).ok());
+    clients.push_back(std::move(*client));
+  }
+  std::atomic<int> failed{0}, pushes_failed{0};
+  std::string first_error;
+  std::mutex mu;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, c] {
+        for (int i = 0; i < kPushes; ++i) {
+          absl::Status s = clients[c]->Push("t", {0, 1}, {1.0f, 1.0f});
+          if (!s.ok()) ++pushes_failed;
+          std::vector<float> v;
+          if (s.ok()) s = clients[c]->Pull("t", {0}, &v);
+          if (!s.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            if (failed++ == 0) first_error = s.ToString();
+          }
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0) << first_error;
+  std::vector<float> v;
+  ASSERT_TRUE(clients[0]->Pull("t", {0, 1}, &v).ok());
+  const float pushes = static_cast<float>(kClients * kThreads * kPushes - pushes_failed.load());
+  EXPECT_EQ(v, (std::vector<float>{-pushes, -pushes})) << "every accepted push applied once, none twice";
+  std::vector<uint64_t> too_many(65);
+  for (uint64_t k = 0; k < too_many.size(); ++k) too_many[k] = k;
+  const absl::Status limit = clients[0]->Pull("t", too_many, &v);
+  EXPECT_EQ(limit.code(), absl::StatusCode::kResourceExhausted) << limit;
+  EXPECT_NE(std::string(limit.message()).find("--max-keys-per-request"), std::string::npos) << limit;
 }
 
 }  // namespace

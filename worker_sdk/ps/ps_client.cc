@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <random>
+#include <thread>
 
 #include "common/auth.h"
 #include "common/status.h"
@@ -40,6 +42,40 @@ void Prepare(grpc::ClientContext* ctx, const std::string& token, int64_t timeout
   if (!token.empty()) AttachToken(ctx, token);
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
 }
+
+// gRPC's synchronous server answers a call it has no thread for (pacer-ps serves at most
+// --max-threads at once) with RESOURCE_EXHAUSTED and this message, before any handler runs:
+// nothing of the call was applied. A limit of the store is RESOURCE_EXHAUSTED too, but names
+// its --max-* flag and is final.
+bool TurnedAwayForWantOfAThread(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && s.error_message() == "Server Threadpool Exhausted";
+}
+
+// Runs `call(ctx)` on a fresh context until it is served, calling again after a growing pause
+// (2 ms doubling to 100 ms, jittered so that turned-away callers do not return together) while
+// the server turns it away for want of a thread, all within one deadline of timeout_ms. A push
+// retried this way is applied once: the refusals applied nothing.
+template <typename Call>
+grpc::Status CallUntilServed(const std::string& token, int64_t timeout_ms, Call call) {
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms);
+  thread_local std::minstd_rand jitter(std::random_device{}());
+  int64_t pause_us = 2'000;
+  for (int turned_away = 0;; ++turned_away) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) AttachToken(&ctx, token);
+    ctx.set_deadline(deadline);
+    grpc::Status s = call(&ctx);
+    if (!TurnedAwayForWantOfAThread(s)) return s;
+    const auto wake = std::chrono::system_clock::now() +
+                      std::chrono::microseconds(pause_us / 2 + static_cast<int64_t>(jitter() % (pause_us / 2 + 1)));
+    if (wake >= deadline) {
+      return grpc::Status(s.error_code(), s.error_message() + " (turned away " + std::to_string(turned_away + 1) +
+                                              " times within the call's timeout; pacer-ps --max-threads bounds the calls it serves at once)");
+    }
+    std::this_thread::sleep_until(wake);
+    pause_us = std::min<int64_t>(pause_us * 2, 100'000);
+  }
+}
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
@@ -61,12 +97,12 @@ absl::StatusOr<uint32_t> PsClient::Dim(const std::string& table) const {
 
 absl::Status PsClient::CreateTable(const PsTableSpec& spec) {
   for (size_t i = 0; i < stubs_.size(); ++i) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx, options_.token, options_.rpc_timeout_ms);
     CreateTableRequest req;
     *req.mutable_spec() = spec;
     CreateTableResponse resp;
-    absl::Status s = FromGrpcStatus(stubs_[i]->CreateTable(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(CallUntilServed(options_.token, options_.rpc_timeout_ms, [&](grpc::ClientContext* ctx) {
+      return stubs_[i]->CreateTable(ctx, req, &resp);
+    }));
     if (!s.ok()) {
       return absl::Status(s.code(), "create table on " + options_.servers[i] + ": " + std::string(s.message()));
     }
@@ -93,11 +129,11 @@ absl::Status PsClient::Pull(const std::string& table, const std::vector<uint64_t
     if (reqs[s].keys_size() == 0) continue;
     reqs[s].set_table(table);
     calls[s] = std::async(std::launch::async, [this, s, &reqs]() -> absl::StatusOr<PullResponse> {
-      grpc::ClientContext ctx;
-      Prepare(&ctx, options_.token, options_.rpc_timeout_ms);
       PullResponse resp;
       const auto start = std::chrono::steady_clock::now();
-      absl::Status st = FromGrpcStatus(stubs_[s]->Pull(&ctx, reqs[s], &resp));
+      absl::Status st = FromGrpcStatus(CallUntilServed(options_.token, options_.rpc_timeout_ms, [&](grpc::ClientContext* ctx) {
+        return stubs_[s]->Pull(ctx, reqs[s], &resp);
+      }));
       Record(s, MsSince(start));
       if (!st.ok()) return absl::Status(st.code(), "pull from " + options_.servers[s] + ": " + std::string(st.message()));
       return resp;
@@ -148,11 +184,11 @@ std::future<absl::Status> PsClient::PushAsync(const std::string& table, std::vec
       if (reqs[s].keys_size() == 0) continue;
       reqs[s].set_table(table);
       calls[s] = std::async(std::launch::async, [this, s, &reqs]() -> absl::Status {
-        grpc::ClientContext ctx;
-        Prepare(&ctx, options_.token, options_.rpc_timeout_ms);
         PushResponse resp;
         const auto start = std::chrono::steady_clock::now();
-        absl::Status st = FromGrpcStatus(stubs_[s]->Push(&ctx, reqs[s], &resp));
+        absl::Status st = FromGrpcStatus(CallUntilServed(options_.token, options_.rpc_timeout_ms, [&](grpc::ClientContext* ctx) {
+          return stubs_[s]->Push(ctx, reqs[s], &resp);
+        }));
         Record(s, MsSince(start));
         if (!st.ok()) return absl::Status(st.code(), "push to " + options_.servers[s] + ": " + std::string(st.message()));
         return absl::OkStatus();

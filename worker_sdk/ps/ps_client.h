@@ -11,6 +11,13 @@
 // latency since the previous call, as the ServerLatency messages the monitor takes in
 // ReportSteps (ReportLatency sends them).
 //
+// A call the server turns away for want of a thread (pacer-ps --max-threads; gRPC answers
+// RESOURCE_EXHAUSTED "Server Threadpool Exhausted" before any handler runs, so nothing of it
+// was applied) is made again after a short jittered pause, within rpc_timeout_ms: an
+// overloaded server slows its callers down instead of failing them. Every other error,
+// a limit of the server's store (RESOURCE_EXHAUSTED naming its --max-* flag) included, is
+// returned at once.
+//
 // Thread-safe. Tables must be created (CreateTable, idempotent) through this client before use
 // so it knows their row width.
 #pragma once
