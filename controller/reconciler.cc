@@ -56,10 +56,19 @@ Reconciler::Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts p
                 : std::max<int64_t>(2'000, static_cast<int64_t>(5'000 * options.heartbeat_interval_s))) {}
 
 void Reconciler::OnRegister(const RegisterWorkerRequest& req) {
-  absl::MutexLock l(&mu_);
-  if (auto why = runs_.OnRegister(req.worker_id(), req.run_id(), clock_->NowMs())) {
-    StartRunLocked(*why);
+  bool new_run = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto why = runs_.OnRegister(req.worker_id(), req.run_id(), clock_->NowMs())) {
+      StartRunLocked(*why);
+      new_run = true;
+    }
   }
+  if (new_run) ForgetLastRunsSpeeds();
+}
+
+void Reconciler::ForgetLastRunsSpeeds() {
+  if (parts_.monitor != nullptr) parts_.monitor->ForgetWorkerHistories();
 }
 
 std::pair<uint64_t, int64_t> Reconciler::Run() const {
@@ -88,11 +97,18 @@ void Reconciler::StartRunLocked(const std::string& why) {
   RecordOperatorEventLocked(what);
 }
 
-void Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
-  absl::MutexLock l(&mu_);
-  if (auto why = runs_.OnStep(req.worker_id(), static_cast<int64_t>(req.step()), clock_->NowMs())) {
-    StartRunLocked(*why);
+bool Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
+  bool new_run = false, in_run = true;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto why = runs_.OnStep(req.worker_id(), static_cast<int64_t>(req.step()), clock_->NowMs())) {
+      StartRunLocked(*why);
+      new_run = true;
+    }
+    in_run = runs_.InRun(req.worker_id());
   }
+  if (new_run) ForgetLastRunsSpeeds();
+  return in_run;
 }
 
 bool Reconciler::MaybeReconcile() {

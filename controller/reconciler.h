@@ -71,12 +71,15 @@ class Reconciler : public StepObserver {
              ReconcilerOptions options);
 
   // A heartbeat arrived (before its reply's commands are assembled): records the worker's step;
-  // a new run begins when it shows one (the plan in force is withdrawn).
-  void OnHeartbeat(const HeartbeatRequest& req);
+  // a new run begins when it shows one (the plan in force is withdrawn). Returns whether the
+  // worker's process is known to belong to the current run (RunTracker::InRun): the reply
+  // carries the run's batch plan only then.
+  bool OnHeartbeat(const HeartbeatRequest& req);
   // Register hook (ShardingServiceImpl::SetRegisterHook): a worker process started. When it
   // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
   // command of the old run is sent again, the job's step is counted anew, the next plan gets a
-  // higher version and an effective step in the new run; the audit trail says so.
+  // higher version and an effective step in the new run; the audit trail says so. The monitor
+  // forgets the last run's speeds (ForgetLastRunsSpeeds).
   void OnRegister(const RegisterWorkerRequest& req);
   // The current run: generation (1, 2, ...; 0 before any worker) and the job's step in it.
   std::pair<uint64_t, int64_t> Run() const;
@@ -140,6 +143,10 @@ class Reconciler : public StepObserver {
   void FillJobFactsLocked(ViewInputs* in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new run began (`why`): withdraws the plan in force and its commands.
   void StartRunLocked(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a new run began (outside mu_): the monitor forgets the last run's speed windows and
+  // classifications (MonitorState::ForgetWorkerHistories), so the first plan of the new run is
+  // made on its own steps, not on the last run's straggler.
+  void ForgetLastRunsSpeeds() ABSL_LOCKS_EXCLUDED(mu_);
   void RecordOperatorEventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteDispatchLocked(uint64_t id, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateAndNotify(const PolicyConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -42,6 +42,10 @@ std::optional<std::string> RunTracker::OnRegister(const std::string& worker,
   if (w.step) w.previous_step = w.step;
   w.step.reset();
   w.went_back = false;
+  // Within a run that goes on, a process replacing one that reported steps is confirmed only
+  // when the run goes on around it (InRun).
+  w.unconfirmed = !why && w.previous_step.has_value();
+  w.registered_ms = now_ms;
   w.last_heard_ms = now_ms;
   return why;
 }
@@ -53,6 +57,14 @@ std::optional<std::string> RunTracker::OnStep(const std::string& worker, int64_t
   w.last_heard_ms = now_ms;
   w.step = std::max(w.step.value_or(step), step);
   if (w.previous_step && step < *w.previous_step) w.went_back = true;
+  if (!w.went_back) w.unconfirmed = false;  // it goes on from its predecessor's step
+  if (!w.unconfirmed && !w.went_back) {
+    // A process of the run stepping: the run goes on around the processes that registered
+    // before this report.
+    for (auto& [id, other] : workers_) {
+      if (other.unconfirmed && other.registered_ms < now_ms) other.unconfirmed = false;
+    }
+  }
   last_step_ = std::max(last_step_, *w.step);
   if (!run_id_.empty() || !w.went_back) return std::nullopt;
   for (const auto& [id, other] : workers_) {
@@ -73,6 +85,11 @@ std::optional<std::string> RunTracker::OnStep(const std::string& worker, int64_t
   workers_ = std::move(present);
   for (const auto& [id, kept] : workers_) last_step_ = std::max(last_step_, kept.step.value_or(0));
   return why;
+}
+
+bool RunTracker::InRun(const std::string& worker) const {
+  auto it = workers_.find(worker);
+  return it == workers_.end() || !it->second.unconfirmed;
 }
 
 int64_t RunTracker::CurrentStep(int64_t now_ms) const {

@@ -16,6 +16,16 @@
 //     within `gone_after_ms` of the previous run's end, when rule 2 cannot see the gap).
 // One restarted worker among live ones is a restart within the run, not a new run.
 //
+// Until then a new process of a worker the run knew is *unconfirmed* (InRun false): without run
+// ids, the first rank of a job relaunched at once registers while its peers' last processes
+// still count as present, and whether it restarts within the run or starts a new one shows only
+// later. It is confirmed when the run goes on around it — a peer of the run (not replaced since)
+// reports a step after the registration, or its own steps do not go back below its
+// predecessor's — and every process is confirmed when a new run begins. pacerd holds the run's
+// batch plan back from an unconfirmed process: a plan of the old run applied by the first rank
+// of the new one alone would give the ranks different batches for the whole run when no new
+// plan comes (policy none).
+//
 // The job's step (CurrentStep) is the newest step reported by the workers present in the
 // current run — never a maximum kept from an earlier run.
 //
@@ -39,6 +49,9 @@ class RunTracker {
   // A heartbeat reported `step`. Returns why a new run begins, or nullopt.
   std::optional<std::string> OnStep(const std::string& worker, int64_t step, int64_t now_ms);
 
+  // Whether the worker's current process is known to belong to the current run (above); true
+  // for a worker the tracker never saw.
+  bool InRun(const std::string& worker) const;
   // The newest step of the workers present in the current run (0 before any report).
   int64_t CurrentStep(int64_t now_ms) const;
   uint64_t generation() const { return generation_; }  // 0: no run seen yet
@@ -51,6 +64,8 @@ class RunTracker {
     std::optional<int64_t> step;           // newest step of this process in this run
     std::optional<int64_t> previous_step;  // of the process it replaced (same run)
     bool went_back = false;                // reported below previous_step
+    bool unconfirmed = false;              // a new process not yet known to be of this run
+    int64_t registered_ms = 0;             // when the current process registered
   };
   bool Present(const Worker& w, int64_t now_ms) const {
     return now_ms - w.last_heard_ms <= gone_after_ms_;

@@ -34,7 +34,8 @@ void WorkerSessions::SetExclusion(uint64_t version, std::set<std::string> exclud
   excluded_ = std::move(excluded);
 }
 
-void WorkerSessions::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms) {
+void WorkerSessions::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms,
+                                 bool hold_plan) {
   absl::MutexLock l(&mu_);
   Reported& r = reported_[req.worker_id()];
   r.honors_exclusion = req.honors_exclusion();
@@ -65,6 +66,7 @@ void WorkerSessions::OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse*
     list.push_back({exclusion_version_, excluded, now_ms});
     if (list.size() > kSentKept) list.erase(list.begin());
   }
+  if (hold_plan) return;
   auto it = plans_.find(req.worker_id());
   if (it == plans_.end() || req.plan_version() >= it->second.version()) return;
   WorkerCommand* cmd = resp->add_commands();

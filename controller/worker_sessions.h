@@ -44,8 +44,10 @@ class WorkerSessions {
   void SetExclusion(uint64_t version, std::set<std::string> excluded, const std::string& reason);
 
   // Records what the worker said and adds the commands it does not hold yet to `resp`.
-  // `now_ms` is when the reply leaves (ProbeStep).
-  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms = 0);
+  // `now_ms` is when the reply leaves (ProbeStep). `hold_plan`: no batch plan command in this
+  // reply (the worker's process is not known to be of the run the plan was made for).
+  void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, int64_t now_ms = 0,
+                   bool hold_plan = false);
 
   struct Reported {
     bool honors_exclusion = false;

@@ -70,6 +70,11 @@ absl::Status MonitorServiceImpl::RegisterWorker(const MonitorRegisterRequest& re
   return state_->RegisterWorker(req.worker_id(), req.node());
 }
 
+void MonitorServiceImpl::ForgetWorkerHistories() {
+  absl::MutexLock lock(&mu_);
+  state_->ForgetWorkerHistories();
+}
+
 absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, ReportStepsResponse* resp) {
   std::vector<StepReport> accepted_steps;
   {

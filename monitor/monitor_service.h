@@ -55,6 +55,8 @@ class MonitorServiceImpl {
 
   // ---- RPCs ----
   absl::Status RegisterWorker(const MonitorRegisterRequest& req, MonitorRegisterResponse* resp);
+  // A new run of the job began: MonitorState::ForgetWorkerHistories.
+  void ForgetWorkerHistories();
   absl::Status ReportSteps(const ReportStepsRequest& req, ReportStepsResponse* resp);
   absl::Status ReportNode(const ReportNodeRequest& req, ReportNodeResponse* resp);
   absl::Status ListWorkers(const ListWorkersRequest& req, ListWorkersResponse* resp);

@@ -138,6 +138,17 @@ absl::Status MonitorState::RegisterWorker(absl::string_view worker_id, absl::str
   return absl::OkStatus();
 }
 
+void MonitorState::ForgetWorkerHistories() {
+  for (uint32_t i = 0; i < workers_.size(); ++i) {
+    speed_.Forget(i);
+    worker_classifier_.Forget(i);
+    WorkerRecord& rec = workers_[i];
+    rec.model = StepTimeModel(options_.model_forgetting);
+    rec.last_batch = 0;
+    rec.class_since_ms = 0;
+  }
+}
+
 ReportIssue MonitorState::IngestStep(StepReport report) {
   const int64_t now = clock_->NowMs();
   RejectionCounts repairs;  // counted only if the report is used

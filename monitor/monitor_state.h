@@ -64,6 +64,11 @@ class MonitorState {
   // history and resets the step de-duplication. INVALID_ARGUMENT for a bad id,
   // RESOURCE_EXHAUSTED when max_workers / max_nodes are reached.
   absl::Status RegisterWorker(absl::string_view worker_id, absl::string_view node);
+  // A new run of the job began (pacerd's reconciler, controller/run_tracker.h): every worker's
+  // speed windows, step-time model and classification are forgotten, so that the new run is
+  // judged on its own steps (a straggler of the last run is not one of this run). The roster,
+  // nodes, servers and the events already emitted stay.
+  void ForgetWorkerHistories();
 
   // Each returns kNone when used (possibly repaired), else the reason it was refused.
   ReportIssue IngestStep(StepReport report);

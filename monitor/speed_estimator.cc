@@ -50,6 +50,13 @@ uint32_t SpeedEstimator::AddWorker() {
   return static_cast<uint32_t>(open_.size() - 1);
 }
 
+void SpeedEstimator::Forget(uint32_t worker) {
+  open_[worker] = Open();
+  recent_[worker] = Tier();
+  coarse_[worker] = Tier();
+  if (!merging_.empty()) merging_[worker] = Merge();
+}
+
 bool SpeedEstimator::Add(uint32_t worker, uint64_t samples, double compute_s, double comm_s,
                          double data_wait_s, double wall_s) {
   Open& o = open_[worker];

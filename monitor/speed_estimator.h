@@ -65,6 +65,8 @@ class SpeedEstimator {
 
   // Adds a worker; returns its index (0, 1, ...).
   uint32_t AddWorker();
+  // Forgets the worker's open window and history, as if just added (a new run of the job).
+  void Forget(uint32_t worker);
   size_t num_workers() const { return open_.size(); }
 
   // Whether the worker's open window can take another report (fewer than

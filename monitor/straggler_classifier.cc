@@ -40,13 +40,28 @@ void StragglerClassifier::SetOptions(const MonitorOptions& options) {
   window_mask_ = options.persistent_w >= 64 ? ~uint64_t{0} : (uint64_t{1} << options.persistent_w) - 1;
 }
 
+namespace {
+Classification Unclassified() {
+  Classification c;
+  c.set_worker_class(WORKER_CLASS_UNKNOWN);
+  c.set_evidence("no window closed with data yet");
+  return c;
+}
+}  // namespace
+
 uint32_t StragglerClassifier::AddEntity(uint32_t node) {
   Track t;
   t.node = node;
-  t.current.set_worker_class(WORKER_CLASS_UNKNOWN);
-  t.current.set_evidence("no window closed with data yet");
+  t.current = Unclassified();
   tracks_.push_back(std::move(t));
   return static_cast<uint32_t>(tracks_.size() - 1);
+}
+
+void StragglerClassifier::Forget(uint32_t entity) {
+  Track t;
+  t.node = tracks_[entity].node;
+  t.current = Unclassified();
+  tracks_[entity] = std::move(t);
 }
 
 std::string StragglerClassifier::NormalEvidence(double r) const {

@@ -52,6 +52,8 @@ class StragglerClassifier {
   void SetOptions(const MonitorOptions& options);
 
   uint32_t AddEntity(uint32_t node = kNoNode);
+  // Forgets what the entity's windows showed (its node stays), as if just added.
+  void Forget(uint32_t entity);
   void SetNode(uint32_t entity, uint32_t node) { tracks_[entity].node = node; }
   size_t num_entities() const { return tracks_.size(); }
 
