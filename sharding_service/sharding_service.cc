@@ -798,6 +798,25 @@ int ShardingServiceImpl::ExpireOverdue() {
   return expired;
 }
 
+std::optional<int> ShardingServiceImpl::LoseGoneWorker(const std::string& worker, const std::string& why) {
+  absl::MutexLock l(&mu_);
+  if (!Ready().ok()) return std::nullopt;  // the journal cannot take it now: again later
+  const auto* w = state_.FindWorker(worker);
+  if (w == nullptr || w->lost) return 0;
+  auto seen = last_seen_ms_.find(worker);
+  if (seen != last_seen_ms_.end() && clock_->NowMs() - seen->second < 2 * options_.heartbeat_interval_ms) {
+    return std::nullopt;
+  }
+  const int held = static_cast<int>(w->leases.size());
+  Update u;
+  u.mutable_worker_lost()->set_worker_id(worker);
+  if (!Commit(std::move(u)).ok()) return std::nullopt;
+  AppendPending();
+  PACER_LOG(WARNING) << "worker '" << worker << "' lost: " << why << "; " << held
+                     << " lease(s) ended, their records back in the queue";
+  return held;
+}
+
 absl::Status ShardingServiceImpl::Flush() { return journal_->Flush(); }
 
 LeaseFacts ShardingServiceImpl::WorkerLeaseFacts() const {

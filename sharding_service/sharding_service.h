@@ -19,6 +19,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,6 +122,14 @@ class ShardingServiceImpl {
   // Expires leases and workers past their deadlines (call periodically). Returns how many
   // leases expired.
   int ExpireOverdue();
+  // The worker's process is gone and nothing will restart it (its agent gave up on it, past
+  // its restart limit): the worker is lost now rather than at worker_timeout_ms, and its
+  // leases end now rather than at lease_timeout_ms — their unconsumed records go back to the
+  // queue, through the same journaled WorkerLostUpdate as for a silent worker. Only once the
+  // worker was silent for two heartbeat intervals: a process of it heard from since (started
+  // elsewhere) is alive, and nullopt says to ask again later. Returns how many leases ended (0:
+  // unknown, or lost already).
+  std::optional<int> LoseGoneWorker(const std::string& worker, const std::string& why);
   // Blocks until every update so far is durable.
   absl::Status Flush();
   // After a failed journal write (a full disk, EIO; health() non-OK): reopens the journal and

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "cmd/pacerd/data_dir_identity.h"
 #include "common/grpc_errors.h"
 #include "common/log.h"
@@ -231,6 +232,7 @@ void Pacerd::Housekeeping() {
 int Pacerd::HousekeepingStep() {
   CheckJournal();
   const int expired = sharding_->ExpireOverdue();
+  LoseAbandonedWorkers();
   monitor_->Tick();
   reconciler_->MaybeDecideBursts();
   reconciler_->MaybeReconcile();
@@ -238,6 +240,23 @@ int Pacerd::HousekeepingStep() {
   operator_grpc_->Sample();
   ReleaseFreeHeap();
   return expired;
+}
+
+void Pacerd::LoseAbandonedWorkers() {
+  std::lock_guard<std::mutex> l(abandoned_mu_);
+  for (const AgentView& agent : agents_->Agents()) {
+    for (const WorkerProcess& p : agent.workers) {
+      if (p.state() != WORKER_STATE_FAILED) continue;
+      const std::string failure = absl::StrCat(agent.agent_id, "#", agent.incarnation, " after ",
+                                               p.restarts(), " restarts (", p.crash_restarts(), " after crashes)");
+      auto it = abandoned_handled_.find(p.worker_id());
+      if (it != abandoned_handled_.end() && it->second == failure) continue;
+      const std::optional<int> ended = sharding_->LoseGoneWorker(
+          p.worker_id(), absl::StrCat("its agent ", agent.agent_id, " on node ", agent.node,
+                                      " gave up on it (crashed past its restart limit)"));
+      if (ended) abandoned_handled_[p.worker_id()] = failure;  // nullopt: ask again next round
+    }
+  }
 }
 
 void Pacerd::ReleaseFreeHeap() {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -86,7 +87,8 @@ class Pacerd {
   // journal_retry_ms, so a full disk resumes by itself once space returns.
   void CheckJournal();
   // One round of housekeeping, what the thread runs every period: CheckJournal, the expiry of
-  // silent workers' leases (returns how many expired), the monitor's window close (Tick), a
+  // silent workers' leases (returns how many expired), the leases of workers their agents gave
+  // up on (LoseAbandonedWorkers), the monitor's window close (Tick), a
   // reconcile when due (or poked), metrics and the operator timeline's sample, and every
   // kHeapReleaseIntervalMs the heap's free pages handed back to the system (ReleaseFreeHeap).
   int HousekeepingStep();
@@ -144,6 +146,13 @@ class Pacerd {
   bool journal_was_healthy_ = true;
   // Returns the allocator's free pages to the system (malloc_trim), at most once an interval.
   void ReleaseFreeHeap();
+  // A worker its agent reports FAILED (crashed past the restart limit: nothing will start it
+  // again) is lost at once, its leases back in the queue (ShardingServiceImpl::LoseGoneWorker),
+  // instead of holding them until they expire. Once per failure: keyed by the agent's
+  // incarnation and the worker's restart counts.
+  void LoseAbandonedWorkers();
+  std::mutex abandoned_mu_;
+  std::map<std::string, std::string> abandoned_handled_;  // worker -> the failure handled; guarded by abandoned_mu_
   static constexpr int64_t kHeapReleaseIntervalMs = 10'000;
   std::atomic<int64_t> last_heap_release_ms_{0};
 };
