@@ -99,6 +99,14 @@ class RunLifecycleTest : public ::testing::Test {
     EXPECT_EQ(h_->reconciler()->Run().second, static_cast<int64_t>(step));
   }
 
+  // Run 1's processes end; `gap_ms` later (pacerd's housekeeping running through the gap every
+  // `tick_ms`, as its thread would) every worker registers anew.
+  void RelaunchAfter(int64_t gap_ms, int64_t tick_ms) {
+    workers_.clear();
+    for (int64_t t = 0; t < gap_ms; t += tick_ms) h_.Advance(tick_ms);
+    ASSERT_NO_FATAL_FAILURE(StartWorkers());
+  }
+
   // Run 1: from a high step (a long run), until it has a plan in force.
   uint64_t FirstRun(uint64_t* version) {
     StartWorkers(run1_id_);
@@ -124,11 +132,8 @@ TEST_F(RunLifecycleTest, AfterEveryWorkerWasGoneTheNextRunsPlanIsScheduledInItsO
   const uint64_t end1 = FirstRun(&v1);
   ASSERT_GT(v1, 0u);
   const uint64_t gen1 = h_->reconciler()->Run().first;
-  // The script ends; a minute later it is run again: every worker registers anew. pacerd's
-  // housekeeping runs through the minute, as its thread would (once a second).
-  workers_.clear();
-  for (int s = 0; s < 60; ++s) h_.Advance(1000);
-  ASSERT_NO_FATAL_FAILURE(StartWorkers());
+  // The script ends; a minute later it is run again.
+  ASSERT_NO_FATAL_FAILURE(RelaunchAfter(60'000, 1000));
   EXPECT_EQ(h_->reconciler()->Run().first, gen1 + 1);
   EXPECT_FALSE(h_->reconciler()->PlanFor("w0").has_value()) << "run 1's plan withdrawn";
   bool audited = false;
@@ -148,9 +153,7 @@ TEST_F(RunLifecycleTest, TheNextRunsFirstPlanFollowsItsOwnStragglerNotTheLastRun
   // Run again later; the new processes register, then take two seconds to start up (a
   // trainer importing its framework and building its model) before their first step. The
   // controller reconciles meanwhile, on whatever speeds the monitor holds.
-  workers_.clear();
-  for (int s = 0; s < 55; ++s) h_.Advance(100);
-  ASSERT_NO_FATAL_FAILURE(StartWorkers());
+  ASSERT_NO_FATAL_FAILURE(RelaunchAfter(5'500, 100));
   ASSERT_EQ(h_->reconciler()->Run().first, gen1 + 1);
   for (int s = 0; s < 20; ++s) h_.Advance(100);
   slow_ = 0;  // this run's straggler is w0; w2 is as fast as w1
@@ -178,9 +181,7 @@ TEST_F(RunLifecycleTest, ARelaunchWithinTheGapIsSeenByTheStepsGoingBack) {
   ASSERT_GT(v1, 0u);
   const uint64_t gen1 = h_->reconciler()->Run().first;
   // Relaunched at once: run 1's workers were heard a moment ago, so only the steps tell.
-  workers_.clear();
-  h_.Advance(200);
-  ASSERT_NO_FATAL_FAILURE(StartWorkers());
+  ASSERT_NO_FATAL_FAILURE(RelaunchAfter(200, 200));
   EXPECT_EQ(h_->reconciler()->Run().first, gen1) << "not yet: others were just heard";
   ExpectSecondRunPlanApplies(v1, end1);
   EXPECT_EQ(h_->reconciler()->Run().first, gen1 + 1);
