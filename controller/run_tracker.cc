@@ -12,6 +12,17 @@ void RunTracker::Begin(const std::string& run_id, int64_t now_ms) {
   started_ms_ = now_ms;
   last_step_ = 0;
   workers_.clear();
+  unconfirmed_ = 0;
+}
+
+void RunTracker::SetUnconfirmed(Worker& w, bool unconfirmed) {
+  if (w.unconfirmed == unconfirmed) return;
+  w.unconfirmed = unconfirmed;
+  if (unconfirmed) {
+    ++unconfirmed_;
+  } else {
+    --unconfirmed_;
+  }
 }
 
 std::optional<std::string> RunTracker::OnRegister(const std::string& worker,
@@ -44,7 +55,7 @@ std::optional<std::string> RunTracker::OnRegister(const std::string& worker,
   w.went_back = false;
   // Within a run that goes on, a process replacing one that reported steps is confirmed only
   // when the run goes on around it (InRun).
-  w.unconfirmed = !why && w.previous_step.has_value();
+  SetUnconfirmed(w, !why && w.previous_step.has_value());
   w.registered_ms = now_ms;
   w.last_heard_ms = now_ms;
   return why;
@@ -57,12 +68,12 @@ std::optional<std::string> RunTracker::OnStep(const std::string& worker, int64_t
   w.last_heard_ms = now_ms;
   w.step = std::max(w.step.value_or(step), step);
   if (w.previous_step && step < *w.previous_step) w.went_back = true;
-  if (!w.went_back) w.unconfirmed = false;  // it goes on from its predecessor's step
-  if (!w.unconfirmed && !w.went_back) {
+  if (!w.went_back) SetUnconfirmed(w, false);  // it goes on from its predecessor's step
+  if (unconfirmed_ > 0 && !w.unconfirmed && !w.went_back) {
     // A process of the run stepping: the run goes on around the processes that registered
     // before this report.
     for (auto& [id, other] : workers_) {
-      if (other.unconfirmed && other.registered_ms < now_ms) other.unconfirmed = false;
+      if (other.unconfirmed && other.registered_ms < now_ms) SetUnconfirmed(other, false);
     }
   }
   last_step_ = std::max(last_step_, *w.step);

@@ -71,6 +71,7 @@ class RunTracker {
     return now_ms - w.last_heard_ms <= gone_after_ms_;
   }
   void Begin(const std::string& run_id, int64_t now_ms);
+  void SetUnconfirmed(Worker& w, bool unconfirmed);  // keeps unconfirmed_
 
   const int64_t gone_after_ms_;
   uint64_t generation_ = 0;
@@ -78,6 +79,7 @@ class RunTracker {
   int64_t started_ms_ = 0;
   int64_t last_step_ = 0;  // CurrentStep when no worker is present
   std::map<std::string, Worker> workers_;
+  size_t unconfirmed_ = 0;  // workers_ with unconfirmed set: a step looks at the others only then
 };
 
 }  // namespace pacer
