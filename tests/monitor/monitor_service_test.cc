@@ -2,6 +2,8 @@
 // delivered in order, Prometheus series. The server binds port 0 on loopback.
 #include "monitor/monitor_service.h"
 
+#include <map>
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -101,6 +103,47 @@ TEST_F(MonitorServiceTest, ListsWorkersNodesEventsAndPublishesMetrics) {
                              "pacer_monitor_reports_accepted_total"}) {
     EXPECT_NE(text.find(series), std::string::npos) << series;
   }
+}
+
+// pacerd's reconciler calls ForgetWorkerHistories when a new run of the job begins
+// (controller/run_tracker.h): the last run's straggler must not be this run's.
+TEST_F(MonitorServiceTest, ANewRunForgetsTheLastRunsSpeedsAndClassifications) {
+  SyntheticTraceOptions o;
+  o.workers = 12;
+  SyntheticTrace trace(o, &clock_);
+  RegisterAll(trace);
+  const int64_t run2 = trace.start_ms() + 70'000;
+  trace.AddSlowdown({SyntheticTrace::SlowdownKind::kHardware, "w4", 1.5, 0, run2});  // run 1
+  trace.AddSlowdown({SyntheticTrace::SlowdownKind::kHardware, "w7", 1.5, run2});     // run 2
+  Feed(trace, 70);
+  auto classes = [&] {
+    ListWorkersRequest req;
+    ListWorkersResponse resp;
+    EXPECT_TRUE(svc_->ListWorkers(req, &resp).ok());
+    std::map<std::string, WorkerStatus> by_id;
+    for (const WorkerStatus& w : resp.workers()) by_id[w.id()] = w;
+    return by_id;
+  };
+  ASSERT_EQ(classes()["w4"].classification().worker_class(), WORKER_CLASS_STRAGGLER);
+
+  svc_->ForgetWorkerHistories();
+  auto forgotten = classes();
+  ASSERT_EQ(forgotten.size(), 12u) << "the roster stays";
+  for (const auto& [id, w] : forgotten) {
+    EXPECT_EQ(w.classification().worker_class(), WORKER_CLASS_UNKNOWN) << id;
+    EXPECT_EQ(w.speed(), 0) << id;
+    EXPECT_EQ(w.smoothed_speed(), 0) << id;
+    EXPECT_EQ(w.windows_flagged(), 0u) << id;
+  }
+  // The next run's reports are taken in, and judged on their own.
+  Feed(trace, 12);
+  auto first = classes();
+  EXPECT_NE(first["w4"].classification().worker_class(), WORKER_CLASS_STRAGGLER);
+  EXPECT_GT(first["w4"].speed(), 0);
+  Feed(trace, 60);
+  auto later = classes();
+  EXPECT_EQ(later["w7"].classification().worker_class(), WORKER_CLASS_STRAGGLER);
+  EXPECT_EQ(later["w4"].classification().worker_class(), WORKER_CLASS_NORMAL);
 }
 
 TEST_F(MonitorServiceTest, OversizedRequestIsRefusedWholeAndCounted) {
