@@ -61,15 +61,6 @@ int64_t History::ExecutedSince(int64_t since_ms, bool disruptive_only) const {
   return n;
 }
 
-std::optional<int64_t> History::LastRollbackOf(ActionKind kind) const {
-  for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
-    if (it->outcome == AuditRecord::Outcome::kExecuted && it->action.kind == kind &&
-        it->action.rollback_of != 0)
-      return it->time_ms;
-  }
-  return std::nullopt;
-}
-
 bool History::IsBadNode(const std::string& node, int64_t now_ms, const RestartConfig& cfg) const {
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return false;

@@ -94,8 +94,6 @@ class History {
   const AuditRecord* LastExecuted(ActionKind kind, const std::string& target) const;
   // Executed records with time in (since_ms, ∞); disruptive_only counts RESTART/MIGRATE/server.
   int64_t ExecutedSince(int64_t since_ms, bool disruptive_only) const;
-  // Time of the newest rollback issued against an action of this kind, or nullopt.
-  std::optional<int64_t> LastRollbackOf(ActionKind kind) const;
 
   const std::optional<BatchPlan>& plan() const { return plan_; }
   const std::vector<WorkerAllocation>& allocations() const { return allocations_; }
