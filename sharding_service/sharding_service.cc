@@ -802,7 +802,7 @@ std::optional<int> ShardingServiceImpl::LoseGoneWorker(const std::string& worker
   absl::MutexLock l(&mu_);
   if (!Ready().ok()) return std::nullopt;  // the journal cannot take it now: again later
   const auto* w = state_.FindWorker(worker);
-  if (w == nullptr || w->lost) return 0;
+  if (w == nullptr || w->lost || w->leases.empty()) return 0;  // a finished worker is not lost
   auto seen = last_seen_ms_.find(worker);
   if (seen != last_seen_ms_.end() && clock_->NowMs() - seen->second < 2 * options_.heartbeat_interval_ms) {
     return std::nullopt;

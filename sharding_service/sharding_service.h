@@ -128,7 +128,7 @@ class ShardingServiceImpl {
   // queue, through the same journaled WorkerLostUpdate as for a silent worker. Only once the
   // worker was silent for two heartbeat intervals: a process of it heard from since (started
   // elsewhere) is alive, and nullopt says to ask again later. Returns how many leases ended (0:
-  // unknown, or lost already).
+  // unknown, lost already, or holding none — a worker that finished is not declared lost).
   std::optional<int> LoseGoneWorker(const std::string& worker, const std::string& why);
   // Blocks until every update so far is durable.
   absl::Status Flush();

@@ -246,14 +246,21 @@ void Pacerd::LoseAbandonedWorkers() {
   std::lock_guard<std::mutex> l(abandoned_mu_);
   for (const AgentView& agent : agents_->Agents()) {
     for (const WorkerProcess& p : agent.workers) {
-      if (p.state() != WORKER_STATE_FAILED) continue;
+      // Given up on; or stopped by an agent that is leaving (it gave up on the group, or
+      // migrates): no process of that agent will hold the worker's leases again.
+      const bool gone = p.state() == WORKER_STATE_FAILED ||
+                        (agent.leaving && p.pid() == 0 && p.state() == WORKER_STATE_EXITED);
+      if (!gone) continue;
       const std::string failure = absl::StrCat(agent.agent_id, "#", agent.incarnation, " after ",
                                                p.restarts(), " restarts (", p.crash_restarts(), " after crashes)");
       auto it = abandoned_handled_.find(p.worker_id());
       if (it != abandoned_handled_.end() && it->second == failure) continue;
       const std::optional<int> ended = sharding_->LoseGoneWorker(
-          p.worker_id(), absl::StrCat("its agent ", agent.agent_id, " on node ", agent.node,
-                                      " gave up on it (crashed past its restart limit)"));
+          p.worker_id(), p.state() == WORKER_STATE_FAILED
+                             ? absl::StrCat("its agent ", agent.agent_id, " on node ", agent.node,
+                                            " gave up on it (crashed past its restart limit)")
+                             : absl::StrCat("its agent ", agent.agent_id, " on node ", agent.node,
+                                            " stopped it and is leaving"));
       if (ended) abandoned_handled_[p.worker_id()] = failure;  // nullopt: ask again next round
     }
   }

@@ -147,9 +147,10 @@ class Pacerd {
   // Returns the allocator's free pages to the system (malloc_trim), at most once an interval.
   void ReleaseFreeHeap();
   // A worker its agent reports FAILED (crashed past the restart limit: nothing will start it
-  // again) is lost at once, its leases back in the queue (ShardingServiceImpl::LoseGoneWorker),
-  // instead of holding them until they expire. Once per failure: keyed by the agent's
-  // incarnation and the worker's restart counts.
+  // again), or EXITED with no process by an agent that is leaving (it gave up on the group, or
+  // migrates), is lost at once if it still holds leases, their records back in the queue
+  // (ShardingServiceImpl::LoseGoneWorker), instead of holding them until they expire. Once per
+  // failure: keyed by the agent's incarnation and the worker's restart counts.
   void LoseAbandonedWorkers();
   std::mutex abandoned_mu_;
   std::map<std::string, std::string> abandoned_handled_;  // worker -> the failure handled; guarded by abandoned_mu_

@@ -38,12 +38,13 @@ class AbandonedWorkerTest : public ::testing::Test {
     ASSERT_TRUE(workers_[0]->sharding().RegisterDataset(spec).ok());
   }
 
-  // What agent n1 reports of w1.
-  void AgentReports(WorkerProcessState state) {
+  // What agent n1 reports of w1 (`leaving`: its final heartbeat).
+  void AgentReports(WorkerProcessState state, bool leaving = false) {
     AgentHeartbeat req;
     req.set_node("n1");
     req.set_agent_id("agent-n1");
     req.set_incarnation(7);
+    req.set_leaving(leaving);
     WorkerProcess* p = req.add_workers();
     p->set_worker_id("w1");
     p->set_pid(state == WORKER_STATE_RUNNING ? 4242 : 0);
@@ -80,6 +81,15 @@ class AbandonedWorkerTest : public ::testing::Test {
         if (w1_alive) ASSERT_TRUE(workers_[1]->Heartbeat().ok());
       }
     }
+  }
+
+  bool Lost(const std::string& worker) {
+    const ShardingSnapshot snapshot = h_->sharding()->SnapshotForTest();
+    for (const auto& w : snapshot.workers()) {
+      if (w.worker_id() == worker) return w.lost();
+    }
+    ADD_FAILURE() << "no worker " << worker;
+    return false;
   }
 
   PacerdHarness h_;
@@ -119,6 +129,36 @@ TEST_F(AbandonedWorkerTest, ItsLeasesGoBackAsSoonAsItsAgentGivesUp) {
   Lease stale;
   stale.set_lease_id(1);
   EXPECT_FALSE(workers_[1]->sharding().Complete(stale).ok());
+}
+
+TEST_F(AbandonedWorkerTest, AnAgentLeavingHandsBackTheLeasesOfTheWorkersItStopped) {
+  AgentReports(WORKER_STATE_RUNNING);
+  const auto held = W1HoldsTwoShards();
+  ASSERT_EQ(held.size(), 2u);
+  // The agent gives up on its group (another worker of it crashed) or migrates: it stops w1 and
+  // leaves; its final heartbeat lists w1 EXITED, no process.
+  AgentReports(WORKER_STATE_EXITED, /*leaving=*/true);
+  Pass(3000, /*w1_alive=*/false);
+  std::set<std::pair<uint64_t, uint64_t>> got;
+  for (;;) {
+    auto r = workers_[0]->sharding().Fetch("train");
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->outcome() != FetchShardResponse::LEASED) break;
+    got.emplace(r->lease().begin(), r->lease().end());
+    ASSERT_TRUE(workers_[0]->sharding().Complete(r->lease()).ok());
+  }
+  EXPECT_EQ(got, held);
+  EXPECT_TRUE(Lost("w1"));
+}
+
+TEST_F(AbandonedWorkerTest, AWorkerThatFinishedIsNotDeclaredLost) {
+  AgentReports(WORKER_STATE_RUNNING);
+  auto r = workers_[1]->sharding().Fetch("train");
+  ASSERT_TRUE(r.ok() && r->outcome() == FetchShardResponse::LEASED);
+  ASSERT_TRUE(workers_[1]->sharding().Complete(r->lease()).ok());
+  AgentReports(WORKER_STATE_EXITED, /*leaving=*/true);  // w1 finished, its agent leaves
+  Pass(3000, /*w1_alive=*/false);
+  EXPECT_FALSE(Lost("w1")) << "it held nothing: it finished, it was not lost";
 }
 
 TEST_F(AbandonedWorkerTest, AWorkerStillHeardFromKeepsItsLeases) {
