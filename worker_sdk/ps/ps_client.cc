@@ -76,6 +76,7 @@ grpc::Status CallUntilServed(const std::string& token, int64_t timeout_ms, Call 
     pause_us = std::min<int64_t>(pause_us * 2, 100'000);
   }
 }
+
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
