@@ -1,6 +1,6 @@
 #include "agent/grpc_agent_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 
@@ -9,7 +9,7 @@ grpc::ServerUnaryReactor* GrpcAgentService::Heartbeat(grpc::CallbackServerContex
                                                       AgentHeartbeatReply* reply) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->RequireNode(ctx->client_metadata(), req->node(), "agent heartbeat");
-  reactor->Finish(ToGrpcStatus(s.ok() ? registry_->Heartbeat(*req, reply) : s));
+  reactor->Finish(ReplyStatus(s.ok() ? registry_->Heartbeat(*req, reply) : s, *reply, "agent heartbeat"));
   return reactor;
 }
 

@@ -1,6 +1,6 @@
 #include "controller/grpc_controller_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 
@@ -10,7 +10,7 @@ grpc::ServerUnaryReactor* GrpcControllerService::ListActions(grpc::CallbackServe
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
   if (s.ok()) reconciler_->ListActions(*req, resp);
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(ReplyStatus(s, *resp, "ListActions"));
   return reactor;
 }
 
@@ -20,7 +20,7 @@ grpc::ServerUnaryReactor* GrpcControllerService::ApplyPolicy(grpc::CallbackServe
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
   if (s.ok()) s = reconciler_->ApplyPolicy(req->yaml(), req->file_name(), resp);
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(ReplyStatus(s, *resp, "ApplyPolicy"));
   return reactor;
 }
 

@@ -13,6 +13,12 @@ void RunTracker::Begin(const std::string& run_id, int64_t now_ms) {
   last_step_ = 0;
   workers_.clear();
   unconfirmed_ = 0;
+  newest_heard_ms_.reset();
+}
+
+void RunTracker::Heard(Worker& w, int64_t now_ms) {
+  w.last_heard_ms = now_ms;
+  newest_heard_ms_ = std::max(newest_heard_ms_.value_or(now_ms), now_ms);
 }
 
 void RunTracker::SetUnconfirmed(Worker& w, bool unconfirmed) {
@@ -38,9 +44,10 @@ std::optional<std::string> RunTracker::OnRegister(const std::string& worker,
       Begin(run_id, now_ms);
     }
   } else {
-    // Its own previous process counts: heard a moment ago, it is a restart within the run.
-    bool present = false;
-    for (const auto& [id, w] : workers_) present = present || Present(w, now_ms);
+    // Its own previous process counts: heard a moment ago, it is a restart within the run. Some
+    // worker is present exactly when the one heard last is (O(1): a flood of registrations
+    // must not cost a pass over every worker each).
+    const bool present = newest_heard_ms_ && now_ms - *newest_heard_ms_ <= gone_after_ms_;
     if (!present) {
       why = absl::StrCat("worker '", worker, "' registered and no worker was heard from in ",
                          gone_after_ms_, " ms");
@@ -57,7 +64,7 @@ std::optional<std::string> RunTracker::OnRegister(const std::string& worker,
   // when the run goes on around it (InRun).
   SetUnconfirmed(w, !why && w.previous_step.has_value());
   w.registered_ms = now_ms;
-  w.last_heard_ms = now_ms;
+  Heard(w, now_ms);
   return why;
 }
 
@@ -65,7 +72,7 @@ std::optional<std::string> RunTracker::OnStep(const std::string& worker, int64_t
                                               int64_t now_ms) {
   if (generation_ == 0) Begin("", now_ms);  // pacerd restarted under a running job: adopt it
   Worker& w = workers_[worker];
-  w.last_heard_ms = now_ms;
+  Heard(w, now_ms);
   w.step = std::max(w.step.value_or(step), step);
   if (w.previous_step && step < *w.previous_step) w.went_back = true;
   if (!w.went_back) SetUnconfirmed(w, false);  // it goes on from its predecessor's step
@@ -94,7 +101,10 @@ std::optional<std::string> RunTracker::OnStep(const std::string& worker, int64_t
   }
   Begin("", now_ms);
   workers_ = std::move(present);
-  for (const auto& [id, kept] : workers_) last_step_ = std::max(last_step_, kept.step.value_or(0));
+  for (auto& [id, kept] : workers_) {
+    last_step_ = std::max(last_step_, kept.step.value_or(0));
+    Heard(kept, kept.last_heard_ms);
+  }
   return why;
 }
 

@@ -72,12 +72,14 @@ class RunTracker {
   }
   void Begin(const std::string& run_id, int64_t now_ms);
   void SetUnconfirmed(Worker& w, bool unconfirmed);  // keeps unconfirmed_
+  void Heard(Worker& w, int64_t now_ms);             // keeps newest_heard_ms_
 
   const int64_t gone_after_ms_;
   uint64_t generation_ = 0;
   std::string run_id_;
   int64_t started_ms_ = 0;
   int64_t last_step_ = 0;  // CurrentStep when no worker is present
+  std::optional<int64_t> newest_heard_ms_;  // the latest last_heard_ms of workers_; none: empty
   std::map<std::string, Worker> workers_;
   size_t unconfirmed_ = 0;  // workers_ with unconfirmed set: a step looks at the others only then
 };

@@ -1,6 +1,6 @@
 #include "monitor/grpc_monitor_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 
@@ -12,7 +12,7 @@ namespace pacer {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                  \
     const auto& md = ctx->client_metadata();                                                    \
     absl::Status s = (Check);                                                                   \
-    reactor->Finish(ToGrpcStatus(s.ok() ? impl_->Method(*req, resp) : s));                      \
+    reactor->Finish(ReplyStatus(s.ok() ? impl_->Method(*req, resp) : s, *resp, #Method));        \
     return reactor;                                                                             \
   }
 

@@ -1,6 +1,6 @@
 #include "rendezvous/grpc_rendezvous_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 namespace {
@@ -9,15 +9,19 @@ namespace {
 // or client gone) takes it out again; whoever takes it out finishes it, exactly once. gRPC
 // calls OnCancel and OnDone only once the handler has returned the reactor (a call cancelled
 // earlier still gets OnCancel then), so `this` outlives Start and no cancellation is missed.
+// OnDone, once the reply is sent or dropped, gives its bytes back to the caller's budget.
 class WaitingGet final : public grpc::ServerUnaryReactor {
  public:
   explicit WaitingGet(RendezvousServiceImpl* impl) : impl_(impl) {}
 
-  void Start(const RendezvousGetRequest* req, RendezvousGetResponse* resp) {
-    impl_->Get(*req, resp, this, [this](absl::Status s) { Finish(ToGrpcStatus(s)); });
+  void Start(const RendezvousGetRequest* req, RendezvousGetResponse* resp, const std::string& caller) {
+    impl_->Get(*req, resp, this, [this](absl::Status s) { Finish(ToGrpcStatus(s)); }, caller);
   }
   void OnCancel() override { impl_->CancelWait(this); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    impl_->Finished(this);
+    delete this;
+  }
 
  private:
   RendezvousServiceImpl* impl_;
@@ -25,19 +29,26 @@ class WaitingGet final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-#define PACER_RENDEZVOUS_HANDLER(Method, Request, Response)                                    \
+// `Call` is evaluated with the request `req`, the reply `resp` and the caller's credential
+// `who` (its Describe(): the store charges what a caller writes to it) in scope.
+#define PACER_RENDEZVOUS_HANDLER(Method, Request, Response, Call)                              \
   grpc::ServerUnaryReactor* GrpcRendezvousService::Method(grpc::CallbackServerContext* ctx,    \
                                                           const Request* req, Response* resp) { \
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                 \
-    absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);                    \
-    if (s.ok()) s = impl_->Method(*req, resp);                                                 \
-    reactor->Finish(ToGrpcStatus(s));                                                          \
+    absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());                \
+    absl::Status s = caller.status();                                                          \
+    if (s.ok()) s = auth_->Require(ctx->client_metadata(), Role::kWorker);                     \
+    if (s.ok()) {                                                                              \
+      const std::string who = caller->Describe();                                              \
+      s = (Call);                                                                              \
+    }                                                                                          \
+    reactor->Finish(ReplyStatus(s, *resp, #Method));                                           \
     return reactor;                                                                            \
   }
 
-PACER_RENDEZVOUS_HANDLER(Set, RendezvousSetRequest, RendezvousSetResponse)
-PACER_RENDEZVOUS_HANDLER(Add, RendezvousAddRequest, RendezvousAddResponse)
-PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse)
+PACER_RENDEZVOUS_HANDLER(Set, RendezvousSetRequest, RendezvousSetResponse, impl_->Set(*req, resp, who))
+PACER_RENDEZVOUS_HANDLER(Add, RendezvousAddRequest, RendezvousAddResponse, impl_->Add(*req, resp, who))
+PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse, impl_->Check(*req, resp))
 
 #undef PACER_RENDEZVOUS_HANDLER
 
@@ -68,13 +79,17 @@ grpc::ServerUnaryReactor* GrpcRendezvousService::Reform(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GrpcRendezvousService::Get(grpc::CallbackServerContext* ctx,
                                                      const RendezvousGetRequest* req,
                                                      RendezvousGetResponse* resp) {
-  if (absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker); !s.ok()) {
+  // The caller's credential: its parked Gets and unsent replies are charged to it.
+  absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());
+  absl::Status s = caller.status();
+  if (s.ok()) s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  if (!s.ok()) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   auto* reactor = new WaitingGet(impl_);
-  reactor->Start(req, resp);
+  reactor->Start(req, resp, caller->Describe());
   return reactor;
 }
 

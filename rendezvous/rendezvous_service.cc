@@ -2,12 +2,51 @@
 
 #include <charconv>
 
+#include "common/reply_limit.h"
+
 namespace pacer {
 
 RendezvousServiceImpl::RendezvousServiceImpl(RendezvousOptions options, MetricsRegistry* metrics)
     : options_(options),
       own_metrics_(metrics ? nullptr : std::make_unique<MetricsRegistry>()),
-      metrics_(metrics ? metrics : own_metrics_.get()) {}
+      metrics_(metrics ? metrics : own_metrics_.get()),
+      store_budget_({options_.max_bytes, options_.max_bytes_per_caller}, "the store",
+                    "RendezvousOptions::max_bytes", "RendezvousOptions::max_bytes_per_caller"),
+      waiting_budget_({options_.max_waiting_bytes, options_.max_waiting_bytes_per_caller},
+                      "rendezvous get: waiting calls", "RendezvousOptions::max_waiting_bytes",
+                      "RendezvousOptions::max_waiting_bytes_per_caller"),
+      reply_budget_({options_.max_reply_bytes_in_flight, options_.max_reply_bytes_in_flight_per_caller},
+                    "rendezvous get: replies not yet sent",
+                    "RendezvousOptions::max_reply_bytes_in_flight",
+                    "RendezvousOptions::max_reply_bytes_in_flight_per_caller") {}
+
+namespace {
+
+// What a key costs in the store: its bytes, its value's, and the store's own structures.
+size_t EntryBytes(const std::string& key, const std::string& value) {
+  return key.size() + value.size() + kStoreEntryOverheadBytes;
+}
+
+// Every key of a Get or Check: 1..max_keys_per_get keys of 1..max_key_bytes bytes.
+absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys,
+                       const RendezvousOptions& options, const char* what) {
+  if (keys.empty() || keys.size() > static_cast<int>(options.max_keys_per_get)) {
+    return absl::InvalidArgumentError(std::string(what) + ": between 1 and " +
+                                      std::to_string(options.max_keys_per_get) + " keys (got " +
+                                      std::to_string(keys.size()) + ")");
+  }
+  for (int i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty() || keys[i].size() > options.max_key_bytes) {
+      return absl::InvalidArgumentError(std::string(what) + ": keys[" + std::to_string(i) +
+                                        "] is " + std::to_string(keys[i].size()) +
+                                        " bytes; a key is 1.." +
+                                        std::to_string(options.max_key_bytes) + " bytes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void RendezvousServiceImpl::UpdateGauges() {
   metrics_.generation.Get().Set(static_cast<double>(generation_));
@@ -19,10 +58,9 @@ RendezvousServiceImpl::~RendezvousServiceImpl() {
   std::vector<Completion> out;
   {
     absl::MutexLock l(&mu_);
-    for (auto& [tag, w] : waiters_) {
-      out.emplace_back(std::move(w.done), absl::CancelledError("rendezvous: shutting down"));
+    while (!waiters_.empty()) {
+      out.emplace_back(TakeWaiter(waiters_.begin()), absl::CancelledError("rendezvous: shutting down"));
     }
-    waiters_.clear();
   }
   Run(out);
 }
@@ -32,10 +70,10 @@ void RendezvousServiceImpl::Shutdown() {
   {
     absl::MutexLock l(&mu_);
     shutdown_ = true;
-    for (auto& [tag, w] : waiters_) {
-      out.emplace_back(std::move(w.done), absl::UnavailableError("rendezvous: pacerd is stopping"));
+    while (!waiters_.empty()) {
+      out.emplace_back(TakeWaiter(waiters_.begin()),
+                       absl::UnavailableError("rendezvous: pacerd is stopping"));
     }
-    waiters_.clear();
     UpdateGauges();
   }
   Run(out);
@@ -68,15 +106,15 @@ void RendezvousServiceImpl::Bump(std::vector<Completion>* out) {
   }
   ++generation_;
   kv_.clear();
-  bytes_ = 0;
+  store_budget_.Clear();
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.generation < generation_) {
-      out->emplace_back(std::move(it->second.done),
-                        absl::AbortedError("rendezvous: generation " +
-                                           std::to_string(it->second.generation) +
-                                           " was superseded by " + std::to_string(generation_) +
-                                           " while waiting: regroup"));
-      it = waiters_.erase(it);
+      absl::Status aborted = absl::AbortedError(
+          "rendezvous: generation " + std::to_string(it->second.generation) +
+          " was superseded by " + std::to_string(generation_) + " while waiting: regroup");
+      auto next = std::next(it);
+      out->emplace_back(TakeWaiter(it), std::move(aborted));
+      it = next;
     } else {
       ++it;
     }
@@ -169,7 +207,27 @@ absl::Status RendezvousServiceImpl::Reform(const RendezvousReformRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, RendezvousSetResponse*) {
+absl::Status RendezvousServiceImpl::Store(const std::string& key, std::string value,
+                                          const std::string& caller, const char* what) {
+  auto it = kv_.find(key);
+  const size_t now = EntryBytes(key, value);
+  if (it != kv_.end()) store_budget_.Release(it->second.caller, EntryBytes(key, it->second.value));
+  absl::Status s = store_budget_.Charge(caller, now);
+  if (!s.ok()) {
+    if (it != kv_.end()) {  // the old value stays, and its charge
+      store_budget_.Charge(it->second.caller, EntryBytes(key, it->second.value)).IgnoreError();
+    }
+    return absl::ResourceExhaustedError(std::string(what) + ": " + std::string(s.message()) +
+                                        "; keys and values, " +
+                                        std::to_string(kStoreEntryOverheadBytes) +
+                                        " bytes more a key");
+  }
+  kv_[key] = Entry{std::move(value), caller};
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, RendezvousSetResponse*,
+                                        const std::string& caller) {
   if (req.key().empty()) return absl::InvalidArgumentError("rendezvous set: empty key");
   if (req.key().size() > options_.max_key_bytes) {
     return absl::InvalidArgumentError("rendezvous set: key of " + std::to_string(req.key().size()) +
@@ -184,15 +242,7 @@ absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, Rendezv
   {
     absl::MutexLock l(&mu_);
     if (absl::Status s = CheckGeneration(req.generation()); !s.ok()) return s;
-    auto it = kv_.find(req.key());
-    const size_t old = it == kv_.end() ? 0 : it->first.size() + it->second.size();
-    const size_t now = req.key().size() + req.value().size();
-    if (bytes_ - old + now > options_.max_bytes) {
-      return absl::ResourceExhaustedError("rendezvous set: the store is over " +
-                                          std::to_string(options_.max_bytes) + " bytes");
-    }
-    bytes_ = bytes_ - old + now;
-    kv_[req.key()] = req.value();
+    RETURN_IF_ERROR(Store(req.key(), req.value(), caller, "rendezvous set"));
     WakeReady(&out);
     UpdateGauges();
   }
@@ -200,7 +250,8 @@ absl::Status RendezvousServiceImpl::Set(const RendezvousSetRequest& req, Rendezv
   return absl::OkStatus();
 }
 
-absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp) {
+absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp,
+                                        const std::string& caller) {
   if (req.key().empty()) return absl::InvalidArgumentError("rendezvous add: empty key");
   if (req.key().size() > options_.max_key_bytes) {
     return absl::InvalidArgumentError("rendezvous add: key of " + std::to_string(req.key().size()) +
@@ -213,7 +264,7 @@ absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, Rendezv
     auto it = kv_.find(req.key());
     int64_t n = 0;
     if (it != kv_.end()) {
-      const std::string& v = it->second;
+      const std::string& v = it->second.value;
       auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
       if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
         return absl::FailedPreconditionError("rendezvous add: key '" + req.key() +
@@ -224,15 +275,7 @@ absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, Rendezv
     if (__builtin_add_overflow(n, req.delta(), &sum)) {
       return absl::OutOfRangeError("rendezvous add: counter '" + req.key() + "' would overflow int64");
     }
-    const std::string value = std::to_string(sum);
-    const size_t old = it == kv_.end() ? 0 : it->first.size() + it->second.size();
-    const size_t now = req.key().size() + value.size();
-    if (bytes_ - old + now > options_.max_bytes) {
-      return absl::ResourceExhaustedError("rendezvous add: the store is over " +
-                                          std::to_string(options_.max_bytes) + " bytes");
-    }
-    bytes_ = bytes_ - old + now;
-    kv_[req.key()] = value;
+    RETURN_IF_ERROR(Store(req.key(), std::to_string(sum), caller, "rendezvous add"));
     resp->set_value(sum);
     WakeReady(&out);
     UpdateGauges();
@@ -243,9 +286,12 @@ absl::Status RendezvousServiceImpl::Add(const RendezvousAddRequest& req, Rendezv
 
 absl::Status RendezvousServiceImpl::Check(const RendezvousCheckRequest& req,
                                           RendezvousCheckResponse* resp) {
+  RETURN_IF_ERROR(CheckKeys(req.keys(), options_, "rendezvous check"));
   absl::MutexLock l(&mu_);
   if (absl::Status s = CheckGeneration(req.generation()); !s.ok()) return s;
-  resp->set_all_set(AllSet({req.keys().begin(), req.keys().end()}));
+  bool all = true;
+  for (const std::string& k : req.keys()) all = all && kv_.count(k) > 0;
+  resp->set_all_set(all);
   return absl::OkStatus();
 }
 
@@ -256,36 +302,69 @@ bool RendezvousServiceImpl::AllSet(const std::vector<std::string>& keys) const {
   return true;
 }
 
-void RendezvousServiceImpl::FillValues(const std::vector<std::string>& keys,
-                                       RendezvousGetResponse* resp) const {
+absl::Status RendezvousServiceImpl::FillValues(const std::vector<std::string>& keys,
+                                               RendezvousGetResponse* resp, const void* tag,
+                                               const std::string& caller) {
   resp->clear_values();
-  for (const auto& k : keys) resp->add_values(kv_.at(k));
+  // The reply's size before it is built: values plus a few bytes of framing each. A Get that
+  // names a 1 MiB key 4 096 times would otherwise build a 4 GiB reply.
+  uint64_t bytes = 0;
+  for (const auto& k : keys) bytes += kv_.at(k).value.size() + 8;
+  if (bytes > kMaxReplyBytes) {
+    return absl::ResourceExhaustedError(
+        "rendezvous get: the values of " + std::to_string(keys.size()) + " keys are " +
+        std::to_string(bytes) + " bytes, over pacerd's reply limit of " +
+        std::to_string(kMaxReplyBytes) + " bytes; get fewer keys at once");
+  }
+  RETURN_IF_ERROR(reply_budget_.Charge(caller, bytes));
+  Reply& r = replies_[tag];
+  if (r.charged > 0) reply_budget_.Release(r.caller, r.charged);  // a tag reused unfinished
+  r = Reply{caller, bytes};
+  for (const auto& k : keys) resp->add_values(kv_.at(k).value);
+  return absl::OkStatus();
+}
+
+RendezvousServiceImpl::Done RendezvousServiceImpl::TakeWaiter(
+    std::map<const void*, Waiter>::iterator it) {
+  waiting_budget_.Release(it->second.caller, it->second.charged);
+  Done done = std::move(it->second.done);
+  waiters_.erase(it);
+  return done;
 }
 
 void RendezvousServiceImpl::WakeReady(std::vector<Completion>* out) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (AllSet(it->second.keys)) {
-      FillValues(it->second.keys, it->second.resp);
-      out->emplace_back(std::move(it->second.done), absl::OkStatus());
-      it = waiters_.erase(it);
+      absl::Status s = FillValues(it->second.keys, it->second.resp, it->first, it->second.caller);
+      auto next = std::next(it);
+      out->emplace_back(TakeWaiter(it), std::move(s));
+      it = next;
     } else {
       ++it;
     }
   }
 }
 
+void RendezvousServiceImpl::Finished(const void* tag) {
+  absl::MutexLock l(&mu_);
+  auto it = replies_.find(tag);
+  if (it == replies_.end()) return;
+  reply_budget_.Release(it->second.caller, it->second.charged);
+  replies_.erase(it);
+}
+
 void RendezvousServiceImpl::Get(const RendezvousGetRequest& req, RendezvousGetResponse* resp,
-                                const void* tag, Done done) {
-  absl::Status s;
-  {
+                                const void* tag, Done done, const std::string& caller) {
+  absl::Status s = CheckKeys(req.keys(), options_, "rendezvous get");
+  if (s.ok()) {
     absl::MutexLock l(&mu_);
     std::vector<std::string> keys(req.keys().begin(), req.keys().end());
-    if (keys.empty() || keys.size() > options_.max_keys_per_get) {
-      s = absl::InvalidArgumentError("rendezvous get: between 1 and " +
-                                     std::to_string(options_.max_keys_per_get) + " keys");
-    } else if (s = CheckGeneration(req.generation()); s.ok()) {
+    if (s = CheckGeneration(req.generation()); s.ok()) {
+      // A parked Get holds its keys twice (the request, the parked copy) and a call.
+      uint64_t waiting_bytes = kWaitingGetOverheadBytes;
+      for (const auto& k : keys) waiting_bytes += 2 * k.size() + kWaitingKeyOverheadBytes;
       if (AllSet(keys)) {
-        FillValues(keys, resp);
+        s = FillValues(keys, resp, tag, caller);
       } else if (!req.wait()) {
         s = absl::NotFoundError("rendezvous get: a key is not set");
       } else if (shutdown_) {
@@ -296,8 +375,9 @@ void RendezvousServiceImpl::Get(const RendezvousGetRequest& req, RendezvousGetRe
                                          " Get calls are waiting already");
       } else if (waiters_.count(tag)) {
         s = absl::InternalError("rendezvous get: tag already waiting");
-      } else {
-        waiters_.emplace(tag, Waiter{req.generation(), std::move(keys), resp, std::move(done)});
+      } else if (s = waiting_budget_.Charge(caller, waiting_bytes); s.ok()) {
+        waiters_.emplace(tag, Waiter{req.generation(), std::move(keys), resp, std::move(done),
+                                     caller, waiting_bytes});
         UpdateGauges();
         return;
       }
@@ -312,8 +392,7 @@ void RendezvousServiceImpl::CancelWait(const void* tag) {
     absl::MutexLock l(&mu_);
     auto it = waiters_.find(tag);
     if (it == waiters_.end()) return;
-    done = std::move(it->second.done);
-    waiters_.erase(it);
+    done = TakeWaiter(it);
     UpdateGauges();
   }
   done(absl::CancelledError("rendezvous get: cancelled (deadline passed or client gone)"));

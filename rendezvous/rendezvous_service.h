@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/byte_budget.h"
 #include "common/metrics.h"
 #include "rendezvous/rendezvous_metrics.h"
 #include "proto/pacer/rendezvous.pb.h"
@@ -35,14 +36,32 @@
 
 namespace pacer {
 
-// Every limit a client can reach (RESOURCE_EXHAUSTED / INVALID_ARGUMENT past it).
+// Every limit a client can reach (RESOURCE_EXHAUSTED / INVALID_ARGUMENT past it), in bytes
+// where the resource is memory. A caller is one credential (the gRPC adapter names it).
 struct RendezvousOptions {
-  size_t max_bytes = 64 << 20;    // keys + values of the current generation (Set and Add)
-  size_t max_keys_per_get = 4096;
+  // Keys + values of the current generation (Set and Add), each key charged
+  // kStoreEntryOverheadBytes more for the store's own structures.
+  size_t max_bytes = 64 << 20;
+  size_t max_bytes_per_caller = 16 << 20;  // what one caller's keys and values may hold
+  size_t max_keys_per_get = 4096;   // also per Check
   size_t max_value_bytes = 1 << 20;
-  size_t max_key_bytes = 4096;
+  size_t max_key_bytes = 4096;      // Set, Add, and every key of a Get or Check
   size_t max_waiting_gets = 16384;  // Get calls parked at once
+  // What parked Gets hold (their keys, twice: the request and the parked copy, plus
+  // kWaitingGetOverheadBytes each for the call), in all and per caller.
+  size_t max_waiting_bytes = 64 << 20;
+  size_t max_waiting_bytes_per_caller = 8 << 20;
+  // Get replies built and not yet sent (a client that does not read its replies keeps them), in
+  // all and per caller. One reply is at most kMaxReplyBytes (common/reply_limit.h).
+  size_t max_reply_bytes_in_flight = 256 << 20;
+  size_t max_reply_bytes_in_flight_per_caller = 32 << 20;
 };
+
+// What the store charges besides keys and values (measured: a std::map node and two strings).
+inline constexpr size_t kStoreEntryOverheadBytes = 128;
+// What one parked Get costs besides its keys: the gRPC call and its request, the waiter.
+inline constexpr size_t kWaitingGetOverheadBytes = 4096;
+inline constexpr size_t kWaitingKeyOverheadBytes = 64;
 
 // Who may do what in a Join (from the caller's credential, common/auth.h).
 struct JoinAuthority {
@@ -75,16 +94,23 @@ class RendezvousServiceImpl {
   // the group; otherwise it returns the current generation and changes nothing (no worker_id:
   // pacerd itself, or a launcher through the gRPC adapter).
   absl::Status Reform(const RendezvousReformRequest& req, RendezvousReformResponse* resp);
-  absl::Status Set(const RendezvousSetRequest& req, RendezvousSetResponse* resp);
-  absl::Status Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp);
+  // A key is charged to the caller that wrote it last (RendezvousOptions::max_bytes_per_caller).
+  absl::Status Set(const RendezvousSetRequest& req, RendezvousSetResponse* resp,
+                   const std::string& caller = "");
+  absl::Status Add(const RendezvousAddRequest& req, RendezvousAddResponse* resp,
+                   const std::string& caller = "");
   absl::Status Check(const RendezvousCheckRequest& req, RendezvousCheckResponse* resp);
   // Fills `resp` and calls `done`: at once, or (req.wait and a key missing) once every key is
   // set, the generation is superseded (ABORTED), or CancelWait(tag) is called (CANCELLED; the
   // gRPC adapter calls it when the call's deadline passes or the client goes away).
-  // `tag` identifies the waiting call (unique among waiting calls).
+  // `tag` identifies the call (unique among calls not yet Finished); `caller` the credential
+  // whose budgets its waiting and its reply are charged to (ByteBudget, common/byte_budget.h).
   void Get(const RendezvousGetRequest& req, RendezvousGetResponse* resp, const void* tag,
-           Done done);
+           Done done, const std::string& caller = "");
   void CancelWait(const void* tag);
+  // The reply of the Get `tag` has been sent (or dropped): its bytes leave the in-flight budget.
+  // The gRPC adapter calls it when the call is done.
+  void Finished(const void* tag);
 
   // Heartbeat hook: adds a RegroupCommand for a member whose reported generation is older.
   void OnHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
@@ -101,9 +127,19 @@ class RendezvousServiceImpl {
     std::vector<std::string> keys;
     RendezvousGetResponse* resp;
     Done done;
+    std::string caller;
+    uint64_t charged = 0;  // to waiting_budget_
+  };
+  struct Reply {
+    std::string caller;
+    uint64_t charged = 0;  // to reply_budget_
   };
   using Completion = std::pair<Done, absl::Status>;
 
+  // Writes `key` for `caller` within the store's budgets (RESOURCE_EXHAUSTED, nothing changed,
+  // otherwise).
+  absl::Status Store(const std::string& key, std::string value, const std::string& caller,
+                     const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The checks shared by Set/Get/Add/Check: the generation is the current one.
   absl::Status CheckGeneration(uint64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens generation_ + 1: drops the old keys, aborts the old waiters (into *out).
@@ -111,8 +147,14 @@ class RendezvousServiceImpl {
   // Completes the waiters whose keys are now all set (into *out).
   void WakeReady(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool AllSet(const std::vector<std::string>& keys) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillValues(const std::vector<std::string>& keys, RendezvousGetResponse* resp) const
+  // Fills `resp` with the values of `keys` (all set) for the call `tag` of `caller`, once the
+  // reply fits kMaxReplyBytes and the caller's in-flight reply budget; RESOURCE_EXHAUSTED naming
+  // the limit otherwise (and `resp` left empty).
+  absl::Status FillValues(const std::vector<std::string>& keys, RendezvousGetResponse* resp,
+                          const void* tag, const std::string& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `it` out of the waiters, releasing its charge; returns its `done`.
+  Done TakeWaiter(std::map<const void*, Waiter>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(std::vector<Completion>& completions);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -125,9 +167,16 @@ class RendezvousServiceImpl {
   std::map<int32_t, Member> members_ ABSL_GUARDED_BY(mu_);  // by rank
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t regroups_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);  // of generation_
-  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Entry {
+    std::string value;
+    std::string caller;  // who wrote it: its bytes are charged to them in store_budget_
+  };
+  std::map<std::string, Entry> kv_ ABSL_GUARDED_BY(mu_);  // of generation_
+  ByteBudget store_budget_ ABSL_GUARDED_BY(mu_);
   std::map<const void*, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  ByteBudget waiting_budget_ ABSL_GUARDED_BY(mu_);
+  std::map<const void*, Reply> replies_ ABSL_GUARDED_BY(mu_);  // filled, not yet Finished
+  ByteBudget reply_budget_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

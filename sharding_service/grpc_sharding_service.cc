@@ -1,6 +1,6 @@
 #include "sharding_service/grpc_sharding_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 
@@ -15,7 +15,9 @@ namespace pacer {
       reactor->Finish(ToGrpcStatus(s));                                                         \
       return reactor;                                                                           \
     }                                                                                           \
-    impl_->Method(*req, resp, [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); }); \
+    impl_->Method(*req, resp, [reactor, resp](absl::Status s) {                                 \
+      reactor->Finish(ReplyStatus(s, *resp, #Method));                                          \
+    });                                                                                         \
     return reactor;                                                                             \
   }
 

@@ -66,14 +66,31 @@ absl::Status ShardingState::ValidateCheckpointTag(const std::string& tag) {
   return absl::OkStatus();
 }
 
+uint64_t ShardingState::CheckpointHeldBytes(const Checkpoint& cp) {
+  uint64_t partitions = 0;
+  for (const auto& ds : cp.datasets()) {
+    for (const auto& ep : ds.epochs()) partitions += ep.partitions_size();
+  }
+  return cp.ByteSizeLong() + partitions * kCheckpointPartitionBytes;
+}
+
 absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
   if (auto s = ValidateCheckpointTag(u.tag()); !s.ok()) return s;
   checkpoints_[u.tag()] = CapturePosition(u.tag(), t);
-  while (checkpoints_.size() > kMaxCheckpoints) {
-    auto oldest = checkpoints_.begin();
+  // At most kMaxCheckpoints, and at most kMaxCheckpointBytes (CheckpointHeldBytes, the same on
+  // every replay) unless the newest alone is larger: the oldest go first.
+  uint64_t bytes = 0;
+  for (const auto& [tag, cp] : checkpoints_) bytes += CheckpointHeldBytes(cp);
+  while (checkpoints_.size() > kMaxCheckpoints ||
+         (checkpoints_.size() > 1 && bytes > kMaxCheckpointBytes)) {
+    // Over the count: the oldest of all. Over the bytes: the oldest of the others.
+    const bool keep_newest = checkpoints_.size() <= kMaxCheckpoints;
+    auto oldest = checkpoints_.end();
     for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
-      if (it->second.time_ms() < oldest->second.time_ms()) oldest = it;
+      if (keep_newest && it->first == u.tag()) continue;
+      if (oldest == checkpoints_.end() || it->second.time_ms() < oldest->second.time_ms()) oldest = it;
     }
+    bytes -= CheckpointHeldBytes(oldest->second);
     checkpoints_.erase(oldest);
   }
   return absl::OkStatus();

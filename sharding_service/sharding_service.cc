@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/reply_limit.h"
 #include "common/status.h"
 
 namespace pacer {
@@ -307,10 +308,23 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
           absl::StrCat("at most ", std::min(options_.max_datasets, kMaxDatasets), " datasets per job"));
     }
     uint64_t files = spec.files().files_size();
-    for (const auto& [name, ds] : state_.datasets()) files += ds.spec->files().files_size();
+    const uint64_t held = ShardingState::HeldBytes(spec);
+    uint64_t held_total = held;
+    for (const auto& [name, ds] : state_.datasets()) {
+      files += ds.spec->files().files_size();
+      held_total += ds.held_bytes;
+    }
     if (files > std::min(options_.max_files_total, kMaxFilesTotal)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "at most ", std::min(options_.max_files_total, kMaxFilesTotal), " files over every dataset of a job"));
+          "at most ", std::min(options_.max_files_total, kMaxFilesTotal),
+          " files over every dataset of a job (--max-files)"));
+    }
+    const uint64_t max_bytes = options_.max_dataset_bytes;
+    if (held_total > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "dataset '", spec.name(), "' would hold ", held, " bytes of pacerd's memory (its spec and ",
+          "partitions), ", held_total, " with every dataset registered: over the limit of ", max_bytes,
+          " bytes (--max-dataset-bytes); delete a dataset or raise the limit"));
     }
     Update u;
     *u.mutable_register_dataset()->mutable_spec() = req.spec();
@@ -400,6 +414,11 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
                                     " records were quarantined as poison and never trained on"));
     }
     return state_.last_seq();
+  }
+  if (state_.leases().size() >= kMaxLiveLeases) {
+    // Each worker holds at most max_leases a dataset, but the job token acts for every worker.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "at most ", kMaxLiveLeases, " leases may be held at once over the job; complete or release some"));
   }
   Update u;
   *u.mutable_create_lease() = state_.DecideLease(plan, worker, dataset, request_id);
@@ -669,18 +688,32 @@ void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, Checkp
 
 void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp,
                                        Done done) {
-  absl::StatusOr<uint64_t> seq;
+  absl::StatusOr<uint64_t> seq = uint64_t{0};
   {
     absl::MutexLock l(&mu_);
+    // A listing with files is refused before it is built when the specs alone are over the
+    // reply limit (common/reply_limit.h): 256 MiB of file lists must not be copied to be dropped.
+    uint64_t specs = 0;
     for (const auto& [name, ds] : state_.datasets()) {
+      if (req.name().empty() || name == req.name()) specs += req.include_files() ? ds.held_bytes : 0;
+    }
+    if (specs > kMaxReplyBytes) {
+      seq = absl::ResourceExhaustedError(absl::StrCat(
+          "list datasets: the file lists hold ", specs, " bytes, over pacerd's reply limit of ",
+          kMaxReplyBytes, " bytes; list one dataset (name) or leave include_files off"));
+    }
+    for (const auto& [name, ds] : state_.datasets()) {
+      if (!seq.ok()) break;
       if (!req.name().empty() && name != req.name()) continue;
       DatasetInfo* info = resp->add_datasets();
       // File lists can be large (2 M files are allowed): only on request, so that a listing
       // stays far below gRPC's message limit — and is not copied under the lock otherwise.
       *info = state_.DescribeDataset(ds, req.include_files());
     }
-    resp->set_journal_seq(state_.last_seq());
-    seq = state_.last_seq();
+    if (seq.ok()) {
+      resp->set_journal_seq(state_.last_seq());
+      seq = state_.last_seq();
+    }
   }
   Reply(seq, std::move(done));
 }

@@ -51,6 +51,8 @@ struct ShardingServiceOptions {
   size_t max_datasets = kMaxDatasets;
   uint64_t max_files_total = kMaxFilesTotal;
   size_t max_workers = kMaxWorkers;
+  // Bytes every dataset's spec and partitions hold (ShardingState::HeldBytes), over every dataset.
+  uint64_t max_dataset_bytes = kDefaultMaxDatasetBytes;
   // The journal's other settings (high-water mark, must_exist, accept_data_loss, an injected
   // file system); its dir and sync are data_dir and sync above.
   JournalOptions journal;

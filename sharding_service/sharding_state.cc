@@ -133,6 +133,12 @@ ShardingState::Epoch ShardingState::MakeEpoch(const Dataset& ds, uint32_t epoch)
   return ep;
 }
 
+uint64_t ShardingState::HeldBytes(const DatasetSpec& spec) {
+  const uint64_t partitions =
+      spec.source_case() == DatasetSpec::kStream ? spec.stream().partitions_size() : 1;
+  return spec.SpaceUsedLong() + partitions * kPartitionHeldBytes;
+}
+
 absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u) {
   auto spec = NormalizeSpec(u.spec());
   if (!spec.ok()) return spec.status();
@@ -146,6 +152,7 @@ absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u)
   ds.spec = std::make_shared<const DatasetSpec>(*std::move(spec));
   ds.records_per_epoch = RecordsPerEpoch(*ds.spec);
   ds.tail_backup = ds.spec->tail_backup();
+  ds.held_bytes = HeldBytes(*ds.spec);
   if (ds.is_stream()) {
     ds.open.push_back(MakeEpoch(ds, 0));
     ds.next_epoch = 1;

@@ -76,11 +76,27 @@ inline constexpr size_t kMaxEndedPerWorker = 4096;
 inline constexpr size_t kMinEndedPerWorker = 16;
 inline constexpr size_t kMaxEndedBeyondFloor = 16'384;
 inline constexpr size_t kMaxCheckpoints = 64;
+// The memory the checkpoints kept hold, over every tag (CheckpointHeldBytes): a checkpoint
+// holds each partition's position, so 64 of a state at its dataset-bytes quota would be far
+// larger than the state.
+inline constexpr uint64_t kMaxCheckpointBytes = uint64_t{32} << 20;
+// What a partition's position costs in a checkpoint besides its serialized bytes (a message).
+inline constexpr uint64_t kCheckpointPartitionBytes = 96;
 inline constexpr uint64_t kDefaultShardSize = 1024;
 // Quotas a client can reach (RESOURCE_EXHAUSTED), so no client can make the state unbounded.
 inline constexpr size_t kMaxDatasets = 1024;
 inline constexpr uint64_t kMaxFilesTotal = 2'000'000;  // over every dataset
+// The memory every dataset's spec and per-partition state may hold, over every dataset
+// (ShardingState::HeldBytes; pacerd --max-dataset-bytes).
+inline constexpr uint64_t kDefaultMaxDatasetBytes = uint64_t{256} << 20;
+// What one partition costs besides the spec: its state (position and requeue, 64 bytes, ~140
+// with the allocator's share; an empty std::deque made it ~880 before PendingQueue), its
+// position in the checkpoint kept, and the copies a journal snapshot or a checkpoint makes.
+inline constexpr uint64_t kPartitionHeldBytes = 512;
 inline constexpr size_t kMaxWorkers = 65'536;
+// Live leases over the job (a lease holds ~500 bytes): far above 4 096 workers x 4 leases x a few
+// datasets, far below what the job token could open for 65 536 workers x 1 024 datasets.
+inline constexpr size_t kMaxLiveLeases = 131'072;
 
 // True for 1..max_len characters of [A-Za-z0-9._:/-] (dataset names, worker ids, tags).
 bool IsValidName(const std::string& s, size_t max_len);
@@ -114,9 +130,27 @@ class ShardingState {
     uint64_t begin, end;
     uint32_t attempts;
   };
+  // A partition's requeued ranges, front first: taken from and put back at the front only. A
+  // vector kept back to front, because an empty std::deque allocates ~600 bytes, and a stream
+  // has up to 65 536 partitions that mostly never requeue anything.
+  class PendingQueue {
+   public:
+    bool empty() const { return back_to_front_.empty(); }
+    size_t size() const { return back_to_front_.size(); }
+    Pending& front() { return back_to_front_.back(); }
+    const Pending& front() const { return back_to_front_.back(); }
+    void push_front(const Pending& p) { back_to_front_.push_back(p); }
+    void pop_front() { back_to_front_.pop_back(); }
+    // Front to back.
+    auto begin() const { return back_to_front_.rbegin(); }
+    auto end() const { return back_to_front_.rend(); }
+
+   private:
+    std::vector<Pending> back_to_front_;
+  };
   struct Partition {
     uint64_t start = 0, frontier = 0, limit = 0;
-    std::deque<Pending> requeue;
+    PendingQueue requeue;
     uint64_t done = 0, quarantined = 0;
     bool HasPending() const { return !requeue.empty() || frontier < limit; }
   };
@@ -140,6 +174,7 @@ class ShardingState {
     uint64_t records_done_total = 0;
     uint64_t requeues_total = 0;
     uint64_t records_quarantined_total = 0;  // sum over `quarantined`
+    uint64_t held_bytes = 0;  // HeldBytes(*spec), counted against kDefaultMaxDatasetBytes
     bool is_stream() const { return spec->source_case() == DatasetSpec::kStream; }
     bool Finished() const;
   };
@@ -170,6 +205,12 @@ class ShardingState {
   };
   // How many of `w`'s newest ended leases are kept whatever the rest of the job holds.
   static size_t EndedFloor(const WorkerRec& w);
+  // The memory a registered dataset holds for its (normalised) spec: the spec as protobuf holds
+  // it plus kPartitionHeldBytes a partition (a stream's partitions; one for other datasets).
+  static uint64_t HeldBytes(const DatasetSpec& spec);
+  // The memory a checkpoint holds, counted the same on every replay: its serialized size plus
+  // kCheckpointPartitionBytes a partition position.
+  static uint64_t CheckpointHeldBytes(const Checkpoint& cp);
 
   ShardingState() = default;
 

@@ -38,8 +38,9 @@ ShardingState::Partition ShardingState::PartitionFromProto(const PartitionState&
   dom.limit = d.limit();
   dom.done = d.done();
   dom.quarantined = d.quarantined();
-  for (const auto& r : d.requeue()) {
-    dom.requeue.push_back(Pending{r.begin(), r.end(), keep_attempts ? r.attempts() : 0});
+  for (int i = d.requeue_size() - 1; i >= 0; --i) {  // pushed at the front: the last first
+    const PendingRange& r = d.requeue(i);
+    dom.requeue.push_front(Pending{r.begin(), r.end(), keep_attempts ? r.attempts() : 0});
   }
   return dom;
 }
@@ -179,6 +180,7 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
       }
       ds.open.push_back(std::move(ep));
     }
+    ds.held_bytes = HeldBytes(*ds.spec);
     st.datasets_.emplace(ds.spec->name(), std::move(ds));
   }
   for (const auto& in : snap.workers()) {

@@ -1,6 +1,6 @@
 #include "cmd/pacerd/contention_switch_service.h"
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 
 namespace pacer {
 
@@ -46,7 +46,7 @@ grpc::ServerUnaryReactor* ContentionSwitchService::SetContention(grpc::CallbackS
                                                                  ContentionReply* reply) {
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
-  reactor->Finish(ToGrpcStatus(s.ok() ? Set(*req, reply) : s));
+  reactor->Finish(ReplyStatus(s.ok() ? Set(*req, reply) : s, *reply, "SetContention"));
   return reactor;
 }
 
@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* ContentionSwitchService::GetCommand(grpc::CallbackServ
                                                               GetCommandReply* reply) {
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
-  reactor->Finish(ToGrpcStatus(s.ok() ? Get(*req, reply) : s));
+  reactor->Finish(ReplyStatus(s.ok() ? Get(*req, reply) : s, *reply, "GetCommand"));
   return reactor;
 }
 

@@ -51,9 +51,12 @@ int main(int argc, char** argv) {
       ("max-datasets", po::value(&o.sharding.max_datasets)->default_value(o.sharding.max_datasets),
        "datasets a job may register (1..1024)")
       ("max-files", po::value(&o.sharding.max_files_total)->default_value(o.sharding.max_files_total),
-       "files over every dataset of the job (1..2000000; each costs pacerd about 400 bytes)")
+       "files over every dataset of the job (1..2000000; their bytes count against --max-dataset-bytes)")
       ("max-workers", po::value(&o.sharding.max_workers)->default_value(o.sharding.max_workers),
        "workers a job may register (1..65536)")
+      ("max-dataset-bytes", po::value(&o.sharding.max_dataset_bytes)->default_value(o.sharding.max_dataset_bytes),
+       "bytes of memory every registered dataset's spec and partitions may hold, in all "
+       "(1048576..68719476736; docs/security.md)")
       ("accept-data-loss", po::bool_switch(&o.accept_data_loss),
        "start although the journal or controller store is damaged, missing or shorter than "
        "acknowledged: accept the loss (logged, audited, recorded in DATA_DIR/DATA-LOSS-ACCEPTED)")
@@ -74,6 +77,9 @@ int main(int argc, char** argv) {
   }
   if (o.sharding.max_files_total == 0 || o.sharding.max_files_total > pacer::kMaxFilesTotal) {
     pacer::ExitWithError("pacerd", "--max-files must be in 1.." + std::to_string(pacer::kMaxFilesTotal));
+  }
+  if (o.sharding.max_dataset_bytes < (uint64_t{1} << 20) || o.sharding.max_dataset_bytes > (uint64_t{1} << 36)) {
+    pacer::ExitWithError("pacerd", "--max-dataset-bytes must be in 1048576..68719476736");
   }
   if (o.sharding.max_workers == 0 || o.sharding.max_workers > pacer::kMaxWorkers) {
     pacer::ExitWithError("pacerd", "--max-workers must be in 1.." + std::to_string(pacer::kMaxWorkers));

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "common/status.h"
+#include "common/reply_limit.h"
 #include "controller/policy_fields.h"
 
 namespace pacer {
@@ -144,7 +144,7 @@ grpc::ServerUnaryReactor* OperatorService::ListAgents(grpc::CallbackServerContex
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
   if (s.ok()) Agents(resp);
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(ReplyStatus(s, *resp, "ListAgents"));
   return reactor;
 }
 
@@ -154,7 +154,7 @@ grpc::ServerUnaryReactor* OperatorService::GetPolicy(grpc::CallbackServerContext
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
   if (s.ok()) Policy(resp);
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(ReplyStatus(s, *resp, "GetPolicy"));
   return reactor;
 }
 
@@ -164,7 +164,7 @@ grpc::ServerUnaryReactor* OperatorService::GetTimeline(grpc::CallbackServerConte
   auto* reactor = ctx->DefaultReactor();
   absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
   if (s.ok()) Timeline(*req, resp);
-  reactor->Finish(ToGrpcStatus(s));
+  reactor->Finish(ReplyStatus(s, *resp, "GetTimeline"));
   return reactor;
 }
 

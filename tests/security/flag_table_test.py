@@ -30,6 +30,7 @@ ROWS = [
     ("pacerd", ["--tls-reload-s", "0"], "--tls-reload-s"),
     ("pacerd", ["--max-files", "0"], "--max-files"),
     ("pacerd", ["--max-workers", "70000"], "--max-workers"),
+    ("pacerd", ["--max-dataset-bytes", "1000"], "--max-dataset-bytes"),
     ("pacerd", ["--max-datasets", "-1"], "--max-datasets"),
     # pacer-agent
     ("pacer-agent", ["--workers", "-1", "--", "true"], "--workers"),

@@ -78,6 +78,7 @@ class QuotaTest : public ::testing::Test {
     p.sharding.max_datasets = 50;
     p.sharding.max_files_total = 100'000;
     p.sharding.max_workers = 2'000;
+    p.sharding.max_dataset_bytes = 32 << 20;
   }}};
   const testing::TempDir& dir_ = h_.dir();
   Pacerd* pacerd_ = nullptr;
@@ -223,6 +224,49 @@ TEST_F(QuotaTest, DatasetFileAndWorkerQuotasBoundPacerdsMemory) {
             << workers_refused.error_message() << "'); RSS " << rss0 / 1024 << " -> " << rss1 / 1024
             << " MiB" << std::endl;
   EXPECT_LT(rss1 - rss0, 512 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
+}
+
+// What datasets hold is counted in bytes (--max-dataset-bytes), not in datasets and files: a
+// stream of 65 536 partitions is charged ~35 MiB whether or not any partition has data (its
+// state, checkpoints and snapshot copies), and a file list of 4 096-byte paths 4 KiB a file. Both were taken while the dataset and file counts
+// allowed them (156 such streams took pacerd to 8.1 GB).
+TEST_F(QuotaTest, StreamPartitionsAndFilePathsCountInBytes) {
+  auto stub = ShardingService::NewStub(channel_);
+  const std::string worker = MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w1").value();
+  const int64_t rss0 = RssKb();
+  RegisterDatasetRequest stream;
+  stream.mutable_spec()->set_name("stream");
+  for (uint32_t p = 0; p < 65'536; ++p) stream.mutable_spec()->mutable_stream()->add_partitions()->set_id(p);
+  RegisterDatasetResponse resp;
+  grpc::Status s = stub->RegisterDataset(Ctx(worker).get(), stream, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max-dataset-bytes"), std::string::npos) << s.error_message();
+  const std::string stream_refused = s.error_message();
+  // Half the partitions fit.
+  stream.mutable_spec()->mutable_stream()->mutable_partitions()->DeleteSubrange(32'768, 32'768);
+  s = stub->RegisterDataset(Ctx(worker).get(), stream, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+
+  // 2 500 files of 4 KiB paths: ~10 MiB, more than the ~14 MiB left can take twice.
+  grpc::Status files_refused;
+  int lists = 0;
+  for (; lists < 5 && files_refused.ok(); ++lists) {
+    RegisterDatasetRequest req;
+    req.mutable_spec()->set_name("long-paths-" + std::to_string(lists));
+    for (int f = 0; f < 2'500; ++f) {
+      FileSpec* file = req.mutable_spec()->mutable_files()->add_files();
+      file->set_path(std::string(4'080, 'p') + std::to_string(f));
+      file->set_num_records(10);
+    }
+    files_refused = stub->RegisterDataset(Ctx(worker).get(), req, &resp);
+  }
+  EXPECT_EQ(files_refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << files_refused.error_message();
+  EXPECT_EQ(lists, 2) << "file lists accepted while 5 000 files are far below the file quota";
+  const int64_t rss1 = RssKb();
+  std::cout << "dataset bytes: a stream of 65 536 partitions refused ('" << stream_refused
+            << "'), of 32 768 taken, " << lists - 1 << " list(s) of 2 500 4 KiB paths taken; RSS "
+            << rss0 / 1024 << " -> " << rss1 / 1024 << " MiB" << std::endl;
+  EXPECT_LT(rss1 - rss0, 256 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
 }
 
 }  // namespace

@@ -297,6 +297,32 @@ TEST(ShardingStateTest, RestoreRedeliversExactlyTheRecordsConsumedAfterTheCheckp
   EXPECT_EQ(d.Restore("nope").code(), absl::StatusCode::kNotFound);
 }
 
+// A checkpoint holds every partition's position: 64 of a stream of 65 536 partitions held
+// ~50 MB. The oldest go once the kept checkpoints pass kMaxCheckpointBytes; the newest stays.
+TEST(ShardingStateTest, CheckpointsAreBoundedInBytesAndTheNewestIsKept) {
+  StateDriver d;
+  DatasetSpec stream;
+  stream.set_name("events");
+  for (uint32_t p = 0; p < 65'536; ++p) {
+    StreamPartition* part = stream.mutable_stream()->add_partitions();
+    part->set_id(p);
+    part->set_start_offset(uint64_t{1} << 40);  // positions of a few bytes each
+  }
+  ASSERT_TRUE(d.AddDataset(stream).ok());
+  for (int c = 0; c < 40; ++c) {  // ~1.5 MB each: 60 MB in all
+    d.now_ms += 1000;
+    ASSERT_TRUE(d.Save("cp-" + std::to_string(c)).ok());
+  }
+  const ShardingSnapshot snap = d.state().ToJournalSnapshot().snapshot;
+  uint64_t bytes = 0;
+  for (const auto& cp : snap.checkpoints()) bytes += ShardingState::CheckpointHeldBytes(cp);
+  EXPECT_LE(bytes, kMaxCheckpointBytes);
+  EXPECT_LT(snap.checkpoints_size(), 40) << "40 checkpoints of " << bytes / 40 << " bytes kept";
+  EXPECT_GT(snap.checkpoints_size(), 1);
+  EXPECT_TRUE(d.state().HasCheckpoint("cp-39"));
+  EXPECT_FALSE(d.state().HasCheckpoint("cp-0"));
+}
+
 TEST(ShardingStateTest, StreamPartitionsAreServedEvenly) {
   StateDriver d;
   DatasetSpec spec;

@@ -21,6 +21,7 @@ class PacerdProcess {
   void Start();
   void Kill9() { proc_.Kill(); }
   bool running() { return proc_.running(); }
+  pid_t pid() const { return proc_.pid(); }
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
