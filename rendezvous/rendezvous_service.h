@@ -53,7 +53,7 @@ struct RendezvousOptions {
   size_t max_waiting_bytes_per_caller = 8 << 20;
   // Get replies built and not yet sent (a client that does not read its replies keeps them), in
   // all and per caller. One reply is at most kMaxReplyBytes (common/reply_limit.h).
-  size_t max_reply_bytes_in_flight = 256 << 20;
+  size_t max_reply_bytes_in_flight = 128 << 20;
   size_t max_reply_bytes_in_flight_per_caller = 32 << 20;
 };
 
