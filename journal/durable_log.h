@@ -103,7 +103,7 @@ struct JournalOptions {
   // the lag goes unnoticed. That is how the journal worked before; it is kept only so that
   // sharding_bench can measure what the mark costs a commit. Never turn it off in pacerd.
   bool mark_before_ack = true;
-  // mark_before_ack = false only: how often the mark follows.
+  // mark_before_ack = false (with sync) only: how often the mark follows.
   int64_t hwm_interval_ms = 100;
   // The data dir's identity says this log was created: a missing or empty folder, or a
   // missing high-water mark, is DATA_LOSS instead of a fresh start.

@@ -46,8 +46,8 @@
 //     that seq and the waiters up to it run: only now is the group acknowledged.
 //  3. Meanwhile the writer already writes the next group (the two fsyncs overlap: group k's
 //     mark with group k+1's WAL), and a mark covers every group written before it, so at
-//     high concurrency one mark write acknowledges several groups and throughput stays that of
-//     the WAL's fsyncs; a single caller waits for both fsyncs in turn.
+//     high concurrency one mark write acknowledges several groups and throughput stays close
+//     to that of the WAL's fsyncs; a single caller waits for both fsyncs in turn.
 // So the mark never exceeds what RocksDB holds durably (it follows a synced write) and never
 // falls below an acknowledged update (it precedes the acknowledgment). After kill -9 or a
 // power loss, the only updates the WAL may hold beyond the mark were never acknowledged: a
@@ -57,9 +57,10 @@
 // group like a failed WAL write (the journal turns unhealthy; Recover()). A torn mark write
 // damages only the slot being written, whose group was never acknowledged.
 // The mark is also written whole at each open (the recovered seq; a v1 mark is upgraded then)
-// and is exact after a clean close. With sync=false (benchmarks) or mark_before_ack=false
-// (sharding_bench's comparison only) the mark instead follows by a background thread every
-// hwm_interval_ms and lags the acknowledged seq by up to that after a crash.
+// and is exact after a clean close. With mark_before_ack=false (sharding_bench's comparison
+// only) a background thread lets it follow every hwm_interval_ms instead, and after a crash it
+// lags the acknowledged seq by up to that; with sync=false (benchmarks) it is written only at
+// open and at a clean close.
 //
 // Thread-safe (see journal.h). Waiters run on the thread that acknowledges their group: the
 // marker with marks_ack_, else the writer.
