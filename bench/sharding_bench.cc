@@ -11,7 +11,10 @@
 //   4. Recovery time after 1 M journaled updates (v3: decided leases), with snapshots (every
 //      10 000) and without.
 //   5. pacerd's resident memory serving a 10-billion-record dataset vs a 1-million one.
-// Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only]
+//   6. (--mark-cost, alone) What the high-water mark costs a commit: the new path against a
+//      pacerd whose mark is written before each group is acknowledged (today) and one whose
+//      mark lags (before), alternating in the same run.
+// Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only] [--mark-cost]
 // (each gRPC figure: the median of R windows; echo, old and new alternate within a round)
 #include <grpcpp/grpcpp.h>
 #include <fcntl.h>
@@ -24,10 +27,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -293,6 +298,95 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+constexpr int kChannels = 4;
+
+// One measurement window against a DurablePacerd.
+struct Window {
+  double shards_per_s = 0;
+  double batches_per_1000 = 0;  // group commits (WAL fsyncs) per 1000 updates
+  double marks_per_1000 = 0;    // high-water mark writes (fdatasyncs) per 1000 updates
+};
+
+// The real pacerd service in process, with its durable journal (sync=true), a dataset "train"
+// and kChannels channels to it. `mark_before_ack`: JournalOptions::mark_before_ack (false: the
+// lagging mark of before, for the comparison of section 6 only).
+class DurablePacerd {
+ public:
+  explicit DurablePacerd(bool mark_before_ack) : dir_(MakeTempDir()) {
+    PacerdOptions o;
+    o.data_dir = dir_;
+    o.listen = "127.0.0.1:0";
+    o.metrics_listen = "";
+    o.sharding.journal.mark_before_ack = mark_before_ack;
+    auto pacerd = Pacerd::Start(o);
+    if (!pacerd.ok()) {
+      std::cerr << "pacerd: " << pacerd.status() << std::endl;
+      std::exit(1);
+    }
+    pacerd_ = std::move(*pacerd);
+    channels_ = Channels(pacerd_->address(), kChannels);
+    for (auto& c : channels_) stubs_.push_back(ShardingService::NewStub(c));
+    token_ = pacerd_->job_token();
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, token_);
+    RegisterDatasetRequest req;
+    req.mutable_spec()->set_name("train");
+    req.mutable_spec()->set_num_records(uint64_t{1} << 48);
+    req.mutable_spec()->set_shard_size(64);
+    RegisterDatasetResponse resp;
+    if (!stubs_[0]->RegisterDataset(&ctx, req, &resp).ok()) std::abort();
+  }
+  ~DurablePacerd() {
+    pacerd_->Shutdown();
+    pacerd_.reset();  // its journal threads end here; only then is the dir left alone
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // One window of `clients` loops on the old (Fetch + Complete) or the new (combined) path,
+  // each a fresh worker.
+  Window RunWindow(int clients, bool combined, double seconds) {
+    std::vector<std::unique_ptr<PairLoop>> loops;
+    for (int i = 0; i < clients; ++i) {
+      grpc::ClientContext ctx;
+      AttachToken(&ctx, token_);
+      RegisterWorkerRequest req;
+      req.set_worker_id("w" + std::to_string(next_worker_++));
+      RegisterWorkerResponse resp;
+      if (!stubs_[0]->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
+      ShardingService::Stub* stub = stubs_[i % kChannels].get();
+      if (combined) {
+        loops.push_back(std::make_unique<CombinedLoop>(stub, token_, req.worker_id(),
+                                                       resp.incarnation(), "train"));
+      } else {
+        loops.push_back(std::make_unique<ShardLoop>(stub, token_, req.worker_id(),
+                                                    resp.incarnation(), "train"));
+      }
+    }
+    uint64_t errors = 0;
+    const JournalStats before = pacerd_->sharding()->stats().journal;
+    Window w;
+    w.shards_per_s = Measure(loops, seconds, &errors);
+    const JournalStats after = pacerd_->sharding()->stats().journal;
+    if (errors > 0) {
+      std::cerr << "warning: " << errors << " failed calls at " << clients << " clients ("
+                << (combined ? "new" : "old") << " path)\n";
+    }
+    const double updates = static_cast<double>(std::max<uint64_t>(1, after.appends - before.appends));
+    w.batches_per_1000 = 1000.0 * static_cast<double>(after.batches - before.batches) / updates;
+    w.marks_per_1000 = 1000.0 * static_cast<double>(after.hwm_writes - before.hwm_writes) / updates;
+    return w;
+  }
+
+ private:
+  const std::string dir_;
+  std::unique_ptr<Pacerd> pacerd_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<ShardingService::Stub>> stubs_;
+  std::string token_;
+  int next_worker_ = 0;
+};
+
 // Each figure is the median of `rounds` windows; in a round the echo, the old and the new path
 // run one after the other, so a neighbour's load on a shared machine falls on all three alike.
 RpcFigures MeasureRpc(double seconds, int rounds) {
@@ -304,69 +398,11 @@ RpcFigures MeasureRpc(double seconds, int rounds) {
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &echo_port);
   b.RegisterService(&echo);
   auto echo_server = b.BuildAndStart();
-  // Pacer: the real pacerd service with its durable journal.
-  const std::string dir = MakeTempDir();
-  PacerdOptions o;
-  o.data_dir = dir;
-  o.listen = "127.0.0.1:0";
-  o.metrics_listen = "";
-  auto pacerd = Pacerd::Start(o);
-  if (!pacerd.ok()) {
-    std::cerr << "pacerd: " << pacerd.status() << std::endl;
-    std::exit(1);
-  }
-  const int kChannels = 4;
   auto echo_channels = Channels("127.0.0.1:" + std::to_string(echo_port), kChannels);
-  auto pacer_channels = Channels((*pacerd)->address(), kChannels);
   std::vector<std::unique_ptr<Echo::Stub>> echo_stubs;
-  std::vector<std::unique_ptr<ShardingService::Stub>> pacer_stubs;
-  for (int i = 0; i < kChannels; ++i) {
-    echo_stubs.push_back(Echo::NewStub(echo_channels[i]));
-    pacer_stubs.push_back(ShardingService::NewStub(pacer_channels[i]));
-  }
-  const std::string token = (*pacerd)->job_token();
-  {
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, token);
-    RegisterDatasetRequest req;
-    req.mutable_spec()->set_name("train");
-    req.mutable_spec()->set_num_records(uint64_t{1} << 48);
-    req.mutable_spec()->set_shard_size(64);
-    RegisterDatasetResponse resp;
-    if (!pacer_stubs[0]->RegisterDataset(&ctx, req, &resp).ok()) std::abort();
-  }
-  int next_worker = 0;
-  // One window of `clients` loops on the old or the new path, each a fresh worker; returns
-  // shards/s and the fsyncs per 1000 updates in the window.
-  auto durable_window = [&](int clients, bool combined) {
-    std::vector<std::unique_ptr<PairLoop>> loops;
-    for (int i = 0; i < clients; ++i) {
-      grpc::ClientContext ctx;
-      AttachToken(&ctx, token);
-      RegisterWorkerRequest req;
-      req.set_worker_id("w" + std::to_string(next_worker++));
-      RegisterWorkerResponse resp;
-      if (!pacer_stubs[0]->RegisterWorker(&ctx, req, &resp).ok()) std::abort();
-      ShardingService::Stub* stub = pacer_stubs[i % kChannels].get();
-      if (combined) {
-        loops.push_back(std::make_unique<CombinedLoop>(stub, token, req.worker_id(),
-                                                       resp.incarnation(), "train"));
-      } else {
-        loops.push_back(std::make_unique<ShardLoop>(stub, token, req.worker_id(),
-                                                    resp.incarnation(), "train"));
-      }
-    }
-    uint64_t errors = 0;
-    const JournalStats before = (*pacerd)->sharding()->stats().journal;
-    const double rate = Measure(loops, seconds, &errors);
-    const JournalStats after = (*pacerd)->sharding()->stats().journal;
-    if (errors > 0) {
-      std::cerr << "warning: " << errors << " failed calls at " << clients << " clients ("
-                << (combined ? "new" : "old") << " path)\n";
-    }
-    return std::make_pair(rate, 1000.0 * (after.batches - before.batches) /
-                                    std::max<uint64_t>(1, after.appends - before.appends));
-  };
+  for (auto& c : echo_channels) echo_stubs.push_back(Echo::NewStub(c));
+  // Pacer: the real pacerd service with its durable journal.
+  DurablePacerd pacerd(/*mark_before_ack=*/true);
   for (int clients : {1, 16, 256}) {
     std::map<std::string, std::vector<double>> runs;  // figure -> one value per round
     for (int round = 0; round < rounds; ++round) {
@@ -376,12 +412,12 @@ RpcFigures MeasureRpc(double seconds, int rounds) {
         echo_loops.push_back(std::make_unique<EchoLoop>(echo_stubs[i % kChannels].get(), i));
       }
       runs["echo"].push_back(Measure(echo_loops, seconds, &errors));
-      const auto [old_rate, old_fsyncs] = durable_window(clients, false);
-      runs["old"].push_back(old_rate);
-      runs["old_fsyncs"].push_back(old_fsyncs);
-      const auto [new_rate, new_fsyncs] = durable_window(clients, true);
-      runs["new"].push_back(new_rate);
-      runs["new_fsyncs"].push_back(new_fsyncs);
+      const Window old_path = pacerd.RunWindow(clients, false, seconds);
+      runs["old"].push_back(old_path.shards_per_s);
+      runs["old_fsyncs"].push_back(old_path.batches_per_1000);
+      const Window new_path = pacerd.RunWindow(clients, true, seconds);
+      runs["new"].push_back(new_path.shards_per_s);
+      runs["new_fsyncs"].push_back(new_path.batches_per_1000);
     }
     out.echo[clients] = Median(runs["echo"]);
     out.durable[clients] = Median(runs["old"]);
@@ -389,12 +425,142 @@ RpcFigures MeasureRpc(double seconds, int rounds) {
     out.fsyncs_per_1000[clients] = Median(runs["old_fsyncs"]);
     out.combined_fsyncs_per_1000[clients] = Median(runs["new_fsyncs"]);
   }
-  (*pacerd)->Shutdown();
-  pacerd->reset();  // its journal threads end here; only then is the dir left alone
   echo_server->Shutdown();
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   return out;
+}
+
+// ---- 6. What the high-water mark costs a commit ----
+// The new path (one durable CompleteShard per shard) against two pacerds in the same run: the
+// mark written before each group is acknowledged (today's journal), and the lagging mark of
+// before (written every 100 ms off the commit path: JournalOptions::mark_before_ack = false).
+// Alternating within each round; medians of `rounds` windows.
+// And the journal alone, in process (no gRPC, little CPU): `threads` callers each append one
+// update and wait until it is acknowledged, again and again; the latency of each commit.
+struct CommitLatency {
+  double commits_per_s = 0;
+  double p50_ms = 0, p99_ms = 0;
+};
+
+CommitLatency JournalCommitLatency(bool mark_before_ack, int threads, double seconds) {
+  const std::string dir = MakeTempDir();
+  JournalOptions o{dir + "/journal", /*sync=*/true};
+  o.mark_before_ack = mark_before_ack;
+  auto journal = Journal::Open(o, [](const ShardingSnapshot&) { return absl::OkStatus(); },
+                               [](const Update&) { return absl::OkStatus(); });
+  if (!journal.ok()) std::abort();
+  std::mutex append_mu;  // appends in seq order
+  uint64_t seq = 0;
+  std::vector<std::vector<double>> latencies(threads);
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> callers;
+  for (int t = 0; t < threads; ++t) {
+    callers.emplace_back([&, t] {
+      while (Clock::now() < end) {
+        const auto t0 = Clock::now();
+        uint64_t s;
+        {
+          std::lock_guard<std::mutex> l(append_mu);
+          s = ++seq;
+          Update u;
+          u.set_seq(s);
+          u.mutable_worker_lost()->set_worker_id("w" + std::to_string(t));
+          (*journal)->Append(u);
+        }
+        std::promise<void> done;
+        (*journal)->WhenDurable(s, [&done](absl::Status) { done.set_value(); });
+        done.get_future().wait();
+        latencies[t].push_back(1e3 * Seconds(t0, Clock::now()));
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  journal->reset();
+  std::filesystem::remove_all(dir);
+  std::vector<double> all;
+  for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  CommitLatency out;
+  if (all.empty()) return out;
+  out.commits_per_s = static_cast<double>(all.size()) / seconds;
+  out.p50_ms = all[all.size() / 2];
+  out.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  return out;
+}
+
+struct MarkFigures {
+  std::map<int, Window> lagging, before_ack;
+  std::map<int, CommitLatency> journal_lagging, journal_before_ack;  // by caller threads
+};
+
+MarkFigures MeasureMarkCost(double seconds, int rounds) {
+  MarkFigures out;
+  DurablePacerd lagging(/*mark_before_ack=*/false), before_ack(/*mark_before_ack=*/true);
+  for (int clients : {1, 16, 256}) {
+    std::map<std::string, std::vector<double>> runs;
+    for (int round = 0; round < rounds; ++round) {
+      for (const bool ack : {false, true}) {
+        const Window w = (ack ? before_ack : lagging).RunWindow(clients, true, seconds);
+        const std::string k = ack ? "ack" : "lag";
+        runs[k].push_back(w.shards_per_s);
+        runs[k + "_batches"].push_back(w.batches_per_1000);
+        runs[k + "_marks"].push_back(w.marks_per_1000);
+      }
+    }
+    out.lagging[clients] = {Median(runs["lag"]), Median(runs["lag_batches"]), Median(runs["lag_marks"])};
+    out.before_ack[clients] = {Median(runs["ack"]), Median(runs["ack_batches"]), Median(runs["ack_marks"])};
+  }
+  for (int threads : {1, 16}) {
+    std::map<std::string, std::vector<double>> runs;
+    for (int round = 0; round < rounds; ++round) {
+      for (const bool ack : {false, true}) {
+        const CommitLatency c = JournalCommitLatency(ack, threads, seconds);
+        const std::string k = ack ? "ack" : "lag";
+        runs[k].push_back(c.commits_per_s);
+        runs[k + "_p50"].push_back(c.p50_ms);
+        runs[k + "_p99"].push_back(c.p99_ms);
+      }
+    }
+    out.journal_lagging[threads] = {Median(runs["lag"]), Median(runs["lag_p50"]), Median(runs["lag_p99"])};
+    out.journal_before_ack[threads] = {Median(runs["ack"]), Median(runs["ack_p50"]), Median(runs["ack_p99"])};
+  }
+  return out;
+}
+
+void PrintMarkTable(const MarkFigures& m) {
+  std::cout << "What the high-water mark costs a commit (new path: one durable call per shard)\n"
+            << "  lagging: the mark every 100 ms, off the commit path (before)\n"
+            << "  before ack: the mark written (fdatasync) before a group is acknowledged (now)\n"
+            << "  latency: mean time per call = clients / (shards/s), one call in flight per client\n";
+  std::cout << std::left << std::setw(9) << "clients" << std::setw(12) << "lagging" << std::setw(13)
+            << "before ack" << std::setw(8) << "ratio" << std::setw(22) << "latency ms (lag, ack)"
+            << std::setw(24) << "WAL fsyncs/1000 (lag, ack)"
+            << "mark writes/1000 (ack)\n";
+  for (int c : {1, 16, 256}) {
+    const Window& lag = m.lagging.at(c);
+    const Window& ack = m.before_ack.at(c);
+    std::ostringstream latency, fsyncs;
+    latency << std::fixed << std::setprecision(2) << 1000.0 * c / lag.shards_per_s << ", "
+            << 1000.0 * c / ack.shards_per_s;
+    fsyncs << std::fixed << std::setprecision(1) << lag.batches_per_1000 << ", " << ack.batches_per_1000;
+    std::cout << std::fixed << std::setprecision(0) << std::setw(9) << c << std::setw(12)
+              << lag.shards_per_s << std::setw(13) << ack.shards_per_s << std::setprecision(2)
+              << std::setw(8) << ack.shards_per_s / lag.shards_per_s << std::setw(22) << latency.str()
+              << std::setw(24) << fsyncs.str() << std::setprecision(1) << ack.marks_per_1000 << "\n";
+  }
+  std::cout << "\nThe journal alone, in process: each caller appends one update and waits for its\n"
+            << "acknowledgment; commits/s and commit latency p50 / p99 in ms\n";
+  std::cout << std::left << std::setw(9) << "callers" << std::setw(28) << "lagging: commits/s, p50, p99"
+            << "before ack: commits/s, p50, p99\n";
+  for (int t : {1, 16}) {
+    auto row = [](const CommitLatency& c) {
+      std::ostringstream o;
+      o << std::fixed << std::setprecision(0) << c.commits_per_s << ", " << std::setprecision(2)
+        << c.p50_ms << ", " << c.p99_ms;
+      return o.str();
+    };
+    std::cout << std::setw(9) << t << std::setw(28) << row(m.journal_lagging.at(t))
+              << row(m.journal_before_ack.at(t)) << "\n";
+  }
 }
 
 // ---- 4. Recovery ----
@@ -562,18 +728,20 @@ void PrintRpcTable(const RpcFigures& rpc) {
 
 int main(int argc, char** argv) {
   using namespace pacer::bench;
-  bool json = false, rpc_only = false;
+  bool json = false, rpc_only = false, mark_only = false;
   double seconds = 2.0;
   int rounds = 3;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = std::stod(argv[++i]);
     else if (!std::strcmp(argv[i], "--rpc-only")) rpc_only = true;
+    else if (!std::strcmp(argv[i], "--mark-cost")) mark_only = true;
     else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::max(1, std::stoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--help")) {
-      std::cout << "Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only]\n"
+      std::cout << "Usage: sharding_bench [--json] [--seconds S] [--rounds R] [--rpc-only] [--mark-cost]\n"
                    "  --seconds: each measurement window (default 2); --rounds: windows per gRPC\n"
-                   "  figure, the median is printed (default 3); --rpc-only: only the gRPC table\n";
+                   "  figure, the median is printed (default 3); --rpc-only: only the gRPC table;\n"
+                   "  --mark-cost: only what the high-water mark costs a commit (section 6)\n";
       return 0;
     } else {
       std::cerr << "sharding_bench: unknown argument '" << argv[i] << "'\n";
@@ -582,6 +750,29 @@ int main(int argc, char** argv) {
   }
   setenv("PACER_LOG_LEVEL", "ERROR", 1);
   const auto t0 = std::chrono::steady_clock::now();
+  if (mark_only) {
+    const MarkFigures marks = MeasureMarkCost(seconds, rounds);
+    if (json) {
+      std::cout << std::fixed << std::setprecision(4) << "{";
+      const char* sep = "";
+      for (int c : {1, 16, 256}) {
+        std::cout << sep << "\"lagging_mark_shards_per_s_" << c << "\": " << marks.lagging.at(c).shards_per_s
+                  << ", \"mark_before_ack_shards_per_s_" << c << "\": " << marks.before_ack.at(c).shards_per_s
+                  << ", \"mark_writes_per_1000_updates_" << c << "\": " << marks.before_ack.at(c).marks_per_1000;
+        sep = ", ";
+      }
+      for (int t : {1, 16}) {
+        std::cout << ", \"journal_lagging_p50_ms_" << t << "\": " << marks.journal_lagging.at(t).p50_ms
+                  << ", \"journal_before_ack_p50_ms_" << t << "\": " << marks.journal_before_ack.at(t).p50_ms
+                  << ", \"journal_lagging_commits_per_s_" << t << "\": " << marks.journal_lagging.at(t).commits_per_s
+                  << ", \"journal_before_ack_commits_per_s_" << t << "\": " << marks.journal_before_ack.at(t).commits_per_s;
+      }
+      std::cout << "}" << std::endl;
+    } else {
+      PrintMarkTable(marks);
+    }
+    return 0;
+  }
   const double state_rate = rpc_only ? 0 : StateUpdatesPerSecond();
   if (!json) std::cerr << "[1/4] state machine done\n";
   const RpcFigures rpc = MeasureRpc(seconds, rounds);

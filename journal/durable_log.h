@@ -45,7 +45,8 @@
 // (e.g. INVALID_ARGUMENT from the state machine's validation: a kind a newer pacerd wrote),
 // reported as such. Both refuse the open with DATA_LOSS naming the folder and the entry.
 //
-// Thread-safe. Waiter callbacks run on the writer thread (or inline if already durable or failed).
+// Thread-safe. Waiter callbacks run on one of the log's own threads (RocksLog: the one that
+// acknowledges a group), or inline if already durable or failed.
 #pragma once
 
 #include <cstdint>
@@ -91,11 +92,18 @@ struct JournalOptions {
   std::string dir;   // the RocksDB folder
   bool sync = true;  // fsync every group; false only for benchmarks of the in-memory path
   // The durable high-water mark (the highest seq known durable), kept OUTSIDE `dir` so that
-  // losing the folder is noticed; default: `dir` + ".hwm" (a sibling file).
+  // losing the folder is noticed; default: `dir` + ".hwm" (a sibling file;
+  // journal/high_water_mark.h).
   std::string hwm_file;
-  // How often the high-water mark follows durable_seq while running (a background thread, off
-  // the group-commit path). At a clean close it is written exactly. After kill -9 or a power
-  // loss it may lag the acknowledged seq by up to about this much time.
+  // With sync: a group is acknowledged only once the mark holds it (the mark is written after
+  // the group's synced write, pipelined with the next group's: rocks_log.h), so the mark is
+  // never below an acknowledged update and a WAL cut back by any amount is refused on open.
+  // false: the mark follows the durable seq every hwm_interval_ms, off the commit path, and
+  // after kill -9 or a power loss lags the acknowledged seq by up to that — a cut confined to
+  // the lag goes unnoticed. That is how the journal worked before; it is kept only so that
+  // sharding_bench can measure what the mark costs a commit. Never turn it off in pacerd.
+  bool mark_before_ack = true;
+  // mark_before_ack = false (with sync) only: how often the mark follows.
   int64_t hwm_interval_ms = 100;
   // The data dir's identity says this log was created: a missing or empty folder, or a
   // missing high-water mark, is DATA_LOSS instead of a fresh start.
@@ -126,6 +134,7 @@ struct JournalStats {
   uint64_t pinned_written = 0;  // pinned entries written (each once, see WriteSnapshot)
   uint64_t durable_seq = 0;
   uint64_t hwm_seq = 0;       // the high-water mark last written durably
+  uint64_t hwm_writes = 0;    // marks written in place (one per batch or fewer: see rocks_log.h)
   uint64_t failed_writes = 0;  // groups that failed (each made the journal unhealthy)
   uint64_t recoveries = 0;     // successful Recover() calls after a failure
   // Latency of each written batch (its fsync included): counts per bucket of
@@ -139,6 +148,8 @@ struct JournalStats {
 struct JournalRecovery {
   uint64_t recovered_seq = 0;  // last update replayed
   uint64_t hwm_seq = 0;        // the high-water mark found (0: none)
+  std::string hwm_format;      // its format ("" when none; a v1 mark is rewritten as v2)
+  bool hwm_torn = false;       // one slot of the mark did not verify (a torn write of it)
   bool created = false;        // a new, empty journal
   bool adopted = false;        // no high-water mark yet (a data dir from before it): created
   std::string format;          // the format the journal was found in ("" when created)

@@ -27,7 +27,6 @@ namespace {
 constexpr char kFormatKey[] = "m:format";
 // Written with an imported older store, deleted once the high-water mark holds it.
 constexpr char kImportedKey[] = "m:imported";
-constexpr char kHwmMagic[] = "pacer-journal-hwm-v1";
 // Wire tag of JournalRecord.updates (field 1, length-delimited).
 constexpr uint32_t kRecordUpdatesTag = (1 << 3) | 2;
 constexpr char kAcceptHint[] =
@@ -98,38 +97,6 @@ absl::Status WriteFailure(const rocksdb::Status& st, const std::string& dir) {
                                 "): updates are refused until the journal is reopened");
 }
 
-// Reads the high-water mark: nullopt when there is none, DATA_LOSS when it does not parse.
-absl::StatusOr<std::optional<uint64_t>> ReadHwm(rocksdb::FileSystem* fs, const std::string& path) {
-  rocksdb::IOStatus st = fs->FileExists(path, rocksdb::IOOptions(), nullptr);
-  if (st.IsNotFound()) return std::optional<uint64_t>();
-  std::unique_ptr<rocksdb::FSSequentialFile> file;
-  st = fs->NewSequentialFile(path, rocksdb::FileOptions(), &file, nullptr);
-  if (!st.ok()) return absl::UnavailableError("journal: cannot read '" + path + "': " + st.ToString());
-  std::string text;
-  char buf[256];
-  for (;;) {
-    rocksdb::Slice got;
-    st = file->Read(sizeof buf, rocksdb::IOOptions(), &got, buf, nullptr);
-    if (!st.ok()) return absl::UnavailableError("journal: cannot read '" + path + "': " + st.ToString());
-    if (got.empty() || text.size() > 4096) break;
-    text.append(got.data(), got.size());
-  }
-  // "pacer-journal-hwm-v1 seq=N\n"
-  const std::string prefix = std::string(kHwmMagic) + " seq=";
-  uint64_t seq = 0;
-  bool ok = text.size() > prefix.size() + 1 && text.compare(0, prefix.size(), prefix) == 0 &&
-            text.back() == '\n';
-  size_t digits = 0;
-  for (size_t i = prefix.size(); ok && i + 1 < text.size(); ++i, ++digits) {
-    if (text[i] < '0' || text[i] > '9' || digits >= 19) ok = false;
-    else seq = seq * 10 + static_cast<uint64_t>(text[i] - '0');
-  }
-  if (!ok || digits == 0) {
-    return absl::DataLossError("journal: the high-water mark '" + path + "' is damaged");
-  }
-  return std::optional<uint64_t>(seq);
-}
-
 // The updates of one record (JournalRecord: field 1, length-delimited, repeated), as bytes.
 bool SplitRecord(const rocksdb::Slice& value, std::vector<std::string>* out) {
   out->clear();
@@ -156,6 +123,7 @@ struct RocksLog::Opened {
   std::set<std::string> pinned;
   bool upgrade_format = false;
   JournalRecovery recovery;
+  std::unique_ptr<HighWaterMark> hwm;  // written at this open (the recovered seq)
 };
 
 absl::StatusOr<std::unique_ptr<DurableLog>> OpenRocksLog(const JournalOptions& options,
@@ -173,7 +141,8 @@ RocksLog::RocksLog(JournalOptions options, std::unique_ptr<rocksdb::Env> env)
     : options_(std::move(options)),
       hwm_path_(HwmPath(options_)),
       fs_(options_.fs ? options_.fs : rocksdb::FileSystem::Default()),
-      env_(std::move(env)) {}
+      env_(std::move(env)),
+      marks_ack_(options_.sync && options_.mark_before_ack) {}
 
 absl::StatusOr<std::unique_ptr<RocksLog>> RocksLog::Open(const JournalOptions& options,
                                                          const Replay& replay) {
@@ -186,7 +155,11 @@ absl::StatusOr<std::unique_ptr<RocksLog>> RocksLog::Open(const JournalOptions& o
   if (!opened.ok()) return opened.status();
   j->Install(std::move(*opened));
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
-  if (options.sync) j->hwm_thread_ = std::thread([p = j.get()] { p->HwmLoop(); });
+  if (j->marks_ack_) {
+    j->hwm_thread_ = std::thread([p = j.get()] { p->MarkLoop(); });
+  } else if (options.sync) {
+    j->hwm_thread_ = std::thread([p = j.get()] { p->HwmLoop(); });
+  }
   return j;
 }
 
@@ -198,12 +171,19 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
 
   // 0. What the high-water mark says, and whether a database is there.
   std::optional<uint64_t> hwm;
-  if (auto h = ReadHwm(fs_.get(), hwm_path_); h.ok()) {
-    hwm = *h;
-  } else if (accept && h.status().code() == absl::StatusCode::kDataLoss) {
+  if (auto h = HighWaterMark::Read(fs_.get(), hwm_path_); !h.ok()) {
+    // Damage may be accepted; a mark in a newer pacerd's format never is.
+    if (!accept || h.status().code() != absl::StatusCode::kDataLoss) return h.status();
     accepted.push_back(std::string(h.status().message()));
-  } else {
-    return h.status();
+  } else if (h->has_value()) {
+    hwm = (*h)->seq;
+    out.recovery.hwm_format = (*h)->format;
+    out.recovery.hwm_torn = (*h)->torn;
+    if ((*h)->torn) {
+      PACER_LOG(WARNING) << "journal: one slot of the high-water mark '" << hwm_path_
+                         << "' is torn (a mark write cut short, never acknowledged); the other holds "
+                         << (*h)->seq;
+    }
   }
   out.recovery.hwm_seq = hwm.value_or(0);
   const bool exists =
@@ -246,9 +226,10 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   // was in progress when the power went or the disk filled, and with sync=true such a write was
   // never acknowledged. A checksum mismatch, a bad record type or a truncated record that is not
   // at the end still refuses. A WAL cut back further than one write (truncated on purpose, or a
-  // lost tail of whole records) is caught by step 4: after a clean stop the mark is exact, so
-  // any acknowledged update missing is DATA_LOSS. After a crash the mark lags by
-  // <= hwm_interval_ms, and a cut confined to that window is indistinguishable from a torn tail.
+  // lost tail of whole records) is caught by step 4: the mark holds every acknowledged update
+  // (it is written before a group is acknowledged), so any acknowledged update missing is
+  // DATA_LOSS, after a clean stop and after a crash alike; what the WAL holds past the mark was
+  // never acknowledged, and dropping it is no loss.
   // Recovering after a failed write adds this process's own durable seq (min_seq) to the floor.
   db_options.wal_recovery_mode = accept ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
                                         : rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
@@ -416,10 +397,14 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   }
   out.recovery.adopted = !hwm && exists && accepted.empty();
   out.recovery.accepted_loss = absl::StrJoin(accepted, "; ");
-  {
-    std::lock_guard<std::mutex> l(hwm_mu_);
-    hwm_written_ = 0;  // the mark follows what was recovered (down, when a loss was accepted)
-    if (auto s = WriteHwm(out.last_seq); !s.ok()) return s;
+  // The mark follows what was recovered (down, when a loss was accepted), written whole: a v1
+  // mark becomes v2 here.
+  auto mark = HighWaterMark::Create(fs_.get(), hwm_path_, out.last_seq);
+  if (!mark.ok()) return mark.status();
+  out.hwm = std::move(*mark);
+  if (out.recovery.hwm_format == kHwmFormatV1) {
+    PACER_LOG(INFO) << "journal: the high-water mark '" << hwm_path_ << "' upgraded from "
+                    << kHwmFormatV1 << " to " << kHwmFormatV2;
   }
   if (!out.recovery.imported.empty()) {  // the mark holds the import now
     rocksdb::WriteOptions wo;
@@ -431,41 +416,19 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
 
 void RocksLog::Install(Opened opened) {
   db_ = std::move(opened.db);
-  last_seq_ = durable_seq_ = opened.last_seq;
+  last_seq_ = written_seq_ = durable_seq_ = opened.last_seq;
+  ++epoch_;
+  {
+    std::lock_guard<std::mutex> h(hwm_mu_);
+    hwm_ = std::move(opened.hwm);
+    hwm_seq_.store(hwm_->seq());
+  }
   last_snapshot_seq_ = opened.snapshot_seq;
   pinned_ = std::move(opened.pinned);
   upgrade_format_ = opened.upgrade_format;
   recovery_ = std::move(opened.recovery);
   stats_.durable_seq = durable_seq_;
   health_ = absl::OkStatus();
-}
-
-absl::Status RocksLog::WriteHwm(uint64_t seq) {
-  if (seq == hwm_written_ && seq != 0) return absl::OkStatus();
-  const std::string tmp = hwm_path_ + ".tmp";
-  const std::string text = absl::StrCat(kHwmMagic, " seq=", seq, "\n");
-  const rocksdb::IOOptions io;
-  auto fail = [&](const rocksdb::IOStatus& st) {
-    return absl::UnavailableError("journal: cannot write the high-water mark '" + hwm_path_ +
-                                  "': " + st.ToString());
-  };
-  std::unique_ptr<rocksdb::FSWritableFile> file;
-  rocksdb::IOStatus st = fs_->NewWritableFile(tmp, rocksdb::FileOptions(), &file, nullptr);
-  if (!st.ok()) return fail(st);
-  st = file->Append(text, io, nullptr);
-  if (st.ok()) st = file->Sync(io, nullptr);
-  rocksdb::IOStatus closed = file->Close(io, nullptr);
-  if (st.ok()) st = closed;
-  if (!st.ok()) return fail(st);
-  st = fs_->RenameFile(tmp, hwm_path_, io, nullptr);
-  if (!st.ok()) return fail(st);
-  std::unique_ptr<rocksdb::FSDirectory> d;
-  st = fs_->NewDirectory(Parent(hwm_path_), io, &d, nullptr);
-  if (st.ok()) st = d->Fsync(io, nullptr);
-  if (!st.ok()) return fail(st);
-  hwm_written_ = seq;
-  hwm_seq_.store(seq);
-  return absl::OkStatus();
 }
 
 RocksLog::~RocksLog() {
@@ -475,7 +438,8 @@ RocksLog::~RocksLog() {
   }
   cv_.notify_all();
   hwm_cv_.notify_all();
-  if (writer_.joinable()) writer_.join();
+  mark_cv_.notify_all();
+  if (writer_.joinable()) writer_.join();  // then the marker marks what it wrote, and exits
   if (hwm_thread_.joinable()) hwm_thread_.join();
   if (!db_) return;
   bool healthy;
@@ -486,11 +450,15 @@ RocksLog::~RocksLog() {
     durable = durable_seq_;
   }
   if (healthy) {
-    // A clean close: the mark is exact. Without per-group fsync, sync the WAL first.
+    // A clean close: the mark is exact (with marks_ack_ it already is: the marker has marked
+    // everything written before it exited). Without per-group fsync, sync the WAL first.
     rocksdb::Status st = options_.sync ? rocksdb::Status::OK() : db_->SyncWAL();
-    if (st.ok()) {
-      std::lock_guard<std::mutex> l(hwm_mu_);
-      if (auto s = WriteHwm(durable); !s.ok()) PACER_LOG(WARNING) << s;
+    std::lock_guard<std::mutex> h(hwm_mu_);
+    if (st.ok() && hwm_ && hwm_->seq() != durable) {
+      if (auto s = hwm_->Advance(durable); !s.ok()) {
+        PACER_LOG(WARNING) << s;
+      }
+      hwm_seq_.store(hwm_->seq());
     }
   }
   db_->Close().PermitUncheckedError();
@@ -656,6 +624,58 @@ absl::Status RocksLog::Recover(const Replay& replay) {
   return absl::OkStatus();
 }
 
+void RocksLog::TakeWaiters(uint64_t up_to, std::vector<Done>* ready) {
+  while (!waiters_.empty() && waiters_.begin()->first <= up_to) {
+    ready->push_back(std::move(waiters_.begin()->second));
+    waiters_.erase(waiters_.begin());
+  }
+}
+
+void RocksLog::MarkLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    // Steps 2 and 3 of "Acknowledging a group" (rocks_log.h).
+    mark_cv_.wait(l, [&] { return (health_.ok() && written_seq_ > durable_seq_) || writer_done_; });
+    if (!health_.ok() || written_seq_ <= durable_seq_) break;  // the writer is done: all marked
+    const uint64_t target = written_seq_;  // every group written so far, in one mark
+    const uint64_t epoch = epoch_;
+    l.unlock();
+    absl::Status st;
+    {
+      std::lock_guard<std::mutex> h(hwm_mu_);
+      // (Never lowered: after a Recover() the new mark already holds at least this.)
+      if (target > hwm_->seq()) st = hwm_->Advance(target);
+      hwm_seq_.store(hwm_->seq());
+    }
+    std::vector<Done> ready;
+    absl::Status status;
+    l.lock();
+    if (epoch != epoch_) continue;  // Recover() reopened the log meanwhile, with its own mark
+    if (!st.ok()) {
+      // Not acknowledged: the same as a failed WAL write (rocks_log.h, DurableLog's step 5).
+      if (health_.ok()) {
+        health_ = absl::UnavailableError(absl::StrCat(
+            st.message(), ": updates are refused until the journal is reopened; nothing "
+                          "acknowledged is lost"));
+        stats_.failed_writes++;
+        PACER_LOG(ERROR) << health_.message();
+      }
+      TakeWaiters(~uint64_t{0}, &ready);  // all of them: none is acknowledged
+      status = health_;
+    } else {
+      // Marked: acknowledged (even if a later group failed meanwhile; its waiters have failed).
+      durable_seq_ = std::max(durable_seq_, target);
+      stats_.durable_seq = durable_seq_;
+      stats_.hwm_writes++;
+      TakeWaiters(durable_seq_, &ready);
+    }
+    l.unlock();
+    durable_cv_.notify_all();
+    for (auto& done : ready) done(status);
+    l.lock();
+  }
+}
+
 void RocksLog::HwmLoop() {
   const auto period = std::chrono::milliseconds(std::max<int64_t>(1, options_.hwm_interval_ms));
   std::unique_lock<std::mutex> l(mu_);
@@ -667,9 +687,12 @@ void RocksLog::HwmLoop() {
     l.unlock();
     if (healthy) {
       std::lock_guard<std::mutex> h(hwm_mu_);
-      if (durable > hwm_written_) {
+      if (durable > hwm_->seq()) {
         // A failure (a full disk) keeps the older, lower mark: always safe, only less exact.
-        if (auto s = WriteHwm(durable); !s.ok()) PACER_LOG(WARNING) << s;
+        if (auto s = hwm_->Advance(durable); !s.ok()) {
+          PACER_LOG(WARNING) << s;
+        }
+        hwm_seq_.store(hwm_->seq());
       }
     }
     l.lock();
@@ -687,7 +710,11 @@ void RocksLog::WriterLoop() {
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty() && stopping_) break;
+      if (queue_.empty() && stopping_) {
+        writer_done_ = true;  // the marker marks what was written, then exits
+        mark_cv_.notify_one();
+        break;
+      }
       batch_entries.swap(queue_);
       if (!health_.ok()) {  // never write past a failed batch: the log would have a hole
         batch_entries.clear();
@@ -755,11 +782,10 @@ void RocksLog::WriterLoop() {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!st.ok()) {
-        health_ = WriteFailure(st, options_.dir);
+        if (health_.ok()) health_ = WriteFailure(st, options_.dir);  // (or the mark failed first)
         stats_.failed_writes++;
         PACER_LOG(ERROR) << health_.message();
-        for (auto& [seq, done] : waiters_) ready.push_back(std::move(done));
-        waiters_.clear();
+        TakeWaiters(~uint64_t{0}, &ready);  // all of them: none is acknowledged
       } else {
         stats_.batches++;
         stats_.bytes += bytes;
@@ -780,11 +806,13 @@ void RocksLog::WriterLoop() {
           stats_.snapshots++;
           stats_.pinned_written += pinned_written;
         }
-        if (max_seq > durable_seq_) durable_seq_ = max_seq;
-        stats_.durable_seq = durable_seq_;
-        while (!waiters_.empty() && waiters_.begin()->first <= durable_seq_) {
-          ready.push_back(std::move(waiters_.begin()->second));
-          waiters_.erase(waiters_.begin());
+        if (max_seq > written_seq_) written_seq_ = max_seq;
+        if (marks_ack_) {
+          mark_cv_.notify_one();  // acknowledged once the mark holds it (MarkLoop)
+        } else {
+          durable_seq_ = written_seq_;
+          stats_.durable_seq = durable_seq_;
+          TakeWaiters(durable_seq_, &ready);
         }
       }
       status = health_;

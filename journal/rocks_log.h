@@ -33,18 +33,37 @@
 //  3. Replay: a gap, an unparsable entry or snapshot (the owner's callback says INVALID_ARGUMENT),
 //     or one that does not apply is DATA_LOSS naming the key.
 //  4. The high-water mark (`<dir>.hwm`, outside the folder, written through the same file
-//     system: temp file + fsync + rename + directory fsync) holds a seq known durable. The
-//     recovered seq must be >= it; if not, DATA_LOSS says how many acknowledged updates are
-//     missing. A missing folder with a mark > 0, or with must_exist, is DATA_LOSS too.
-// The mark is written only after RocksDB's synced write returned OK, so it never exceeds what
-// RocksDB has durably: by a background thread every hwm_interval_ms while running (off the
-// group-commit path: no fsync is added to a commit's latency), exactly at a clean close, and
-// at each open (the recovered seq). After a clean stop it is exact, so any acknowledged update
-// missing (a WAL truncated by any amount) is refused by 4. Under kill -9 or power loss it lags
-// by <= ~hwm_interval_ms of acknowledged updates: a loss confined to that window, at the very
-// end of the WAL, cannot be told from a torn tail.
+//     system; format and torn writes: journal/high_water_mark.h) holds a seq known durable,
+//     never below an acknowledged one. The recovered seq must be >= it; if not, DATA_LOSS says
+//     how many acknowledged updates are missing. A missing folder with a mark > 0, or with
+//     must_exist, is DATA_LOSS too. A mark of another version is FAILED_PRECONDITION.
 //
-// Thread-safe (see journal.h). Waiters run on the writer thread.
+// Acknowledging a group (sync=true, mark_before_ack; the DurableLog protocol's step 2 and 3):
+//  1. The writer thread takes everything queued and writes it as one WriteBatch with
+//     sync=true; then written_seq_ = the group's last seq, and it wakes the marker.
+//  2. The marker thread writes written_seq_ into the mark in place (pwrite + fdatasync of one
+//     84-byte line, into the slot not holding the current mark), then durable_seq_ =
+//     that seq and the waiters up to it run: only now is the group acknowledged.
+//  3. Meanwhile the writer already writes the next group (the two fsyncs overlap: group k's
+//     mark with group k+1's WAL), and a mark covers every group written before it, so at
+//     high concurrency one mark write acknowledges several groups and throughput stays close
+//     to that of the WAL's fsyncs; a single caller waits for both fsyncs in turn.
+// So the mark never exceeds what RocksDB holds durably (it follows a synced write) and never
+// falls below an acknowledged update (it precedes the acknowledgment). After kill -9 or a
+// power loss, the only updates the WAL may hold beyond the mark were never acknowledged: a
+// torn last record (a group whose write was in progress) or whole groups written but not yet
+// marked — dropping them is no loss. A WAL cut back by any amount below the mark — truncated,
+// a lost tail of whole records, cut to zero — is refused by 4. A failed mark write fails the
+// group like a failed WAL write (the journal turns unhealthy; Recover()). A torn mark write
+// damages only the slot being written, whose group was never acknowledged.
+// The mark is also written whole at each open (the recovered seq; a v1 mark is upgraded then)
+// and is exact after a clean close. With mark_before_ack=false (sharding_bench's comparison
+// only) a background thread lets it follow every hwm_interval_ms instead, and after a crash it
+// lags the acknowledged seq by up to that; with sync=false (benchmarks) it is written only at
+// open and at a clean close.
+//
+// Thread-safe (see journal.h). Waiters run on the thread that acknowledges their group: the
+// marker with marks_ack_, else the writer.
 #pragma once
 
 #include <atomic>
@@ -58,6 +77,7 @@
 #include <vector>
 
 #include "journal/durable_log.h"
+#include "journal/high_water_mark.h"
 
 namespace rocksdb {
 class DB;
@@ -99,9 +119,13 @@ class RocksLog final : public DurableLog {
   // each update >= from into `fn`; a gap or a corrupt record is DATA_LOSS.
   absl::Status ReadRecords(rocksdb::DB& db, uint64_t from, bool exact, const EntryFn& fn) const;
   void Install(Opened opened);  // under mu_ (or before the threads start)
-  absl::Status WriteHwm(uint64_t seq);  // under hwm_mu_
   void WriterLoop();
+  // Acknowledges what the writer wrote once the mark holds it (mark_before_ack).
+  void MarkLoop();
+  // Lets the mark follow every hwm_interval_ms (sync=false or mark_before_ack=false).
   void HwmLoop();
+  // Moves the waiters for seqs <= up_to to `ready`, to be run without mu_. Under mu_.
+  void TakeWaiters(uint64_t up_to, std::vector<Done>* ready);
 
   struct Entry {
     uint64_t seq;
@@ -118,25 +142,31 @@ class RocksLog final : public DurableLog {
   mutable std::mutex mu_;
   std::condition_variable cv_;          // wakes the writer
   std::condition_variable durable_cv_;  // wakes Flush()
-  std::condition_variable hwm_cv_;      // wakes the high-water mark thread (stop)
+  std::condition_variable hwm_cv_;      // wakes HwmLoop (stop)
+  std::condition_variable mark_cv_;     // wakes the marker (a group written, or the writer done)
   std::vector<Entry> queue_;
   std::multimap<uint64_t, Done> waiters_;
   uint64_t last_seq_ = 0;           // last appended
-  uint64_t durable_seq_ = 0;        // last written (synced)
+  uint64_t written_seq_ = 0;        // last written (synced) to RocksDB
+  uint64_t durable_seq_ = 0;        // last acknowledged: written and, with marks_ack_, marked
   uint64_t last_snapshot_seq_ = 0;  // newest snapshot on disk
+  uint64_t epoch_ = 0;              // +1 at each Install(): a mark of an older epoch is moot
   std::set<std::string> pinned_;    // keys of the pinned entries on disk
   bool upgrade_format_ = false;     // an older readable format: rewrite it with the next group
   absl::Status health_;
   absl::Status failure_;  // the write failure a failed Recover() still reports
   bool stopping_ = false;
+  bool writer_done_ = false;  // the writer has written everything queued and exited
   JournalStats stats_;
   JournalRecovery recovery_;
-  // Lock order: mu_ before hwm_mu_; WriteHwm() takes no other lock.
-  std::mutex hwm_mu_;  // serialises writes of the mark
-  uint64_t hwm_written_ = 0;
-  std::atomic<uint64_t> hwm_seq_{0};  // == hwm_written_, readable without hwm_mu_
+  // A group is acknowledged only once the mark holds it (sync && mark_before_ack).
+  const bool marks_ack_;
+  // Lock order: mu_ before hwm_mu_; the mark is written holding hwm_mu_ only.
+  std::mutex hwm_mu_;
+  std::unique_ptr<HighWaterMark> hwm_;  // guarded by hwm_mu_; replaced at each (re)open
+  std::atomic<uint64_t> hwm_seq_{0};  // == hwm_->seq(), readable without hwm_mu_
   std::thread writer_;
-  std::thread hwm_thread_;
+  std::thread hwm_thread_;  // MarkLoop or HwmLoop
 };
 
 }  // namespace pacer

@@ -12,7 +12,7 @@
 // worker_timeout it is declared lost. After a restart every worker gets a fresh grace period.
 //
 // Thread-safe; every method may be called concurrently. Callbacks (`done`) run on the journal's
-// writer thread or inline, never under mu_.
+// thread that acknowledges a group (journal/rocks_log.h) or inline, never under mu_.
 #pragma once
 
 #include <cstdint>

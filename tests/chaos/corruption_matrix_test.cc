@@ -98,10 +98,7 @@ std::vector<fs::path> Files(const std::string& dir, const std::string& suffix,
   return out;
 }
 
-fs::path LiveWal(const std::string& data_dir) {
-  auto wals = Files(data_dir + "/journal", ".log");
-  return wals.empty() ? fs::path() : wals.back();
-}
+fs::path LiveWal(const std::string& data_dir) { return testing::LiveWal(data_dir + "/journal"); }
 
 void Flip(const fs::path& file, int percent) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);

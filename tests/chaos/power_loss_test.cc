@@ -4,8 +4,10 @@
 // on (calls in flight fail or complete, as on a real machine), the service is destroyed
 // without a clean close, every byte not synced is dropped — or, as when the power goes in the
 // middle of a write, only part of it: a random prefix of each unsynced tail stays, so the WAL's
-// last record is often torn — and the service reopens from what is left, with default options
-// (no --accept-data-loss: a real power loss needs no operator). The oracle is RocksDB crash-test style: a completion is marked pending *before* it is
+// last record is often torn, and of a mark written in place but not synced a random prefix
+// stays, a torn slot of the high-water mark — and the service reopens from what is left, with
+// default options (no --accept-data-loss: a real power loss needs no operator). The oracle is
+// RocksDB crash-test style: a completion is marked pending *before* it is
 // sent; acknowledged, it must be counted; still pending at the crash, it may or may not have
 // been, and the worker's re-registration (previous_leases: the final prefix of each lease of its
 // last incarnation) tells which. At the end every record of both epochs is counted exactly once
@@ -164,7 +166,6 @@ TEST(PowerLossTest, DropUnsyncedDataAndRestartEveryAcknowledgedRecordCountedExac
   o.lease_timeout_ms = 3'600'000;
   o.worker_timeout_ms = 3'600'000;
   o.journal.fs = fs;
-  o.journal.hwm_interval_ms = 5;
   o.journal.must_exist = false;
   SimulatedClock clock;
   Ledger ledger;

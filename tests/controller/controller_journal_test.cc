@@ -20,6 +20,7 @@
 #include "controller/controller.h"
 #include "controller/controller_durable_state.h"
 #include "controller/controller_store.h"
+#include "tests/testing/fault_injection_fs.h"
 #include "tests/testing/test_util.h"
 
 namespace pacer {
@@ -385,6 +386,56 @@ TEST(ControllerJournalDamageTest, ALostTailIsDataLossCountingTheMissingUpdates) 
   auto accepted = ControllerStore::Open(dir, true, /*accept_data_loss=*/true);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_FALSE((*accepted)->recovery().accepted_loss.empty());
+}
+
+// Issue 25, finding 10, for the controller's journal (the same RocksLog, with its own mark,
+// controller.hwm): killed, then the live WAL's last 100 bytes cut. Before, the mark lagged the
+// acknowledged seq and the journal opened without a word at a lower seq (journal_integrity_test
+// has the same case for the sharding journal).
+TEST(ControllerJournalDamageTest, AWalCutBackAfterAKillIsRefusedCountingTheMissingUpdates) {
+  testing::TempDir t;
+  auto fs = std::make_shared<testing::FaultInjectionFs>();
+  JournalOptions o;
+  o.dir = t.Sub("controller");
+  o.fs = fs;
+  o.hwm_interval_ms = 3'600'000;  // the old mark's lag over the whole test: not timing-dependent
+  uint64_t last = 0;
+  auto on_snapshot = [&](const ControllerSnapshot& s) {
+    last = s.seq();
+    return absl::OkStatus();
+  };
+  auto on_update = [&](const ControllerUpdate& u) {
+    last = u.seq();
+    return absl::OkStatus();
+  };
+  constexpr uint64_t kAcknowledged = 20;
+  {
+    auto j = ControllerJournal::Open(o, on_snapshot, on_update);
+    ASSERT_TRUE(j.ok()) << j.status();
+    for (uint64_t seq = 1; seq <= kAcknowledged; ++seq) {
+      ControllerUpdate u = U(seq);
+      u.mutable_next_audit_id()->set_next_id(100 + seq);
+      (*j)->Append(u);
+      ASSERT_TRUE((*j)->Flush().ok());  // acknowledged: pacerd would carry the decision out now
+    }
+    fs->SetFault(testing::FaultInjectionFs::Fault::kIoError);  // kill -9: nothing more written
+  }
+  fs->SetFault(testing::FaultInjectionFs::Fault::kNone);
+  const std::string wal = testing::LiveWal(o.dir);
+  ASSERT_FALSE(wal.empty());
+  std::filesystem::resize_file(wal, std::filesystem::file_size(wal) - 100);
+
+  last = 0;
+  auto refused = ControllerJournal::Open(o, on_snapshot, on_update);
+  ASSERT_FALSE(refused.ok()) << "opened at update " << last << " although " << kAcknowledged
+                             << " were acknowledged";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  ASSERT_LT(last, kAcknowledged) << "the cut took nothing: the case is not finding 10";
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find(o.dir + ".hwm"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(kAcknowledged - last) + " acknowledged updates are missing"),
+            std::string::npos)
+      << message;
 }
 
 TEST(ControllerJournalDamageTest, AnUpdateOfANewerPacerdIsRefused) {

@@ -1,5 +1,6 @@
 #include "tests/testing/fault_injection_fs.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +99,44 @@ class TrackedFile : public rocksdb::FSWritableFileOwnerWrapper {
   uint64_t size_;
 };
 
+// A file written in place (the high-water mark): each write remembers what it overwrote until
+// the next sync, and refuses under a fault.
+class TrackedRWFile : public rocksdb::FSRandomRWFileOwnerWrapper {
+ public:
+  TrackedRWFile(std::unique_ptr<rocksdb::FSRandomRWFile> f, FaultInjectionFs* fs, std::string path)
+      : FSRandomRWFileOwnerWrapper(std::move(f)), fs_(fs), path_(std::move(path)) {}
+
+  IOStatus Write(uint64_t offset, const Slice& data, const IOOptions& o,
+                 IODebugContext* dbg) override {
+    if (auto st = fs_->Check("write"); !st.ok()) return st;
+    std::string before(data.size(), '\0');
+    Slice got;
+    IOStatus st = target()->Read(offset, data.size(), o, &got, before.data(), dbg);
+    if (!st.ok()) return st;
+    before.assign(got.data(), got.size());
+    before.resize(data.size(), '\0');  // past the end: the file grows; zeros stand for "none"
+    st = target()->Write(offset, data, o, dbg);
+    if (st.ok()) fs_->OnWriteInPlace({path_, offset, std::move(before), data.ToString()});
+    return st;
+  }
+  IOStatus Sync(const IOOptions& o, IODebugContext* dbg) override {
+    if (auto st = fs_->Check("sync", true); !st.ok()) return st;
+    IOStatus st = target()->Sync(o, dbg);
+    if (st.ok()) fs_->OnSyncInPlace(path_);
+    return st;
+  }
+  IOStatus Fsync(const IOOptions& o, IODebugContext* dbg) override {
+    if (auto st = fs_->Check("fsync", true); !st.ok()) return st;
+    IOStatus st = target()->Fsync(o, dbg);
+    if (st.ok()) fs_->OnSyncInPlace(path_);
+    return st;
+  }
+
+ private:
+  FaultInjectionFs* fs_;
+  std::string path_;
+};
+
 }  // namespace
 
 FaultInjectionFs::FaultInjectionFs(std::shared_ptr<rocksdb::FileSystem> base)
@@ -186,12 +225,37 @@ IOStatus FaultInjectionFs::ReuseWritableFile(const std::string& f, const std::st
   return Wrap(f, true, target()->ReuseWritableFile(f, old, o, r, dbg), r);
 }
 
+void FaultInjectionFs::OnWriteInPlace(WriteInPlace w) {
+  std::lock_guard<std::mutex> l(mu_);
+  in_place_.push_back(std::move(w));
+}
+
+void FaultInjectionFs::OnSyncInPlace(const std::string& path) {
+  std::lock_guard<std::mutex> l(mu_);
+  in_place_.erase(std::remove_if(in_place_.begin(), in_place_.end(),
+                                 [&](const WriteInPlace& w) { return w.path == path; }),
+                  in_place_.end());
+}
+
+IOStatus FaultInjectionFs::NewRandomRWFile(const std::string& f, const rocksdb::FileOptions& o,
+                                           std::unique_ptr<rocksdb::FSRandomRWFile>* r,
+                                           IODebugContext* dbg) {
+  if (auto st = Check("open for writing"); !st.ok()) return st;
+  IOStatus st = target()->NewRandomRWFile(f, o, r, dbg);
+  if (st.ok()) *r = std::make_unique<TrackedRWFile>(std::move(*r), this, f);
+  return st;
+}
+
 IOStatus FaultInjectionFs::RenameFile(const std::string& src, const std::string& dst,
                                       const IOOptions& o, IODebugContext* dbg) {
   if (auto st = Check("rename"); !st.ok()) return st;
   IOStatus st = target()->RenameFile(src, dst, o, dbg);
   if (st.ok()) {
     std::lock_guard<std::mutex> l(mu_);
+    // Writes in place into the file `dst` was are moot: that file is gone.
+    in_place_.erase(std::remove_if(in_place_.begin(), in_place_.end(),
+                                   [&](const WriteInPlace& w) { return w.path == dst || w.path == src; }),
+                    in_place_.end());
     auto it = files_.find(src);
     if (it != files_.end()) {
       files_[dst] = it->second;
@@ -210,6 +274,9 @@ IOStatus FaultInjectionFs::DeleteFile(const std::string& f, const IOOptions& o,
   if (st.ok()) {
     std::lock_guard<std::mutex> l(mu_);
     files_.erase(f);
+    in_place_.erase(std::remove_if(in_place_.begin(), in_place_.end(),
+                                   [&](const WriteInPlace& w) { return w.path == f; }),
+                    in_place_.end());
   }
   return st;
 }
@@ -226,11 +293,27 @@ FaultInjectionFs::KeepFn FaultInjectionFs::KeepRandomPrefix(std::mt19937_64* rng
 
 uint64_t FaultInjectionFs::DropUnsyncedData(const KeepFn& keep) {
   std::map<std::string, FileState> files;
+  std::vector<WriteInPlace> in_place;
   {
     std::lock_guard<std::mutex> l(mu_);
     files.swap(files_);
+    in_place.swap(in_place_);
   }
   uint64_t dropped = 0;
+  // Writes in place, newest first: each is undone, but for the prefix `keep` says reached the
+  // disk.
+  for (auto w = in_place.rbegin(); w != in_place.rend(); ++w) {
+    const uint64_t n = w->after.size();
+    const uint64_t kept = keep ? std::min(n, keep(w->path, n)) : 0;
+    if (kept > 0 && kept < n) torn_files_++;
+    dropped += n - kept;
+    if (kept == n) continue;
+    const std::string bytes = w->after.substr(0, kept) + w->before.substr(kept);
+    const int fd = ::open(w->path.c_str(), O_WRONLY);
+    if (fd < 0) continue;
+    (void)!::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(w->offset));
+    ::close(fd);
+  }
   for (const auto& [path, s] : files) {
     if (!s.ever_synced) {
       dropped += s.size;

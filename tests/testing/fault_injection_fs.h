@@ -11,6 +11,9 @@
 //    machine that stops mid-write: nothing written after the fault reaches the disk.
 //  * DropUnsyncedData(keep): a power loss in the middle of a write — of each file's unsynced
 //    tail a prefix reached the disk (none, part of it: a torn last record, or all of it).
+//  * Writes in place (NewRandomRWFile: the journal's high-water mark) are tracked too: each
+//    unsynced one keeps what it overwrote, and DropUnsyncedData() puts that back (with `keep`:
+//    keeps a prefix of the new bytes, the rest old — a torn write in place).
 // Not modelled: directory entries (a rename or a new file survives a power loss here even
 // without a directory fsync), garbage (rather than missing) bytes after a torn write, read
 // errors.
@@ -27,6 +30,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace pacer::testing {
 
@@ -68,6 +72,9 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
                                       const rocksdb::FileOptions& o,
                                       std::unique_ptr<rocksdb::FSWritableFile>* r,
                                       rocksdb::IODebugContext* dbg) override;
+  rocksdb::IOStatus NewRandomRWFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSRandomRWFile>* r,
+                                    rocksdb::IODebugContext* dbg) override;
   rocksdb::IOStatus RenameFile(const std::string& src, const std::string& dst,
                                const rocksdb::IOOptions& o, rocksdb::IODebugContext* dbg) override;
   rocksdb::IOStatus DeleteFile(const std::string& f, const rocksdb::IOOptions& o,
@@ -86,6 +93,14 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   rocksdb::IOStatus Check(const char* what, bool sync = false);
   void OnAppend(const std::string& path, uint64_t end);  // the file now holds `end` bytes
   void OnSync(const std::string& path);
+  // A write in place, not synced yet: the bytes it replaced and the bytes it wrote.
+  struct WriteInPlace {
+    std::string path;
+    uint64_t offset = 0;
+    std::string before, after;
+  };
+  void OnWriteInPlace(WriteInPlace w);
+  void OnSyncInPlace(const std::string& path);
 
  private:
   rocksdb::IOStatus Wrap(const std::string& path, bool truncated, rocksdb::IOStatus st,
@@ -96,6 +111,7 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   std::atomic<uint64_t> torn_files_{0};
   std::mutex mu_;
   std::map<std::string, FileState> files_;  // guarded by mu_
+  std::vector<WriteInPlace> in_place_;       // guarded by mu_; unsynced, oldest first
 };
 
 }  // namespace pacer::testing

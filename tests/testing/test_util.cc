@@ -132,4 +132,17 @@ std::string ReadFileOrEmpty(const std::string& path) {
   return ss.str();
 }
 
+std::string LiveWal(const std::string& rocksdb_dir) {
+  std::string newest;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(rocksdb_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    // WAL names are fixed-width numbers ("000012.log"): the greatest name is the newest.
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".log") == 0 && e.path().string() > newest) {
+      newest = e.path().string();
+    }
+  }
+  return newest;
+}
+
 }  // namespace pacer::testing

@@ -65,4 +65,7 @@ std::string BinaryPath(const std::string& name);
 // Reads a whole file; empty if missing.
 std::string ReadFileOrEmpty(const std::string& path);
 
+// The live write-ahead log of a RocksDB folder (its newest *.log), or "" when it holds none.
+std::string LiveWal(const std::string& rocksdb_dir);
+
 }  // namespace pacer::testing
