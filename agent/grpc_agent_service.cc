@@ -17,7 +17,8 @@ absl::Status GrpcAgentService::Scope(const Authenticator::Metadata& md, const Ag
   }
   if (directory_ == nullptr) return absl::OkStatus();
   // It reports on the workers registered on its node; one registered elsewhere is refused, one
-  // not registered yet (its process has not reached pacerd) is left out until it registers here.
+  // not registered yet (its process has not reached pacerd), or registered with no node, is left
+  // out until it registers here.
   auto check = [&](const std::string& worker) -> absl::Status {
     const std::optional<WorkerDirectory::Registration> r = directory_->Registered(worker);
     if (r && r->node == req.node()) return absl::OkStatus();
@@ -30,9 +31,7 @@ absl::Status GrpcAgentService::Scope(const Authenticator::Metadata& md, const Ag
     return absl::OkStatus();
   };
   for (const WorkerProcess& w : req.workers()) RETURN_IF_ERROR(check(w.worker_id()));
-  for (const WorkerExit& e : req.exits()) {
-    if (absl::Status s = check(e.worker_id()); !s.ok()) return s;
-  }
+  for (const WorkerExit& e : req.exits()) RETURN_IF_ERROR(check(e.worker_id()));
   return absl::OkStatus();
 }
 
