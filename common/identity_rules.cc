@@ -16,9 +16,13 @@ absl::Status CheckNodeClaim(const Principal& caller, const WorkerDirectory& dire
   if (caller.unrestricted() || node.empty()) return absl::OkStatus();
   const std::optional<std::string> agent = directory.AgentNode(worker_id);
   if (!agent || *agent == node) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(A(what), ": ", caller.Describe(), " cannot register worker '",
-                                                  A(worker_id), "' on node '", A(node), "': its agent runs on node '",
-                                                  *agent, "'"));
+  // UNAVAILABLE, not PERMISSION_DENIED: the SDK retries it. A worker restarted on another node
+  // while the agent of its old node is still thought alive (it crashed: lost after its timeout,
+  // or it is leaving) is let through once that agent is lost or leaves, instead of exiting.
+  return absl::UnavailableError(absl::StrCat(A(what), ": ", caller.Describe(), " cannot register worker '",
+                                             A(worker_id), "' on node '", A(node), "': its agent runs on node '",
+                                             *agent, "' (retry: a worker that moved is let through once that agent "
+                                             "is lost or leaves)"));
 }
 
 std::optional<int32_t> ConventionalRank(std::string_view worker_id) {

@@ -8,18 +8,20 @@
 // (WorkerDirectory: their sharding registrations, which live agent lists them). The job and admin
 // tokens act for any id and are not bound by them.
 //
-// Rules (each a PERMISSION_DENIED or FAILED_PRECONDITION naming the credential and the id, never
-// an incarnation or a fencing token):
+// Rules (each refusal names the credential and the id, never an incarnation or a fencing token):
 //  1. Node claims: a worker that a live agent lists registers on that agent's node (or names no
-//     node). A worker no live agent lists (launched by torchrun or a script) may name any node;
-//     the monitor holds at most one node row of such a worker's making at a time
-//     (MonitorState), so no worker can fill the node table.
+//     node); UNAVAILABLE otherwise, which the SDK retries, so a worker restarted elsewhere while
+//     its old agent is still thought alive gets through once that agent is lost or leaves. A
+//     worker no live agent lists (launched by torchrun or a script) may name any node; the
+//     monitor holds at most one node row of such a worker's making at a time (MonitorState), so
+//     no worker can fill the node table.
 //  2. Ranks: a worker or chief credential for `w<N>` (the w<RANK> ids pacer-agent gives its
-//     workers) joins the rendezvous group at rank N only; rank -1 means N. Other ids take any
-//     free rank, as before.
+//     workers) joins the rendezvous group at rank N only (PERMISSION_DENIED); rank -1 means N.
+//     Other ids take any free rank, as before.
 //  3. Incarnations: a worker credential joins the rendezvous group under its current sharding
-//     registration's incarnation, so it cannot move the generation on (regroup everyone) by
-//     joining again under a made-up incarnation, and a replaced process cannot join at all.
+//     registration's incarnation (FAILED_PRECONDITION), so it cannot move the generation on
+//     (regroup everyone) by joining again under a made-up incarnation, and a replaced process
+//     cannot join at all.
 #pragma once
 
 #include <cstdint>

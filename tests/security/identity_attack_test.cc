@@ -584,6 +584,53 @@ TEST_F(VouchedIdTest, AnAgentCannotReportOnAWorkerOfAnotherNode) {
   EXPECT_TRUE(h_->agents()->Worker("w7").ok());
 }
 
+// A worker registers on the node its agent runs on: while a live agent lists it, its credential
+// cannot put it (in the sharding service's and the monitor's view) on another node — UNAVAILABLE,
+// which the SDK retries — and once that agent leaves (a migration's last heartbeat) it can. A
+// worker no agent lists names any node (the monitor holds one node row of its at most: quota_test).
+TEST_F(VouchedIdTest, AWorkerRegistersOnItsAgentsNode) {
+  testing::ScriptedWorker& w1 = Worker("w1", "n0");
+  const std::string n0 = Mint(CredentialKind::kAgent, "n0");
+  AgentHeartbeat beat = Beat("n0", "n0", 1, {{"w1", WORKER_STATE_RUNNING}});
+  AgentHeartbeatReply reply;
+  ASSERT_TRUE(agents_->Heartbeat(Ctx(n0).get(), beat, &reply).ok());
+  ASSERT_TRUE(h_->agents()->Worker("w1").ok());
+  auto registered_node = [&] {
+    ListWorkersResponse workers;
+    EXPECT_TRUE(monitor_->ListWorkers(Ctx(w1.credential()).get(), ListWorkersRequest(), &workers).ok());
+    std::string monitor_node;
+    for (const WorkerStatus& w : workers.workers()) {
+      if (w.id() == "w1") monitor_node = w.node();
+    }
+    return h_->sharding()->Registration("w1")->node + "/" + monitor_node;
+  };
+  RegisterWorkerRequest reg;
+  reg.set_worker_id("w1");
+  reg.set_node("n5");
+  RegisterWorkerResponse rresp;
+  grpc::Status s = sharding_->RegisterWorker(Ctx(w1.credential()).get(), reg, &rresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find("on node 'n5': its agent runs on node 'n0'"), std::string::npos)
+      << s.error_message();
+  MonitorRegisterRequest mreg;
+  mreg.set_worker_id("w1");
+  mreg.set_node("n5");
+  MonitorRegisterResponse mresp;
+  s = monitor_->RegisterWorker(Ctx(w1.credential()).get(), mreg, &mresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(registered_node(), "n0/n0");
+
+  beat.set_leaving(true);
+  ASSERT_TRUE(agents_->Heartbeat(Ctx(n0).get(), beat, &reply).ok());
+  s = sharding_->RegisterWorker(Ctx(w1.credential()).get(), reg, &rresp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = monitor_->RegisterWorker(Ctx(w1.credential()).get(), mreg, &mresp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(registered_node(), "n5/n5");
+
+  Worker("w2", "anywhere");  // registers (sharding and monitor) on a node no agent runs
+}
+
 // Finding 9 (rendezvous): a Join was checked neither against the credential's rank nor against
 // the worker's incarnation. A worker credential `w<N>` takes rank N (pacer-agent names each
 // worker w<RANK>), so w2 cannot squat on w1's rank; and a Join carries the incarnation of the
