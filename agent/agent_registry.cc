@@ -81,7 +81,8 @@ bool AgentRegistry::IsLost(const AgentView& v) const {
   return clock_->NowMs() - v.last_heartbeat_ms > options_.agent_timeout_ms;
 }
 
-absl::Status AgentRegistry::ValidateHeartbeat(const AgentHeartbeat& req) const {
+absl::Status AgentRegistry::ValidateHeartbeat(const AgentHeartbeat& req,
+                                              const std::set<std::string>& left_out) const {
   if (req.agent_id().empty()) return absl::InvalidArgumentError("agent_id is required");
   if (req.node().empty()) return absl::InvalidArgumentError("node is required");
   if (req.incarnation() == 0) return absl::InvalidArgumentError("incarnation must be > 0");
@@ -116,6 +117,7 @@ absl::Status AgentRegistry::ValidateHeartbeat(const AgentHeartbeat& req) const {
       return absl::InvalidArgumentError(
           absl::StrFormat("worker '%s' has an invalid state %d", w.worker_id(), w.state()));
     }
+    if (left_out.count(w.worker_id())) continue;  // not claimed by this heartbeat
     auto sup = supervisors_.find(w.worker_id());
     if (sup == supervisors_.end()) continue;
     for (const std::string& other_id : sup->second) {
@@ -165,11 +167,12 @@ void AgentRegistry::TrimFinished() {
   }
 }
 
-absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatReply* reply) {
+absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatReply* reply,
+                                     const std::set<std::string>& left_out) {
   std::optional<NodeMetrics> metrics;
   {
     absl::MutexLock l(&mu_);
-    if (absl::Status s = ValidateHeartbeat(req); !s.ok()) {
+    if (absl::Status s = ValidateHeartbeat(req, left_out); !s.ok()) {
       metrics_->rejected.Increment();
       return s;
     }
@@ -198,7 +201,11 @@ absl::Status AgentRegistry::Heartbeat(const AgentHeartbeat& req, AgentHeartbeatR
     a.view.last_heartbeat_ms = now;
     a.view.heartbeats++;
     a.view.leaving = req.leaving();
-    std::vector<WorkerProcess> listed(req.workers().begin(), req.workers().end());
+    std::vector<WorkerProcess> listed;
+    listed.reserve(req.workers_size());
+    for (const WorkerProcess& w : req.workers()) {
+      if (!left_out.count(w.worker_id())) listed.push_back(w);
+    }
     IndexWorkers(req.agent_id(), a.view.workers, listed);
     a.view.workers = std::move(listed);
     if (req.has_node_metrics()) {
@@ -429,6 +436,17 @@ absl::StatusOr<WorkerProcess> AgentRegistry::Worker(const std::string& worker_id
     if (w.worker_id() == worker_id) return w;
   }
   return absl::NotFoundError("worker '" + worker_id + "'");
+}
+
+std::optional<std::string> AgentRegistry::LiveAgentNodeOf(const std::string& worker_id) const {
+  absl::MutexLock l(&mu_);
+  auto sup = supervisors_.find(worker_id);
+  if (sup == supervisors_.end()) return std::nullopt;
+  for (const std::string& id : sup->second) {
+    const AgentView& a = agents_.at(id).view;
+    if (!a.leaving && !IsLost(a)) return a.node;
+  }
+  return std::nullopt;
 }
 
 std::vector<WorkerExit> AgentRegistry::Exits() const {

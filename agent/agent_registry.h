@@ -100,7 +100,12 @@ class AgentRegistry {
   ~AgentRegistry();
 
   // ---- RPC ----
-  absl::Status Heartbeat(const AgentHeartbeat& req, AgentHeartbeatReply* reply);
+  // `left_out`: listed workers the agent may not supervise yet (for an agent credential, those
+  // not registered on its node: the gRPC adapter's rule, docs/security.md). The heartbeat is
+  // validated whole, then recorded without them: they neither count as supervised nor keep
+  // another agent from listing them.
+  absl::Status Heartbeat(const AgentHeartbeat& req, AgentHeartbeatReply* reply,
+                         const std::set<std::string>& left_out = {});
 
   // ---- in-process API (pacerd, controller) ----
   // Each queues one command for the agent that supervises the worker / runs on the node and
@@ -122,6 +127,9 @@ class AgentRegistry {
   absl::StatusOr<AgentView> AgentForNode(const std::string& node) const;
   // The agent currently supervising `worker_id` and the worker's last reported state.
   absl::StatusOr<WorkerProcess> Worker(const std::string& worker_id) const;
+  // The node of the live agent (not lost, not leaving) whose last heartbeat lists the worker;
+  // nullopt when none does.
+  std::optional<std::string> LiveAgentNodeOf(const std::string& worker_id) const;
   // Recent exits in arrival order (bounded by max_exits_kept).
   std::vector<WorkerExit> Exits() const;
 
@@ -135,7 +143,8 @@ class AgentRegistry {
 
   absl::StatusOr<std::string> Enqueue(const std::string& agent_id, AgentCommand command)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ValidateHeartbeat(const AgentHeartbeat& req) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status ValidateHeartbeat(const AgentHeartbeat& req, const std::set<std::string>& left_out) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The live agent that lists `worker_id`; NOT_FOUND otherwise.
   absl::StatusOr<AgentEntry*> AgentOfWorker(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -210,6 +210,22 @@ absl::Status Authenticator::RequireChief(const Metadata& metadata, std::string_v
                                      "the job token or the admin token, not " + p->Describe());
 }
 
+absl::Status Authenticator::RequireWorkerSide(const Metadata& metadata, std::string_view what) const {
+  auto p = Identify(metadata);
+  if (!p.ok()) return p.status();
+  if (p->worker_side()) return absl::OkStatus();
+  return absl::PermissionDeniedError(std::string(what) + " needs a worker credential, the job token or "
+                                     "the admin token, not " + p->Describe());
+}
+
+absl::Status Authenticator::RequireToken(const Metadata& metadata, std::string_view what) const {
+  auto p = Identify(metadata);
+  if (!p.ok()) return p.status();
+  if (p->unrestricted()) return absl::OkStatus();
+  return absl::PermissionDeniedError(std::string(what) + " needs the job token or the admin token, not " +
+                                     p->Describe());
+}
+
 void AttachToken(grpc::ClientContext* context, const std::string& token) {
   context->AddMetadata("authorization", "Bearer " + token);
 }

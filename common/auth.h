@@ -51,6 +51,11 @@ struct Principal {
   bool MaySpeakForNode(std::string_view node) const;
   // Save / restore checkpoints, open the rendezvous group (fix its world size).
   bool chief() const { return unrestricted() || kind == Kind::kChief; }
+  // The calls of a training process that name no worker (register a dataset, the list calls,
+  // the rendezvous store): a worker or chief credential, or a token. An agent credential only
+  // speaks for its node, and a server credential calls nothing on pacerd (pacer-ps needs no
+  // pacerd call).
+  bool worker_side() const { return unrestricted() || kind == Kind::kWorker || kind == Kind::kChief; }
   std::string Describe() const;  // "worker credential for 'w1'", "the job token", ...
 };
 
@@ -61,7 +66,8 @@ class Authenticator {
   using Metadata = std::multimap<grpc::string_ref, grpc::string_ref>;
 
   // Maps the call's metadata to a role; UNAUTHENTICATED when the token is missing or wrong.
-  // Every credential maps to kWorker.
+  // Every credential maps to kWorker (pacer-ps, which only tells the job's callers from others;
+  // pacerd's services use the Require* calls below, which tell the kinds apart).
   absl::StatusOr<Role> Authenticate(const Metadata& metadata) const;
   // Maps the call's metadata to a principal; UNAUTHENTICATED when the token or credential is
   // missing, malformed or not minted under this job's token.
@@ -77,6 +83,11 @@ class Authenticator {
                            std::string_view what) const;
   // OK for a chief credential, the job token or the admin token.
   absl::Status RequireChief(const Metadata& metadata, std::string_view what) const;
+  // OK for a worker or chief credential (Principal::worker_side), the job token or the admin
+  // token; PERMISSION_DENIED naming the credential otherwise.
+  absl::Status RequireWorkerSide(const Metadata& metadata, std::string_view what) const;
+  // OK for the job token or the admin token (a launcher or an operator), not a credential.
+  absl::Status RequireToken(const Metadata& metadata, std::string_view what) const;
 
   // OK when the call carries a token of at least `required`; else UNAUTHENTICATED or
   // PERMISSION_DENIED with a message naming the role needed.

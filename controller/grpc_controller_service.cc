@@ -8,7 +8,7 @@ grpc::ServerUnaryReactor* GrpcControllerService::ListActions(grpc::CallbackServe
                                                              const ListActionsRequest* req,
                                                              ListActionsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  absl::Status s = auth_->RequireWorkerSide(ctx->client_metadata(), "list actions");
   if (s.ok()) reconciler_->ListActions(*req, resp);
   reactor->Finish(ReplyStatus(s, *resp, "ListActions"));
   return reactor;

@@ -1,5 +1,6 @@
 // GrpcControllerService: the gRPC adapter of the controller on pacerd (callback API).
-// ListActions needs the job token; ApplyPolicy (hot reload) the admin token.
+// ListActions needs a worker or chief credential or a token; ApplyPolicy (hot reload) the admin
+// token (docs/security.md).
 #pragma once
 
 #include "common/auth.h"

@@ -1,12 +1,17 @@
 // GrpcMonitorService: the gRPC adapter of the monitor (callback API).
 //
-// Each handler authenticates the caller (every Monitor RPC needs the job token, Role::kWorker,
-// or the admin token) and hands the request to MonitorServiceImpl, whose calls are short and
-// never block on I/O, so the reactor finishes inline. Owns nothing; `impl` and `auth` must
-// outlive it. Thread-safe (the impl is).
+// Each handler authorizes the caller and hands the request to MonitorServiceImpl, whose calls are
+// short and never block on I/O, so the reactor finishes inline. RegisterWorker and ReportSteps
+// act as the request's workers (every step's worker_id, every latency sample's reporter) and
+// need their credentials or a token, and a worker registers on its agent's node, if a live
+// agent lists it (common/identity_rules.h); ReportNode speaks for the request's node (its agent
+// credential or a token); ListWorkers needs a worker or chief credential or a token. Owns
+// nothing; `impl`, `auth` and `directory` (may be null: no node rule) must outlive it.
+// Thread-safe (the impl is).
 #pragma once
 
 #include "common/auth.h"
+#include "common/identity_rules.h"
 #include "monitor/monitor_service.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 
@@ -14,7 +19,9 @@ namespace pacer {
 
 class GrpcMonitorService final : public Monitor::CallbackService {
  public:
-  GrpcMonitorService(MonitorServiceImpl* impl, const Authenticator* auth) : impl_(impl), auth_(auth) {}
+  GrpcMonitorService(MonitorServiceImpl* impl, const Authenticator* auth,
+                     const WorkerDirectory* directory = nullptr)
+      : impl_(impl), auth_(auth), directory_(directory) {}
 
 #define PACER_MONITOR_RPC(Method, Request, Response)                                        \
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const Request* req, \
@@ -26,8 +33,11 @@ class GrpcMonitorService final : public Monitor::CallbackService {
 #undef PACER_MONITOR_RPC
 
  private:
+  absl::Status CheckRegister(const Authenticator::Metadata& md, const MonitorRegisterRequest& req) const;
+
   MonitorServiceImpl* impl_;
   const Authenticator* auth_;
+  const WorkerDirectory* directory_;
 };
 
 }  // namespace pacer

@@ -58,6 +58,7 @@ absl::Status MonitorOptions::Validate() const {
     return Bad("hot_server_min_latency_ms", "must be >= 0");
   if (min_servers < 2) return Bad("min_servers", "must be >= 2");
   if (max_workers < 1 || max_servers < 1 || max_nodes < 1) return Bad("max_workers", "limits must be >= 1");
+  if (max_servers_per_reporter < 1) return Bad("max_servers_per_reporter", "must be >= 1");
   if (max_local_batch < 1 || max_samples_per_step < 1) return Bad("max_local_batch", "must be >= 1");
   if (!Finite(max_step_s) || max_step_s <= 0) return Bad("max_step_s", "must be > 0");
   if (!Finite(max_speed) || max_speed <= 0) return Bad("max_speed", "must be > 0");

@@ -62,6 +62,9 @@ struct MonitorOptions {
   bool admit_unknown_workers = false;  // accept reports from undeclared workers (node "")
   uint32_t max_workers = 65'536;
   uint32_t max_servers = 4'096;
+  // Server rows one reporter may add (the first worker to report a job's servers adds them all):
+  // one worker cannot fill the server table and lock the job's real servers out.
+  uint32_t max_servers_per_reporter = 256;
   uint32_t max_nodes = 65'536;
   uint32_t max_local_batch = 1u << 20;
   uint64_t max_samples_per_step = uint64_t{1} << 26;

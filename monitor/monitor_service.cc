@@ -1,6 +1,7 @@
 #include "monitor/monitor_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/step_number.h"
 
 namespace pacer {
 
@@ -87,6 +88,11 @@ absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, Repo
       return absl::InvalidArgumentError(absl::StrCat(
           "monitor: ", req.steps_size(), " steps / ", req.server_latency_size(),
           " latency samples in one request; the limit is ", limit, " each"));
+    }
+    for (const StepReport& step : req.steps()) {
+      if (absl::Status s = CheckStepNumber(step.step(), step.worker_id(), "monitor: report steps"); !s.ok()) {
+        return s;
+      }
     }
     AdvanceLocked();
     const uint64_t clamped_before = state_->issues().Get(ReportIssue::kClampedComm) +

@@ -8,7 +8,8 @@
 // windows after a restart.
 //
 // Request-level rules: a ReportSteps with more than max_reports_per_request reports (or server
-// samples) is refused whole with INVALID_ARGUMENT and changes nothing; otherwise each report
+// samples), or with a step number above kMaxStepNumber (common/step_number.h), is refused whole
+// with INVALID_ARGUMENT and changes nothing; otherwise each report
 // is judged alone and the response says how many were accepted, clamped and rejected, by
 // reason. Registration errors are returned as the call's status.
 //

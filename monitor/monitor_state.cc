@@ -100,13 +100,41 @@ absl::StatusOr<uint32_t> MonitorState::NodeIndex(absl::string_view node) {
   }
   auto it = node_index_.find(node);
   if (it != node_index_.end()) return it->second;
-  if (node_names_.size() >= options_.max_nodes) {
-    return absl::ResourceExhaustedError(absl::StrCat("monitor: more than ", options_.max_nodes, " nodes"));
+  uint32_t index;
+  if (!free_nodes_.empty()) {
+    index = free_nodes_.back();
+    free_nodes_.pop_back();
+    node_signals_.Reset(index);
+    nodes_[index] = NodeRecord{std::string(node)};
+  } else if (nodes_.size() >= options_.max_nodes) {
+    return absl::ResourceExhaustedError(absl::StrCat("monitor: node table full (", options_.max_nodes,
+                                                     " nodes, MonitorOptions::max_nodes): cannot add node '",
+                                                     node, "'"));
+  } else {
+    index = node_signals_.AddNode();
+    nodes_.push_back(NodeRecord{std::string(node)});
   }
-  const uint32_t index = node_signals_.AddNode();
-  node_names_.emplace_back(node);
   node_index_.emplace(std::string(node), index);
   return index;
+}
+
+void MonitorState::FreeNodeIfUnused(uint32_t node) {
+  if (node == StragglerClassifier::kNoNode) return;
+  NodeRecord& n = nodes_[node];
+  if (n.workers > 0 || n.reported || n.name.empty()) return;
+  node_index_.erase(n.name);
+  n = NodeRecord();
+  node_signals_.Reset(node);
+  free_nodes_.push_back(node);
+}
+
+void MonitorState::MoveWorkerNode(uint32_t worker, uint32_t from, uint32_t to) {
+  if (from == to) return;
+  if (to != StragglerClassifier::kNoNode) ++nodes_[to].workers;
+  if (from != StragglerClassifier::kNoNode) --nodes_[from].workers;
+  workers_[worker].node = to;
+  worker_classifier_.SetNode(worker, to);
+  FreeNodeIfUnused(from);
 }
 
 absl::StatusOr<uint32_t> MonitorState::AddWorker(absl::string_view worker_id, uint32_t node) {
@@ -121,6 +149,7 @@ absl::StatusOr<uint32_t> MonitorState::AddWorker(absl::string_view worker_id, ui
   rec.model = StepTimeModel(options_.model_forgetting);
   workers_.push_back(std::move(rec));
   worker_index_.emplace(std::string(worker_id), index);
+  if (node != StragglerClassifier::kNoNode) ++nodes_[node].workers;
   return index;
 }
 
@@ -128,13 +157,35 @@ absl::Status MonitorState::RegisterWorker(absl::string_view worker_id, absl::str
   if (!ValidId(worker_id, options_.max_id_length)) {
     return absl::InvalidArgumentError("monitor: worker_id is empty, too long or not printable");
   }
-  ASSIGN_OR_RETURN(uint32_t node_index, NodeIndex(node));
   auto it = worker_index_.find(worker_id);
-  if (it == worker_index_.end()) return AddWorker(worker_id, node_index).status();
-  WorkerRecord& rec = workers_[it->second];
-  rec.node = node_index;
-  rec.dedup = StepDedup();
-  worker_classifier_.SetNode(it->second, node_index);
+  if (it == worker_index_.end()) {
+    ASSIGN_OR_RETURN(uint32_t node_index, NodeIndex(node));
+    absl::StatusOr<uint32_t> added = AddWorker(worker_id, node_index);
+    if (!added.ok()) FreeNodeIfUnused(node_index);  // a row added for nobody
+    return added.status();
+  }
+  const uint32_t w = it->second;
+  WorkerRecord& rec = workers_[w];
+  const uint32_t old = rec.node;
+  uint32_t node_index = StragglerClassifier::kNoNode;
+  if (old != StragglerClassifier::kNoNode && nodes_[old].name == node) {
+    node_index = old;
+  } else if (!node.empty() && !node_index_.contains(node) && old != StragglerClassifier::kNoNode &&
+             nodes_[old].workers == 1 && !nodes_[old].reported) {
+    // A new name for the row only this worker is on: the worker takes its row along.
+    if (!ValidId(node, options_.max_id_length)) {
+      return absl::InvalidArgumentError("monitor: node name is empty, too long or not printable");
+    }
+    node_index_.erase(nodes_[old].name);
+    nodes_[old].name = std::string(node);
+    node_index_.emplace(std::string(node), old);
+    node_signals_.Reset(old);
+    node_index = old;
+  } else {
+    ASSIGN_OR_RETURN(node_index, NodeIndex(node));
+  }
+  MoveWorkerNode(w, old, node_index);
+  workers_[w].dedup = StepDedup();
   return absl::OkStatus();
 }
 
@@ -220,32 +271,45 @@ std::optional<uint32_t> MonitorState::WorkerIndex(absl::string_view worker_id) c
 ReportIssue MonitorState::IngestServerLatency(const ServerLatency& sample) {
   const int64_t now = clock_->NowMs();
   ReportIssue issue = CheckServerLatency(options_, now, sample);
-  if (issue == ReportIssue::kNone && !sample.reporter().empty() && !options_.admit_unknown_workers &&
-      !worker_index_.contains(sample.reporter())) {
-    issue = ReportIssue::kUnknownWorker;
-  }
   if (issue == ReportIssue::kNone && !ValidId(sample.server_id(), options_.max_id_length)) {
     issue = ReportIssue::kMissingId;
+  }
+  uint32_t reporter = 0;
+  if (issue == ReportIssue::kNone) {
+    auto it = worker_index_.find(sample.reporter());
+    if (it != worker_index_.end()) {
+      reporter = it->second;
+    } else if (!options_.admit_unknown_workers) {
+      issue = ReportIssue::kUnknownWorker;
+    } else if (!ValidId(sample.reporter(), options_.max_id_length)) {
+      issue = ReportIssue::kMissingId;
+    } else if (auto added = AddWorker(sample.reporter(), StragglerClassifier::kNoNode); added.ok()) {
+      reporter = *added;
+    } else {
+      issue = ReportIssue::kTooManyEntities;
+    }
   }
   uint32_t index = 0;
   if (issue == ReportIssue::kNone) {
     auto it = server_index_.find(sample.server_id());
     if (it != server_index_.end()) {
       index = it->second;
-    } else if (servers_.size() >= options_.max_servers) {
+    } else if (servers_.size() >= options_.max_servers ||
+               workers_[reporter].servers_added >= options_.max_servers_per_reporter) {
       issue = ReportIssue::kTooManyEntities;
     } else {
       index = server_latency_.AddServer();
       server_classifier_.AddEntity();
       servers_.push_back(ServerRecord{sample.server_id()});
       server_index_.emplace(sample.server_id(), index);
+      ++workers_[reporter].servers_added;
     }
   }
   if (issue != ReportIssue::kNone) {
     issues_.Add(issue);
     return issue;
   }
-  server_latency_.Add(index, sample.mean_latency_ms());
+  server_latency_.Add(index, reporter, sample.mean_latency_ms());
   servers_[index].last_report_ms = now;
   ++servers_[index].reports;
   ++accepted_;
@@ -263,8 +327,12 @@ ReportIssue MonitorState::IngestNodeMetrics(const NodeMetrics& metrics) {
     // Agents report nodes that workers named; an unknown node is admitted only while the node
     // table has room (an agent may start before its workers register).
     auto found = NodeIndex(metrics.node());
-    if (!found.ok()) issue = ReportIssue::kTooManyEntities;
-    else index = *found;
+    if (!found.ok()) {
+      issue = ReportIssue::kTooManyEntities;
+    } else {
+      index = *found;
+      nodes_[index].reported = true;
+    }
   }
   if (issue != ReportIssue::kNone) {
     issues_.Add(issue);
@@ -303,8 +371,8 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
 
   // Evidence text only for contended nodes: the classifier quotes it for their stragglers.
   std::vector<Contention>& contention = contention_scratch_;
-  contention.resize(node_names_.size());
-  for (uint32_t n = 0; n < node_names_.size(); ++n) {
+  contention.resize(nodes_.size());
+  for (uint32_t n = 0; n < nodes_.size(); ++n) {
     contention[n] = node_signals_.Assess(n, end_ms, /*with_evidence=*/false);
     if (contention[n].contended()) contention[n] = node_signals_.Assess(n, end_ms);
   }
@@ -384,7 +452,7 @@ WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
   WorkerStatus st;
   st.set_id(rec.id);
   st.set_kind(ENTITY_WORKER);
-  if (rec.node != StragglerClassifier::kNoNode) st.set_node(node_names_[rec.node]);
+  if (rec.node != StragglerClassifier::kNoNode) st.set_node(nodes_[rec.node].name);
   *st.mutable_classification() =
       with_evidence ? worker_classifier_.Get(w) : worker_classifier_.Current(w);
   if (const WindowSummary* s = speed_.Last(w)) {
@@ -451,9 +519,9 @@ std::vector<WorkerStatus> MonitorState::Servers() const {
 }
 
 std::vector<NodeStatus> MonitorState::Nodes(bool with_evidence) const {
-  std::vector<NodeStatus> out(node_names_.size());
-  std::vector<std::vector<double>> rel(node_names_.size());
-  for (uint32_t n = 0; n < node_names_.size(); ++n) out[n].set_node(node_names_[n]);
+  std::vector<NodeStatus> out(nodes_.size());
+  std::vector<std::vector<double>> rel(nodes_.size());
+  for (uint32_t n = 0; n < nodes_.size(); ++n) out[n].set_node(nodes_[n].name);
   for (uint32_t w = 0; w < workers_.size(); ++w) {
     const uint32_t n = workers_[w].node;
     if (n == StragglerClassifier::kNoNode) continue;
@@ -466,13 +534,14 @@ std::vector<NodeStatus> MonitorState::Nodes(bool with_evidence) const {
     }
   }
   const int64_t now = clock_->NowMs();
-  for (uint32_t n = 0; n < node_names_.size(); ++n) {
+  for (uint32_t n = 0; n < nodes_.size(); ++n) {
     out[n].set_median_relative_speed(MedianInPlace(rel[n]));
     const Contention c = node_signals_.Assess(n, now, with_evidence);
     out[n].set_contention_score(c.score);
     if (with_evidence) out[n].set_contention_evidence(c.evidence);
     *out[n].mutable_last_metrics() = node_signals_.Latest(n);
   }
+  std::erase_if(out, [](const NodeStatus& n) { return n.node().empty(); });  // free rows
   return out;
 }
 

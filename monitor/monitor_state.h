@@ -18,7 +18,13 @@
 //  * out-of-order steps are fine; a step seen before is a duplicate; a step more than 64 below
 //    the newest is stale, except a jump back of more than 4096 steps, taken as a restarted
 //    counter (RegisterWorker again also resets it);
-//  * a worker's reports beyond max_reports_per_worker_per_window are a flood.
+//  * a worker's reports beyond max_reports_per_worker_per_window are a flood;
+//  * a latency sample needs its reporter (a registered worker), which has one vote per server
+//    and window (ServerLatencyTracker) and adds at most max_servers_per_reporter server rows.
+// Shared tables and who fills them (issue 25): a node row that only worker registrations name
+// (no agent reported its metrics) is freed once no worker is registered on it, and a worker
+// moving to a new node name takes its own row along, so each worker holds at most one such row
+// whatever the count of names it tries; rows agents reported stay. Freed rows are reused.
 // A refused report changes nothing; one worker's reports only ever change that worker's
 // estimate (and its single vote in the job median).
 //
@@ -137,6 +143,12 @@ class MonitorState {
     int64_t last_report_ms = 0;
     uint64_t reports = 0;
     int64_t class_since_ms = 0;
+    uint32_t servers_added = 0;  // server rows its latency samples added
+  };
+  struct NodeRecord {
+    std::string name;       // empty: a free row, in free_nodes_
+    uint32_t workers = 0;   // registered on it
+    bool reported = false;  // an agent reported its metrics: kept for good
   };
   struct ServerRecord {
     std::string id;
@@ -145,7 +157,13 @@ class MonitorState {
     int64_t class_since_ms = 0;
   };
 
+  // The row of `node` (kNoNode for ""), added when new: a free row reused, else a new one while
+  // fewer than max_nodes.
   absl::StatusOr<uint32_t> NodeIndex(absl::string_view node);
+  // `worker` moves from row `from` to row `to` (either may be kNoNode); a row left with no worker
+  // and no agent report is freed.
+  void MoveWorkerNode(uint32_t worker, uint32_t from, uint32_t to);
+  void FreeNodeIfUnused(uint32_t node);
   absl::StatusOr<uint32_t> AddWorker(absl::string_view worker_id, uint32_t node);
   void CloseWindow(int64_t window, std::vector<ClassificationEvent>* events);
   void Emit(int64_t window, EntityKind kind, const std::string& id,
@@ -167,7 +185,8 @@ class MonitorState {
   absl::flat_hash_map<std::string, uint32_t> worker_index_;
   std::vector<WorkerRecord> workers_;
   absl::flat_hash_map<std::string, uint32_t> node_index_;
-  std::vector<std::string> node_names_;
+  std::vector<NodeRecord> nodes_;
+  std::vector<uint32_t> free_nodes_;
   absl::flat_hash_map<std::string, uint32_t> server_index_;
   std::vector<ServerRecord> servers_;
 

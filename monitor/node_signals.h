@@ -31,6 +31,9 @@ class NodeSignals {
   void SetOptions(const MonitorOptions& options) { options_ = options; }  // hot reload
 
   uint32_t AddNode();
+  // Forgets node `node`'s metrics: its index is reused for another node (MonitorState frees the
+  // row of a node no worker or agent names any more).
+  void Reset(uint32_t node) { nodes_[node] = Node(); }
   size_t num_nodes() const { return nodes_.size(); }
 
   // Stores already validated metrics (CheckNodeMetrics) received at `now_ms`.

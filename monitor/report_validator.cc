@@ -126,6 +126,7 @@ ReportIssue CheckStepSample(const MonitorOptions& o, int64_t now_ms, StepSample*
 
 ReportIssue CheckServerLatency(const MonitorOptions& o, int64_t now_ms, const ServerLatency& s) {
   if (ReportIssue id = CheckId(o, s.server_id()); id != ReportIssue::kNone) return id;
+  if (s.reporter().empty()) return ReportIssue::kMissingId;  // one vote per reporter: it must name one
   if (s.reporter().size() > o.max_id_length) return ReportIssue::kIdTooLong;
   const double max_ms = o.max_step_s * 1000;
   if (!FiniteNonNegative(s.mean_latency_ms()) || s.mean_latency_ms() > max_ms ||

@@ -10,12 +10,18 @@ uint32_t ServerLatencyTracker::AddServer() {
   return static_cast<uint32_t>(open_.size() - 1);
 }
 
-void ServerLatencyTracker::Add(uint32_t server, double mean_latency_ms) {
+void ServerLatencyTracker::Add(uint32_t server, uint32_t reporter, double mean_latency_ms) {
   Open& o = open_[server];
-  if (o.latencies.size() < kMaxReportsPerWindow) {
-    o.latencies.push_back(mean_latency_ms);
+  for (auto& [who, latency] : o.votes) {
+    if (who == reporter) {
+      latency = mean_latency_ms;
+      return;
+    }
+  }
+  if (o.votes.size() < kMaxReportsPerWindow) {
+    o.votes.emplace_back(reporter, mean_latency_ms);
   } else {
-    o.latencies[o.next] = mean_latency_ms;
+    o.votes[o.next] = {reporter, mean_latency_ms};
   }
   o.next = (o.next + 1) % kMaxReportsPerWindow;
 }
@@ -25,12 +31,15 @@ ServerLatencyTracker::Closed ServerLatencyTracker::CloseWindow() {
   std::vector<double> medians;
   for (uint32_t s = 0; s < open_.size(); ++s) {
     Open& o = open_[s];
-    if (o.latencies.empty()) continue;
-    const double latency = MedianInPlace(o.latencies);
+    if (o.votes.empty()) continue;
+    std::vector<double> latencies;
+    latencies.reserve(o.votes.size());
+    for (const auto& [who, ms] : o.votes) latencies.push_back(ms);
+    const double latency = MedianInPlace(latencies);
     closed.servers.push_back({s, latency, 0});
     medians.push_back(latency);
     last_[s] = latency;
-    o.latencies.clear();
+    o.votes.clear();
     o.next = 0;
   }
   if (closed.servers.size() >= options_.min_servers) {
@@ -45,7 +54,7 @@ ServerLatencyTracker::Closed ServerLatencyTracker::CloseWindow() {
 
 size_t ServerLatencyTracker::MemoryBytes() const {
   size_t bytes = open_.capacity() * sizeof(Open) + last_.capacity() * sizeof(double);
-  for (const Open& o : open_) bytes += o.latencies.capacity() * sizeof(double);
+  for (const Open& o : open_) bytes += o.votes.capacity() * sizeof(o.votes[0]);
   return bytes;
 }
 

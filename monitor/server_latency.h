@@ -1,16 +1,19 @@
 // ServerLatencyTracker: per-window latency of each parameter server, as seen by the workers.
 //
-// Each worker reports, per interval, the mean request latency it saw to each server. At window
-// close a server's latency is the median over its reports in the window (one slow worker's
-// network does not make a server look hot; a worker's own slow link shows up as that worker's
-// comm time instead), and its relative speed is median(server latencies) / its latency, so a
-// hot server, like a straggling worker, has r < 1. A server keeps at most 256 reports per window
-// (the most recent), so a flood costs bounded memory.
+// Each worker reports, per interval, the mean request latency it saw to each server. Each
+// reporter has one vote per server and window: its latest sample. At window close a server's
+// latency is the median over its reporters' votes (one slow worker's network, or one worker
+// that lies or floods, does not make a server look hot; a worker's own slow link shows up as
+// that worker's comm time instead), and its relative speed is median(server latencies) / its
+// latency, so a hot server, like a straggling worker, has r < 1. A server keeps at most 256
+// votes per window (past that a new reporter replaces the oldest vote), so a flood costs
+// bounded memory.
 //
 // Servers are dense indices handed out by AddServer(). Thread-compatible.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "monitor/monitor_options.h"
@@ -25,7 +28,9 @@ class ServerLatencyTracker {
 
   uint32_t AddServer();
   size_t num_servers() const { return open_.size(); }
-  void Add(uint32_t server, double mean_latency_ms);
+  // `reporter`: the reporting worker's index (MonitorState's); its earlier vote this window is
+  // replaced.
+  void Add(uint32_t server, uint32_t reporter, double mean_latency_ms);
 
   struct ServerWindow {
     uint32_t server = 0;
@@ -44,7 +49,7 @@ class ServerLatencyTracker {
 
  private:
   struct Open {
-    std::vector<double> latencies;
+    std::vector<std::pair<uint32_t, double>> votes;  // (reporter, latency ms)
     uint32_t next = 0;
   };
   const MonitorOptions options_;

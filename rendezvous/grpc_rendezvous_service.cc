@@ -37,7 +37,7 @@ class WaitingGet final : public grpc::ServerUnaryReactor {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                 \
     absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());                \
     absl::Status s = caller.status();                                                          \
-    if (s.ok()) s = auth_->Require(ctx->client_metadata(), Role::kWorker);                     \
+    if (s.ok()) s = auth_->RequireWorkerSide(ctx->client_metadata(), "rendezvous " #Method);    \
     if (s.ok()) {                                                                              \
       const std::string who = caller->Describe();                                              \
       s = (Call);                                                                              \
@@ -53,7 +53,8 @@ PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse,
 #undef PACER_RENDEZVOUS_HANDLER
 
 // Join and Reform act as the request's worker; only the chief (or the job / admin token) opens
-// the group, so no stray Join can fix the world size for everyone.
+// the group, so no stray Join can fix the world size for everyone. A worker credential joins at
+// its own rank and under its current incarnation (CheckJoin, common/identity_rules.h).
 grpc::ServerUnaryReactor* GrpcRendezvousService::Join(grpc::CallbackServerContext* ctx,
                                                       const RendezvousJoinRequest* req,
                                                       RendezvousJoinResponse* resp) {
@@ -61,7 +62,13 @@ grpc::ServerUnaryReactor* GrpcRendezvousService::Join(grpc::CallbackServerContex
   auto caller = auth_->Identify(ctx->client_metadata());
   absl::Status s = caller.status();
   if (s.ok()) s = auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous join");
-  if (s.ok()) s = impl_->Join(*req, resp, JoinAuthority{caller->chief()});
+  RendezvousJoinRequest join = *req;
+  if (s.ok() && directory_ != nullptr) {
+    absl::StatusOr<int32_t> rank = CheckJoin(*caller, *directory_, req->worker_id(), req->rank(), req->incarnation());
+    if (rank.ok()) join.set_rank(*rank);
+    s = rank.status();
+  }
+  if (s.ok()) s = impl_->Join(join, resp, JoinAuthority{caller->chief()});
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
@@ -82,7 +89,7 @@ grpc::ServerUnaryReactor* GrpcRendezvousService::Get(grpc::CallbackServerContext
   // The caller's credential: its parked Gets and unsent replies are charged to it.
   absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());
   absl::Status s = caller.status();
-  if (s.ok()) s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  if (s.ok()) s = auth_->RequireWorkerSide(ctx->client_metadata(), "rendezvous Get");
   if (!s.ok()) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(s));

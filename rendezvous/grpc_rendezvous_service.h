@@ -1,12 +1,15 @@
 // GrpcRendezvousService: the gRPC adapter of the rendezvous store (callback API).
 //
-// Every handler authenticates the job token (Role::kWorker) and delegates to
-// RendezvousServiceImpl. A waiting Get holds no server thread: its reactor is parked in the
+// Every handler authorizes the caller and delegates to RendezvousServiceImpl: Join and Reform act
+// as the request's worker (its credential or a token; a worker credential joins at its own rank
+// and under its current sharding incarnation, read through `directory`, which may be null: no
+// such rule); Set, Get, Add and Check need a worker or chief credential or a token. A waiting Get holds no server thread: its reactor is parked in the
 // impl until the keys arrive, the generation moves on, or the call is cancelled (its deadline
 // passed: the client sees DEADLINE_EXCEEDED).
 #pragma once
 
 #include "common/auth.h"
+#include "common/identity_rules.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
 #include "rendezvous/rendezvous_service.h"
 
@@ -14,8 +17,9 @@ namespace pacer {
 
 class GrpcRendezvousService final : public Rendezvous::CallbackService {
  public:
-  GrpcRendezvousService(RendezvousServiceImpl* impl, const Authenticator* auth)
-      : impl_(impl), auth_(auth) {}
+  GrpcRendezvousService(RendezvousServiceImpl* impl, const Authenticator* auth,
+                        const WorkerDirectory* directory = nullptr)
+      : impl_(impl), auth_(auth), directory_(directory) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const RendezvousJoinRequest* req,
                                  RendezvousJoinResponse* resp) override;
@@ -35,6 +39,7 @@ class GrpcRendezvousService final : public Rendezvous::CallbackService {
  private:
   RendezvousServiceImpl* impl_;
   const Authenticator* auth_;
+  const WorkerDirectory* directory_;
 };
 
 }  // namespace pacer

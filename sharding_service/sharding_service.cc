@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/reply_limit.h"
 #include "common/status.h"
+#include "common/step_number.h"
 
 namespace pacer {
 namespace {
@@ -622,6 +623,7 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
   Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(Ready());
     RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
+    RETURN_IF_ERROR(CheckStepNumber(req.step(), req.worker_id(), "heartbeat"));
     if (req.progress_size() > kMaxProgressPerHeartbeat) {
       return absl::InvalidArgumentError("progress: at most 1024 reports per heartbeat");
     }
@@ -858,6 +860,14 @@ LeaseFacts ShardingServiceImpl::WorkerLeaseFacts() const {
   f.oldest_lease_age_s = OldestLeaseAges(state_, clock_->NowMs());
   f.typical_shard_time_s = shard_times_.Median();
   return f;
+}
+
+std::optional<WorkerDirectory::Registration> ShardingServiceImpl::Registration(
+    const std::string& worker) const {
+  absl::MutexLock l(&mu_);
+  const ShardingState::WorkerRec* w = state_.FindWorker(worker);
+  if (w == nullptr) return std::nullopt;
+  return WorkerDirectory::Registration{w->incarnation, w->node};
 }
 
 ShardingServiceStats ShardingServiceImpl::stats() const {

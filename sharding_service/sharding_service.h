@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/identity_rules.h"
 #include "common/metrics.h"
 #include "common/recent_durations.h"
 #include "sharding_service/sharding_metrics.h"
@@ -146,6 +147,9 @@ class ShardingServiceImpl {
 
   ShardingServiceStats stats() const;
   LeaseFacts WorkerLeaseFacts() const;
+  // The worker's current registration (incarnation, node); nullopt when it never registered.
+  // What pacerd's identity rules read (common/identity_rules.h).
+  std::optional<WorkerDirectory::Registration> Registration(const std::string& worker) const;
   // A copy of the state (tests compare it with a replay).
   ShardingSnapshot SnapshotForTest() const;
 

@@ -142,7 +142,7 @@ grpc::ServerUnaryReactor* OperatorService::ListAgents(grpc::CallbackServerContex
                                                       const ListAgentsRequest*,
                                                       ListAgentsResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "list agents");
   if (s.ok()) Agents(resp);
   reactor->Finish(ReplyStatus(s, *resp, "ListAgents"));
   return reactor;
@@ -152,7 +152,7 @@ grpc::ServerUnaryReactor* OperatorService::GetPolicy(grpc::CallbackServerContext
                                                      const GetPolicyRequest*,
                                                      GetPolicyResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get policy");
   if (s.ok()) Policy(resp);
   reactor->Finish(ReplyStatus(s, *resp, "GetPolicy"));
   return reactor;
@@ -162,7 +162,7 @@ grpc::ServerUnaryReactor* OperatorService::GetTimeline(grpc::CallbackServerConte
                                                        const GetTimelineRequest* req,
                                                        GetTimelineResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kWorker);
+  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get timeline");
   if (s.ok()) Timeline(*req, resp);
   reactor->Finish(ReplyStatus(s, *resp, "GetTimeline"));
   return reactor;

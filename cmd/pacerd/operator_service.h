@@ -7,6 +7,9 @@
 // reconciler (the plan in force), and records the monitor's new classification events as
 // detections. Tests call the same Sample().
 //
+// Its calls need the job or admin token (pacerctl holds the admin token), not a credential: a
+// worker has no use for the job's agents, policy or timeline.
+//
 // Owns the JobTimeline; the services it reads must outlive it. Thread-safe: handlers finish
 // inline, Sample() runs on the housekeeping thread; no lock of its own is held while it calls
 // the other services.

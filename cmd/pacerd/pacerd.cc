@@ -71,7 +71,6 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   options.sharding.journal.must_exist = listed("journal");
   options.sharding.journal.accept_data_loss = options.accept_data_loss;
   ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
-  d->sharding_grpc_ = std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get());
   PolicyConfig policy;  // default: "none"
   std::string policy_text;  // identifies the --policy file for the controller store
   if (!options.policy_file.empty()) {
@@ -81,8 +80,12 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   }
   const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.detection, options.monitor);
   ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(monitor_options, clock, &d->metrics_));
-  d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get());
   d->agents_ = std::make_unique<AgentRegistry>(options.agents, clock, &d->metrics_);
+  // What the identity rules read of a worker (common/identity_rules.h): its registration, its agent.
+  d->directory_ = std::make_unique<PacerdWorkerDirectory>(d->sharding_.get(), d->agents_.get());
+  d->sharding_grpc_ =
+      std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get(), d->directory_.get());
+  d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get(), d->directory_.get());
   d->agents_->SetNodeMetricsSink([m = d->monitor_.get()](const NodeMetrics& nm) {
     ReportNodeRequest req;
     *req.mutable_metrics() = nm;
@@ -91,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
       PACER_LOG(WARNING) << "node metrics from agent: " << s;
     }
   });
-  d->agents_grpc_ = std::make_unique<GrpcAgentService>(d->agents_.get(), d->auth_.get());
+  d->agents_grpc_ = std::make_unique<GrpcAgentService>(d->agents_.get(), d->auth_.get(), d->directory_.get());
   d->contention_grpc_ =
       std::make_unique<ContentionSwitchService>(d->agents_.get(), d->auth_.get());
   ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
@@ -171,7 +174,8 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   }
   Reconciler* reconciler = d->reconciler_.get();
   d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(d->options_.rendezvous, &d->metrics_);
-  d->rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get());
+  d->rendezvous_grpc_ =
+      std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get(), d->directory_.get());
   d->replies_ = std::make_unique<HeartbeatReplyBuilder>(reconciler, d->sessions_.get(),
                                                         d->rendezvous_.get());
   d->sharding_->SetHeartbeatCommands(d->replies_.get());

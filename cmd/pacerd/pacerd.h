@@ -25,6 +25,7 @@
 #include "cmd/pacerd/heartbeat_reply.h"
 #include "cmd/pacerd/pacerd_action_sink.h"
 #include "cmd/pacerd/pacerd_metrics.h"
+#include "cmd/pacerd/pacerd_worker_directory.h"
 #include "cmd/pacerd/operator_service.h"
 #include "common/auth.h"
 #include "common/clock.h"
@@ -121,6 +122,7 @@ class Pacerd {
   std::unique_ptr<MonitorServiceImpl> monitor_;
   std::unique_ptr<GrpcMonitorService> monitor_grpc_;
   std::unique_ptr<AgentRegistry> agents_;  // feeds the monitor: destroyed before it
+  std::unique_ptr<PacerdWorkerDirectory> directory_;  // reads sharding_ and agents_
   std::unique_ptr<GrpcAgentService> agents_grpc_;
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<WorkerSessions> sessions_;   // the controller's side of each heartbeat

@@ -170,6 +170,64 @@ TEST_F(ReportValidationTest, WorkerTableIsBounded) {
   EXPECT_EQ(state->issues().Get(ReportIssue::kTooManyEntities), 7u);
 }
 
+// A worker re-registering under ever new node names holds one node row (its own, renamed), so it
+// cannot fill the node table; a row another worker or an agent's report also names stays.
+TEST_F(ReportValidationTest, AWorkerHoldsOneNodeRowWhateverTheNamesItTries) {
+  MonitorOptions o;
+  o.max_nodes = 4;
+  auto state = std::move(MonitorState::Create(o, &clock_).value());
+  ASSERT_TRUE(state->RegisterWorker("w0", "shared").ok());
+  ASSERT_TRUE(state->RegisterWorker("w1", "shared").ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(state->RegisterWorker("w1", "junk-" + std::to_string(i)).ok());
+  EXPECT_EQ(state->Nodes().size(), 2u);  // "shared" (w0) and w1's latest name
+  EXPECT_EQ(state->Worker("w1")->node(), "junk-99");
+  NodeMetrics m;
+  m.set_node("agent-node");
+  m.set_interval_s(1);
+  m.set_num_cpus(4);
+  EXPECT_EQ(state->IngestNodeMetrics(m), ReportIssue::kNone);
+  // w1 moves onto the agent's node: its junk row is freed, the agent's row is kept when w1 leaves.
+  ASSERT_TRUE(state->RegisterWorker("w1", "agent-node").ok());
+  EXPECT_EQ(state->Nodes().size(), 2u);
+  ASSERT_TRUE(state->RegisterWorker("w1", "").ok());
+  EXPECT_EQ(state->Nodes().size(), 2u);
+  EXPECT_TRUE(state->RegisterWorker("w2", "n2").ok());
+  EXPECT_TRUE(state->RegisterWorker("w3", "n3").ok());
+  const absl::Status full = state->RegisterWorker("w4", "n4");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("max_nodes"), absl::string_view::npos) << full;
+  EXPECT_EQ(state->num_workers(), 4u) << "a refused registration added a worker";
+}
+
+// Each reporter has one vote per server and window, and adds at most max_servers_per_reporter
+// server rows: one worker's flood decides neither a server's latency nor the table.
+TEST_F(ReportValidationTest, AServerLatencyIsTheMedianOverReportersAndTheTableIsBoundPerReporter) {
+  MonitorOptions o;
+  o.max_servers_per_reporter = 5;
+  auto state = std::move(MonitorState::Create(o, &clock_).value());
+  for (const char* w : {"w0", "w1", "w2"}) ASSERT_TRUE(state->RegisterWorker(w, "n0").ok());
+  auto sample = [](const std::string& server, const std::string& reporter, double ms) {
+    ServerLatency l;
+    l.set_server_id(server);
+    l.set_reporter(reporter);
+    l.set_requests(10);
+    l.set_mean_latency_ms(ms);
+    return l;
+  };
+  EXPECT_EQ(state->IngestServerLatency(sample("ps0", "w0", 5)), ReportIssue::kNone);
+  EXPECT_EQ(state->IngestServerLatency(sample("ps0", "w2", 6)), ReportIssue::kNone);
+  for (int k = 0; k < 1000; ++k) state->IngestServerLatency(sample("ps0", "w1", 900));
+  EXPECT_EQ(state->IngestServerLatency(sample("ps0", "", 900)), ReportIssue::kMissingId);
+  for (int i = 0; i < 20; ++i) state->IngestServerLatency(sample("junk-" + std::to_string(i), "w1", 1));
+  clock_.AdvanceMs(o.window_ms);
+  state->AdvanceWindows(nullptr);
+  const std::vector<WorkerStatus> servers = state->Servers();
+  ASSERT_EQ(servers.size(), 6u);  // ps0 (added by w0) and the 5 junk rows w1 may add
+  EXPECT_EQ(servers[0].id(), "ps0");
+  EXPECT_DOUBLE_EQ(servers[0].latency_ms(), 6.0) << "the median of the votes 5, 6 and 900";
+  EXPECT_EQ(state->IngestServerLatency(sample("ps1", "w0", 5)), ReportIssue::kNone) << "w0 may still add";
+}
+
 TEST(HostileWorkerTest, GarbageAndFloodsFromOneWorkerDoNotSkewAnyoneElse) {
   SyntheticTraceOptions o;
   o.workers = 32;

@@ -1,5 +1,6 @@
-// Quotas against a real pacerd on loopback: a flood of agent heartbeats (agent credentials, each
-// for its own node) reaches the agent-table quota with RESOURCE_EXHAUSTED while pacerd's memory
+// Quotas against a real pacerd on loopback: a flood of agent heartbeats (a launcher's job token,
+// which may list any workers: an agent credential lists only the workers registered on its node)
+// reaches the agent-table quota with RESOURCE_EXHAUSTED while pacerd's memory
 // stays bounded, and an honest agent's heartbeat is served promptly during the flood (heartbeat
 // validation looks workers up in an index: it no longer compares every listed worker with every
 // worker of every agent under the registry's lock); the rendezvous store's byte cap holds for
@@ -14,6 +15,7 @@
 
 #include "common/auth.h"
 #include "proto/pacer/agent.grpc.pb.h"
+#include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/rendezvous.grpc.pb.h"
 #include "proto/pacer/sharding.grpc.pb.h"
 #include "tests/testing/pacerd_harness.h"
@@ -79,6 +81,7 @@ class QuotaTest : public ::testing::Test {
     p.sharding.max_files_total = 100'000;
     p.sharding.max_workers = 2'000;
     p.sharding.max_dataset_bytes = 32 << 20;
+    p.monitor.max_nodes = 256;  // the node table: small, so one worker's flood reaches it quickly
   }}};
   const testing::TempDir& dir_ = h_.dir();
   Pacerd* pacerd_ = nullptr;
@@ -88,18 +91,21 @@ class QuotaTest : public ::testing::Test {
 TEST_F(QuotaTest, AnAgentFloodReachesTheTableQuotaAndDoesNotDelayAnHonestAgent) {
   auto stub = AgentService::NewStub(channel_);
   AgentHeartbeatReply reply;
-  ASSERT_TRUE(stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 8, 900000), &reply).ok());
+  ASSERT_TRUE(stub->Heartbeat(Ctx(pacerd_->job_token()).get(), Heartbeat("honest", 8, 900000), &reply).ok());
   const int64_t rss0 = RssKb();
 
   // 63 flooding agents fill the table (64 with the honest one), each listing 1 000 workers: 63 000
-  // listed workers, more than the 40 000 that used to block an honest heartbeat for seconds.
+  // listed workers, more than the 40 000 that used to block an honest heartbeat for seconds. The
+  // flood lists workers that never registered, which only the job token may (an agent credential's
+  // unregistered workers are left out of the table); so does the honest agent, as pacer-agent does
+  // with the job token, so each of its heartbeats looks its 8 workers up in the 63 000-entry index.
   std::atomic<bool> stop{false};
   std::atomic<int> flood_ok{0}, flood_exhausted{0}, flood_other{0};
   std::thread flood([&] {
     for (int round = 0; !stop.load(); ++round) {
       for (int a = 0; a < 80 && !stop.load(); ++a) {  // 80 > the 63 free places
         const std::string node = "flood-" + std::to_string(a);
-        grpc::Status s = stub->Heartbeat(Ctx(Agent(node)).get(), Heartbeat(node, 1000, a * 1000), &reply);
+        grpc::Status s = stub->Heartbeat(Ctx(pacerd_->job_token()).get(), Heartbeat(node, 1000, a * 1000), &reply);
         if (s.ok()) {
           ++flood_ok;
         } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
@@ -115,7 +121,7 @@ TEST_F(QuotaTest, AnAgentFloodReachesTheTableQuotaAndDoesNotDelayAnHonestAgent) 
   double worst_ms = 0;
   for (int i = 0; i < 50; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    grpc::Status s = stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 8, 900000), &reply);
+    grpc::Status s = stub->Heartbeat(Ctx(pacerd_->job_token()).get(), Heartbeat("honest", 8, 900000), &reply);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(s.ok()) << s.error_message();
     worst_ms = std::max(worst_ms, ms);
@@ -137,15 +143,20 @@ TEST_F(QuotaTest, AnAgentFloodReachesTheTableQuotaAndDoesNotDelayAnHonestAgent) 
   EXPECT_LT(rss1 - rss0, 256 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
 
   // One heartbeat past the per-agent list limit is refused whole.
-  grpc::Status s = stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 1025, 900000), &reply);
+  grpc::Status s = stub->Heartbeat(Ctx(pacerd_->job_token()).get(), Heartbeat("honest", 1025, 900000), &reply);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
 }
 
 TEST_F(QuotaTest, TheRendezvousStoreCapHoldsForAdd) {
   auto stub = Rendezvous::NewStub(channel_);
   const std::string chief = MintCredential(pacerd_->job_token(), CredentialKind::kChief, "w0").value();
+  RegisterWorkerRequest reg;  // a Join carries the incarnation of the worker's registration
+  reg.set_worker_id("w0");
+  RegisterWorkerResponse registered;
+  ASSERT_TRUE(ShardingService::NewStub(channel_)->RegisterWorker(Ctx(chief).get(), reg, &registered).ok());
   RendezvousJoinRequest join;
   join.set_worker_id("w0");
+  join.set_incarnation(registered.incarnation());
   join.set_rank(0);
   join.set_world_size(1);
   RendezvousJoinResponse joined;
@@ -228,8 +239,9 @@ TEST_F(QuotaTest, DatasetFileAndWorkerQuotasBoundPacerdsMemory) {
 
 // What datasets hold is counted in bytes (--max-dataset-bytes), not in datasets and files: a
 // stream of 65 536 partitions is charged ~35 MiB whether or not any partition has data (its
-// state, checkpoints and snapshot copies), and a file list of 4 096-byte paths 4 KiB a file. Both were taken while the dataset and file counts
-// allowed them (156 such streams took pacerd to 8.1 GB).
+// state, checkpoints and snapshot copies), and a file list of 4 096-byte paths 4 KiB a file.
+// Both were taken while the dataset and file counts allowed them (156 such streams took pacerd
+// to 8.1 GB).
 TEST_F(QuotaTest, StreamPartitionsAndFilePathsCountInBytes) {
   auto stub = ShardingService::NewStub(channel_);
   const std::string worker = MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w1").value();
@@ -267,6 +279,106 @@ TEST_F(QuotaTest, StreamPartitionsAndFilePathsCountInBytes) {
             << "'), of 32 768 taken, " << lists - 1 << " list(s) of 2 500 4 KiB paths taken; RSS "
             << rss0 / 1024 << " -> " << rss1 / 1024 << " MiB" << std::endl;
   EXPECT_LT(rss1 - rss0, 256 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
+}
+
+// Issue 25, finding 5: one client filled a shared table and locked honest ones out. Each table is
+// now bound per credential: a worker adds at most max_servers_per_reporter server rows and holds
+// at most one node row of its own; an agent credential registers one agent, its node.
+
+// One request with 4 096 junk server ids filled the monitor's server table (4 096), and an
+// honest worker's sample for ps0 was then rejected.
+TEST_F(QuotaTest, OneWorkerCannotFillTheServerTable) {
+  auto monitor = Monitor::NewStub(channel_);
+  const std::string w0 = MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w0").value();
+  const std::string w1 = MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w1").value();
+  for (const auto& [id, cred] : {std::pair{"w0", w0}, std::pair{"w1", w1}}) {
+    MonitorRegisterRequest req;
+    req.set_worker_id(id);
+    MonitorRegisterResponse resp;
+    ASSERT_TRUE(monitor->RegisterWorker(Ctx(cred).get(), req, &resp).ok());
+  }
+  auto sample = [](const std::string& server, const std::string& reporter) {
+    ServerLatency l;
+    l.set_server_id(server);
+    l.set_reporter(reporter);
+    l.set_requests(10);
+    l.set_mean_latency_ms(2);
+    l.set_p99_latency_ms(4);
+    return l;
+  };
+  ReportStepsRequest junk;
+  for (int i = 0; i < 4096; ++i) *junk.add_server_latency() = sample("junk-" + std::to_string(i), "w1");
+  ReportStepsResponse resp;
+  grpc::Status s = monitor->ReportSteps(Ctx(w1).get(), junk, &resp);
+  std::cout << "junk servers: " << s.error_code() << " '" << s.error_message() << "', "
+            << resp.accepted() << " accepted, " << resp.rejected() << " rejected" << std::endl;
+
+  ReportStepsRequest honest;
+  *honest.add_server_latency() = sample("ps0", "w0");
+  ASSERT_TRUE(monitor->ReportSteps(Ctx(w0).get(), honest, &resp).ok());
+  EXPECT_EQ(resp.accepted(), 1u) << resp.ShortDebugString();
+  ListWorkersResponse workers;
+  ASSERT_TRUE(monitor->ListWorkers(Ctx(w0).get(), ListWorkersRequest(), &workers).ok());
+  bool ps0 = false;
+  for (const WorkerStatus& server : workers.servers()) ps0 = ps0 || server.id() == "ps0";
+  EXPECT_TRUE(ps0);
+  EXPECT_LE(workers.servers_size(), 257) << "one worker added " << workers.servers_size() - 1 << " servers";
+}
+
+// 65 534 Monitor.RegisterWorker(own id, a new node name) calls filled the node table (here 256),
+// after which an honest agent's ReportNode and an honest worker on a new node got
+// RESOURCE_EXHAUSTED.
+TEST_F(QuotaTest, OneWorkerCannotFillTheNodeTable) {
+  auto monitor = Monitor::NewStub(channel_);
+  const std::string w1 = MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w1").value();
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    MonitorRegisterRequest req;
+    req.set_worker_id("w1");
+    req.set_node("junk-node-" + std::to_string(i));
+    MonitorRegisterResponse resp;
+    if (!monitor->RegisterWorker(Ctx(w1).get(), req, &resp).ok()) ++refused;
+  }
+  std::cout << "one worker on 300 node names: " << refused << " registrations refused" << std::endl;
+
+  ReportNodeRequest node;
+  node.mutable_metrics()->set_node("honest-node");
+  node.mutable_metrics()->set_interval_s(1);
+  node.mutable_metrics()->set_num_cpus(4);
+  ReportNodeResponse nresp;
+  grpc::Status s = monitor->ReportNode(Ctx(Agent("honest-node")).get(), node, &nresp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  MonitorRegisterRequest req;
+  req.set_worker_id("w2");
+  req.set_node("n-w2");
+  MonitorRegisterResponse resp;
+  s = monitor->RegisterWorker(
+      Ctx(MintCredential(pacerd_->job_token(), CredentialKind::kWorker, "w2").value()).get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  ListWorkersResponse workers;
+  ASSERT_TRUE(monitor->ListWorkers(Ctx(w1).get(), ListWorkersRequest(), &workers).ok());
+  EXPECT_LE(workers.nodes_size(), 3) << "one worker holds " << workers.nodes_size() - 2 << " node rows";
+}
+
+// One agent credential registered 4 095 extra agent ids (here 63, the table holds 64) and the
+// next honest agent got "the table is full".
+TEST_F(QuotaTest, OneAgentCredentialCannotFillTheAgentTable) {
+  auto stub = AgentService::NewStub(channel_);
+  const std::string n1 = Agent("n1");
+  int accepted = 0;
+  for (int i = 0; i < 70; ++i) {
+    AgentHeartbeat hb = Heartbeat("n1", 0, 0);
+    hb.set_agent_id("extra-" + std::to_string(i));
+    AgentHeartbeatReply reply;
+    grpc::Status s = stub->Heartbeat(Ctx(n1).get(), hb, &reply);
+    if (s.ok()) ++accepted;
+    else EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  }
+  EXPECT_EQ(accepted, 0);
+  AgentHeartbeatReply reply;
+  grpc::Status s = stub->Heartbeat(Ctx(Agent("honest")).get(), Heartbeat("honest", 0, 0), &reply);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LE(pacerd_->agents()->Agents().size(), 1u);
 }
 
 }  // namespace
