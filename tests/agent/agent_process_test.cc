@@ -305,24 +305,28 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
     auto after = MeasureRates(dir, ids, 1500ms);
     std::cout << "cleared: w0 " << after["w0"] << " it/s, w1 " << after["w1"] << " it/s" << std::endl;
 
+    // Recovered once cleared: w0 back near w1, or well above its own rate under the contention.
+    // One 1.5 s window can catch foreign load on w0 alone (0.587 of w1 in a loaded suite run
+    // while w0 ran 1.68x its rate under the hog; 0.535 of w1 after a cleared quota in another),
+    // so up to four windows are measured; a hog left pinned or a quota left in place holds w0 at
+    // its contended rate in every one.
+    auto recovers = [&] {
+      bool recovered = false;
+      for (int window = 0; window < 4 && !recovered; ++window) {
+        if (window > 0) after = MeasureRates(dir, ids, 1500ms);
+        recovered = after["w0"] > 0.6 * after["w1"] || after["w0"] > 1.3 * during["w0"];
+        std::cout << "after clear, window " << window + 1 << ": w0 " << after["w0"] << " it/s, w1 "
+                  << after["w1"] << " it/s (w0 contended: " << during["w0"] << ")" << std::endl;
+      }
+      return recovered;
+    };
     if (!strict) {
       slowdowns.push_back(slowdown0);
       if (slowdowns.size() < 3) continue;
       std::sort(slowdowns.begin(), slowdowns.end());
       std::cout << method << ": median slowdown " << slowdowns[1] << " for factor " << factor << std::endl;
       EXPECT_GT(slowdowns[1], 1.3);
-      // Recovered once cleared: w0 back near w1, or well above its own rate under the hog. One
-      // 1.5 s window can catch foreign load on w0 alone (0.587 of w1 in a loaded suite run,
-      // while w0 ran 1.68x its rate under the hog), so up to four windows are measured; a hog
-      // left pinned holds w0 at its contended rate in every one.
-      bool recovered = false;
-      for (int window = 0; window < 4 && !recovered; ++window) {
-        if (window > 0) after = MeasureRates(dir, ids, 1500ms);
-        recovered = after["w0"] > 0.6 * after["w1"] || after["w0"] > 1.3 * during["w0"];
-        std::cout << "after clear, window " << window + 1 << ": w0 " << after["w0"] << " it/s, w1 "
-                  << after["w1"] << " it/s (w0 under the hog: " << during["w0"] << ")" << std::endl;
-      }
-      EXPECT_TRUE(recovered) << "w0 must recover once cleared";
+      EXPECT_TRUE(recovers()) << "w0 must recover once cleared";
       return;
     }
     // The control may speed up (w0 frees CPU: on the loaded 2-core box w1 went from ~0.5 to
@@ -342,8 +346,9 @@ void ExpectContentionSlowsOnlyTheChosenWorker(AgentServer& server,
     } else {
       EXPECT_GT(slowdown0, 1.1);
     }
-    // Both uncontended again, in the same window: comparable rates (not a 1/factor one).
-    EXPECT_GT(after["w0"], 0.6 * after["w1"]) << "w0 must recover once cleared";
+    // Both uncontended again: comparable rates (not a 1/factor one) or w0 well above its
+    // capped rate.
+    EXPECT_TRUE(recovers()) << "w0 must recover once cleared";
     return;
   }
 }
