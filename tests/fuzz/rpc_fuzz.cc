@@ -327,6 +327,9 @@ class Target {
   void Start();
   void Stop();
   void RunCall(const Call& call, size_t* sent);
+  void RunJob(const Job& job);
+  // Sends `request` to the method at `path` with `token`, checks the status; the reply if OK.
+  std::string Call1(const std::string& path, const Message& request, const std::string& token);
   grpc::Status Send(const Method& m, const std::string& body, const std::string& token, std::string* reply);
   void CheckStatus(const Method& m, const grpc::Status& s, const std::string& reply, bool raw);
   void CheckHonestCall();
@@ -346,8 +349,10 @@ class Target {
   std::vector<FuzzInput> since_start_;  // the inputs run on this pacerd, for Fail()
   int inputs_since_start_ = 0;
   int starts_ = 0;
+  std::string policy_;  // the policy file of this start (policies/), empty for none
   uint64_t inputs_ = 0, calls_ = 0;
   std::map<int, uint64_t> codes_;
+  std::map<std::string, uint64_t> job_steps_;  // a played job's last step per worker
   int64_t max_rss_mb_ = 0;
   std::chrono::steady_clock::time_point began_ = std::chrono::steady_clock::now();
 };
@@ -379,6 +384,15 @@ void Target::Start() {
   o.monitor.max_workers = 256;
   o.monitor.max_servers = 64;
   o.monitor.max_nodes = 256;
+  // Each start runs the next of these policies, so the controller's decisions and the actions
+  // pacerd carries out (plans, exclusions, allocations, agent commands) are fuzzed too.
+  static const char* const kPolicies[] = {"", "non-dedicated.yaml", "dedicated.yaml",
+                                          "baseline-backup-workers.yaml", "baseline-lb-bsp.yaml",
+                                          "baseline-timeout-relaunch.yaml"};
+  const char* policy = std::getenv("PACER_FUZZ_POLICY");  // replaying a failure: its policy
+  if (policy == nullptr) policy = kPolicies[starts_ % (sizeof kPolicies / sizeof *kPolicies)];
+  policy_ = policy;
+  if (*policy) o.policy_file = std::string(PACER_POLICY_DIR) + "/" + policy;
   auto d = Pacerd::Start(o, clock_.get());
   if (!d.ok()) {
     std::fprintf(stderr, "pacer_rpc_fuzz: pacerd did not start: %s\n", d.status().ToString().c_str());
@@ -400,6 +414,7 @@ void Target::Start() {
   secrets_ = {job, pacerd_->admin_token()};
   for (int i = 0; i < 6; ++i) secrets_.push_back(tokens_[i].substr(tokens_[i].rfind(':') + 1));
   replies_.Clear();
+  job_steps_.clear();
   since_start_.clear();
   inputs_since_start_ = 0;
   ++starts_;
@@ -444,8 +459,10 @@ void Target::Fail(const std::string& what) {
   }
   std::fprintf(stderr,
                "pacer_rpc_fuzz: FAILED: %s\n--- the input ---\n%s--- end ---\nthe %zu inputs this pacerd "
-               "ran are in %s/: replay them with pacer_rpc_fuzz --restart-every=100000 %s\n",
-               what.c_str(), text.c_str(), since_start_.size(), dir.c_str(), dir.c_str());
+               "(policy '%s') ran are in %s/: replay them with PACER_FUZZ_POLICY='%s' pacer_rpc_fuzz "
+               "--restart-every=100000 %s\n",
+               what.c_str(), text.c_str(), since_start_.size(), policy_.c_str(), dir.c_str(), policy_.c_str(),
+               dir.c_str());
   std::fflush(stderr);
   std::abort();
 }
@@ -500,10 +517,89 @@ void Target::CheckStatus(const Method& m, const grpc::Status& s, const std::stri
   }
 }
 
+std::string Target::Call1(const std::string& path, const Message& request, const std::string& token) {
+  for (const Method& m : methods_) {
+    if (m.path != path) continue;
+    std::string reply;
+    const grpc::Status s = Send(m, request.SerializeAsString(), token, &reply);
+    ++calls_;
+    CheckStatus(m, s, reply, false);
+    return s.ok() ? reply : std::string();
+  }
+  Fail("no method " + path);
+}
+
+void Target::RunJob(const Job& job) {
+  const int workers = 2 + static_cast<int>(job.workers() % 7);
+  const int ticks = 10 * (1 + static_cast<int>(job.windows() % 6));
+  const int slow = static_cast<int>(job.slow() % workers);
+  const double factor = 1.0 + (job.slowdown_pct() % 400) / 100.0;
+  const std::string& token = tokens_[JOB_TOKEN];
+  std::vector<uint64_t> incarnation(workers);
+  auto id = [](int w) { return "w" + std::to_string(w); };
+  for (int w = 0; w < workers; ++w) {
+    RegisterWorkerRequest reg;
+    reg.set_worker_id(id(w));
+    reg.set_node("n0");
+    RegisterWorkerResponse resp;
+    resp.ParseFromString(Call1("/pacer.ShardingService/RegisterWorker", reg, token));
+    incarnation[w] = resp.incarnation();
+    MonitorRegisterRequest mreg;
+    mreg.set_worker_id(id(w));
+    mreg.set_node("n0");
+    Call1("/pacer.Monitor/RegisterWorker", mreg, token);
+  }
+  AgentHeartbeat agent;
+  agent.set_job("job");
+  agent.set_node("n0");
+  agent.set_agent_id("n0");
+  agent.set_incarnation(1);
+  for (int w = 0; w < workers; ++w) {
+    WorkerProcess* p = agent.add_workers();
+    p->set_worker_id(id(w));
+    p->set_pid(1000 + w);
+    p->set_state(WORKER_STATE_RUNNING);
+    p->set_rank(w);
+  }
+  for (int t = 0; t < ticks; ++t) {
+    ReportStepsRequest steps;
+    for (int w = 0; w < workers; ++w) {
+      const double compute = 0.2 * (w == slow ? factor : 1.0);
+      for (int k = 0; k < 2; ++k) {
+        StepReport* r = steps.add_steps();
+        r->set_worker_id(id(w));
+        r->set_step(++job_steps_[id(w)]);
+        r->set_local_batch(32);
+        r->set_samples(32);
+        r->set_compute_s(compute);
+        r->set_comm_s(0.02);
+        r->set_wall_s(0.2 * factor + 0.02);
+        r->set_time_ms(clock_->NowMs() - 500 + 250 * k);
+      }
+    }
+    Call1("/pacer.Monitor/ReportSteps", steps, token);
+    for (int w = 0; w < workers; ++w) {
+      HeartbeatRequest hb;
+      hb.set_worker_id(id(w));
+      hb.set_incarnation(incarnation[w]);
+      hb.set_step(job_steps_[id(w)]);
+      hb.set_honors_exclusion(w % 2 == 0);
+      Call1("/pacer.ShardingService/Heartbeat", hb, token);
+    }
+    Call1("/pacer.AgentService/Heartbeat", agent, token);
+    clock_->AdvanceMs(1000);
+    pacerd_->HousekeepingStep();
+  }
+}
+
 void Target::RunCall(const Call& call, size_t* sent) {
   if (call.request_case() == Call::kAdvanceMs) {
     clock_->AdvanceMs(std::min(call.advance_ms(), kMaxAdvanceMs));
     pacerd_->HousekeepingStep();
+    return;
+  }
+  if (call.request_case() == Call::kJob) {
+    RunJob(call.job());
     return;
   }
   const std::string token = TokenFor(call);
@@ -539,9 +635,9 @@ void Target::RunCall(const Call& call, size_t* sent) {
     const grpc::Status s = Send(*m, body, token, &reply);
     ++calls_;
     if (options_.verbose) {
-      std::fprintf(stderr, "  %s [%s] %zu bytes -> %d %s\n", m->path.c_str(),
+      std::fprintf(stderr, "  %s [%s] %zu bytes -> %d %s (%zu bytes)\n", m->path.c_str(),
                    Credential_Name(call.credential()).c_str(), body.size(), s.error_code(),
-                   s.error_message().substr(0, 200).c_str());
+                   s.error_message().substr(0, 200).c_str(), reply.size());
     }
     CheckStatus(*m, s, reply, raw);
   }
