@@ -48,6 +48,55 @@ TEST(FuzzFindingsTest, AnErrorQuotingAHugeIdStaysReadableAndTheConnectionServes)
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// sharding_state_fuzz: a stream partition starting at 2^64 - 2 leases [2^64 - 2, 2^64 - 1) (the
+// end saturates); released, the range is requeued, and the next fetch planned its end as
+// begin + shard_size, which wrapped to 3: the lease did not apply ("empty range") and every
+// fetch of the dataset got INTERNAL from then on. The requeue path saturates too now.
+TEST(FuzzFindingsTest, ARequeuedStreamRangeAtTheTopOfTheOffsetsIsLeasedAgain) {
+  testing::PacerdHarness h;
+  ASSERT_TRUE(h.ok());
+  auto stub = ShardingService::NewStub(h.channel());
+  const std::string w0 = MintCredential(h.job_token(), CredentialKind::kWorker, "w0").value();
+  RegisterDatasetRequest ds;
+  ds.mutable_spec()->set_name("s0");
+  auto* p = ds.mutable_spec()->mutable_stream()->add_partitions();
+  p->set_id(15);
+  p->set_start_offset(~uint64_t{0} - 1);
+  ds.mutable_spec()->set_shard_size(5);
+  RegisterDatasetResponse ds_resp;
+  ASSERT_TRUE(stub->RegisterDataset(Ctx(h.job_token()).get(), ds, &ds_resp).ok());
+  RegisterWorkerRequest reg;
+  reg.set_worker_id("w0");
+  reg.set_node("n0");
+  RegisterWorkerResponse reg_resp;
+  ASSERT_TRUE(stub->RegisterWorker(Ctx(w0).get(), reg, &reg_resp).ok());
+  FetchShardRequest fetch;
+  fetch.set_worker_id("w0");
+  fetch.set_incarnation(reg_resp.incarnation());
+  fetch.set_dataset("s0");
+  fetch.set_request_id(1);
+  FetchShardResponse first;
+  grpc::Status s = stub->FetchShard(Ctx(w0).get(), fetch, &first);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(first.has_lease());
+  EXPECT_EQ(first.lease().begin(), ~uint64_t{0} - 1);
+  ReleaseShardRequest release;
+  release.set_worker_id("w0");
+  release.set_incarnation(reg_resp.incarnation());
+  release.set_lease_id(first.lease().lease_id());
+  release.set_fencing_token(first.lease().fencing_token());
+  ReleaseShardResponse released;
+  s = stub->ReleaseShard(Ctx(w0).get(), release, &released);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  fetch.set_request_id(2);
+  FetchShardResponse again;
+  s = stub->FetchShard(Ctx(w0).get(), fetch, &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();  // INTERNAL 'empty range' before
+  ASSERT_TRUE(again.has_lease());
+  EXPECT_EQ(again.lease().begin(), ~uint64_t{0} - 1);
+  EXPECT_EQ(again.lease().end(), ~uint64_t{0});
+}
+
 TEST(FuzzFindingsTest, BoundStatusMessageKeepsHeadAndTailOnCharacterBoundaries) {
   EXPECT_EQ(BoundStatusMessage("short"), "short");
   const std::string exact(kMaxStatusMessageBytes, 'a');
