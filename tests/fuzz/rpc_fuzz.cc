@@ -357,6 +357,25 @@ class Target {
   std::chrono::steady_clock::time_point began_ = std::chrono::steady_clock::now();
 };
 
+// Small quotas, so that a few calls reach each limit.
+void SetSmallQuotas(PacerdOptions* o) {
+  o->sharding.max_datasets = 8;
+  o->sharding.max_files_total = 4'096;
+  o->sharding.max_workers = 64;
+  o->agents.max_agents = 16;
+  o->agents.max_workers_per_agent = 64;
+  o->agents.max_exits_per_heartbeat = 64;
+  o->agents.max_acks_per_heartbeat = 64;
+  o->rendezvous.max_bytes = 2 << 20;
+  o->rendezvous.max_value_bytes = 64 << 10;
+  o->rendezvous.max_key_bytes = 1024;
+  o->rendezvous.max_keys_per_get = 64;
+  o->rendezvous.max_waiting_gets = 32;
+  o->monitor.max_workers = 256;
+  o->monitor.max_servers = 64;
+  o->monitor.max_nodes = 256;
+}
+
 void Target::Start() {
   dir_ = std::make_unique<testing::TempDir>();
   clock_ = std::make_unique<SimulatedClock>(1'700'000'000'000);
@@ -367,23 +386,11 @@ void Target::Start() {
   o.housekeeping = false;  // Call.advance_ms runs a step
   o.sharding.sync = false;
   o.reconciler.interval_ms = 1000;
-  // Small quotas, so that a few calls reach each limit.
-  o.sharding.max_datasets = 8;
-  o.sharding.max_files_total = 4'096;
-  o.sharding.max_workers = 64;
-  o.agents.max_agents = 16;
-  o.agents.max_workers_per_agent = 64;
-  o.agents.max_exits_per_heartbeat = 64;
-  o.agents.max_acks_per_heartbeat = 64;
   o.agents.id_nonce = 1;
-  o.rendezvous.max_bytes = 2 << 20;
-  o.rendezvous.max_value_bytes = 64 << 10;
-  o.rendezvous.max_key_bytes = 1024;
-  o.rendezvous.max_keys_per_get = 64;
-  o.rendezvous.max_waiting_gets = 32;
-  o.monitor.max_workers = 256;
-  o.monitor.max_servers = 64;
-  o.monitor.max_nodes = 256;
+  // Small quotas, so that a few calls reach each limit; PACER_FUZZ_QUOTAS=default keeps
+  // production's (cmd/pacerd/pacerd.h), to look for what one client can do to a real pacerd.
+  const char* quotas = std::getenv("PACER_FUZZ_QUOTAS");
+  if (quotas == nullptr || std::string(quotas) != "default") SetSmallQuotas(&o);
   // Each start runs the next of these policies, so the controller's decisions and the actions
   // pacerd carries out (plans, exclusions, allocations, agent commands) are fuzzed too.
   static const char* const kPolicies[] = {"", "non-dedicated.yaml", "dedicated.yaml",
@@ -689,10 +696,16 @@ void Target::PrintStats() const {
 
 Target* g_target = nullptr;
 
-// Prints the run's figures and stops pacerd (libFuzzer exits through atexit; main() calls it).
+// Prints the run's figures and stops pacerd (main() calls it). libFuzzer ends the run with
+// exit(), after RocksDB's statics (created by the first pacerd start, after this handler was
+// registered) are destroyed: closing pacerd then would abort in RocksDB, so it only prints.
 void EndRun() {
   if (g_target == nullptr) return;
   g_target->PrintStats();
+#ifdef PACER_LIBFUZZER
+  std::fflush(stderr);
+  std::_Exit(0);
+#endif
   delete g_target;
   g_target = nullptr;
 }
