@@ -329,9 +329,9 @@ class Target {
   void RunCall(const Call& call, size_t* sent);
   void RunJob(const Job& job);
   // Sends `request` to the method at `path` with `token`, checks the status; the reply if OK.
-  std::string Call1(const std::string& path, const Message& request, const std::string& token);
+  std::string SendChecked(const std::string& path, const Message& request, const std::string& token);
   grpc::Status Send(const Method& m, const std::string& body, const std::string& token, std::string* reply);
-  void CheckStatus(const Method& m, const grpc::Status& s, const std::string& reply, bool raw);
+  void CheckStatus(const Method& m, const grpc::Status& s, const std::string& reply);
   void CheckHonestCall();
   [[noreturn]] void Fail(const std::string& what);
   std::string TokenFor(const Call& call) const;
@@ -490,7 +490,7 @@ grpc::Status Target::Send(const Method& m, const std::string& body, const std::s
   return s;
 }
 
-void Target::CheckStatus(const Method& m, const grpc::Status& s, const std::string& reply, bool raw) {
+void Target::CheckStatus(const Method& m, const grpc::Status& s, const std::string& reply) {
   ++codes_[s.error_code()];
   const std::string where = absl::StrCat(m.path, " -> ", s.error_code(), " '", s.error_message(), "'");
   for (const std::string& secret : secrets_) {
@@ -519,18 +519,17 @@ void Target::CheckStatus(const Method& m, const grpc::Status& s, const std::stri
       return;
     default:  // INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
               // FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNAVAILABLE, UNAUTHENTICATED
-      (void)raw;
       return;
   }
 }
 
-std::string Target::Call1(const std::string& path, const Message& request, const std::string& token) {
+std::string Target::SendChecked(const std::string& path, const Message& request, const std::string& token) {
   for (const Method& m : methods_) {
     if (m.path != path) continue;
     std::string reply;
     const grpc::Status s = Send(m, request.SerializeAsString(), token, &reply);
     ++calls_;
-    CheckStatus(m, s, reply, false);
+    CheckStatus(m, s, reply);
     return s.ok() ? reply : std::string();
   }
   Fail("no method " + path);
@@ -549,12 +548,12 @@ void Target::RunJob(const Job& job) {
     reg.set_worker_id(id(w));
     reg.set_node("n0");
     RegisterWorkerResponse resp;
-    resp.ParseFromString(Call1("/pacer.ShardingService/RegisterWorker", reg, token));
+    resp.ParseFromString(SendChecked("/pacer.ShardingService/RegisterWorker", reg, token));
     incarnation[w] = resp.incarnation();
     MonitorRegisterRequest mreg;
     mreg.set_worker_id(id(w));
     mreg.set_node("n0");
-    Call1("/pacer.Monitor/RegisterWorker", mreg, token);
+    SendChecked("/pacer.Monitor/RegisterWorker", mreg, token);
   }
   AgentHeartbeat agent;
   agent.set_job("job");
@@ -584,16 +583,16 @@ void Target::RunJob(const Job& job) {
         r->set_time_ms(clock_->NowMs() - 500 + 250 * k);
       }
     }
-    Call1("/pacer.Monitor/ReportSteps", steps, token);
+    SendChecked("/pacer.Monitor/ReportSteps", steps, token);
     for (int w = 0; w < workers; ++w) {
       HeartbeatRequest hb;
       hb.set_worker_id(id(w));
       hb.set_incarnation(incarnation[w]);
       hb.set_step(job_steps_[id(w)]);
       hb.set_honors_exclusion(w % 2 == 0);
-      Call1("/pacer.ShardingService/Heartbeat", hb, token);
+      SendChecked("/pacer.ShardingService/Heartbeat", hb, token);
     }
-    Call1("/pacer.AgentService/Heartbeat", agent, token);
+    SendChecked("/pacer.AgentService/Heartbeat", agent, token);
     clock_->AdvanceMs(1000);
     pacerd_->HousekeepingStep();
   }
@@ -612,11 +611,9 @@ void Target::RunCall(const Call& call, size_t* sent) {
   const std::string token = TokenFor(call);
   const Method* m = nullptr;
   std::string body;
-  bool raw = false;
   if (call.request_case() == Call::kRaw) {
     m = &methods_[call.raw().method() % methods_.size()];
     body = call.raw().body();
-    raw = true;
   } else if (call.request_case() != Call::REQUEST_NOT_SET) {
     for (const Method& candidate : methods_) {
       if (candidate.field != nullptr && candidate.field->number() == static_cast<int>(call.request_case())) {
@@ -646,7 +643,7 @@ void Target::RunCall(const Call& call, size_t* sent) {
                    Credential_Name(call.credential()).c_str(), body.size(), s.error_code(),
                    s.error_message().substr(0, 200).c_str(), reply.size());
     }
-    CheckStatus(*m, s, reply, raw);
+    CheckStatus(*m, s, reply);
   }
 }
 
