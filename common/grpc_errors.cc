@@ -16,13 +16,16 @@ class UnparsableRequest final : public grpc::experimental::Interceptor {
         methods->GetRecvMessage() == nullptr) {
       unparsable_ = true;  // the body did not deserialize into the method's request message
     }
-    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) && unparsable_) {
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status s = methods->GetSendStatus();
-      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty()) {
+      if (unparsable_ && s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             std::string(method_) + ": the request body is not a valid request message of this "
                                    "method (a client built from another .proto, or corrupted bytes)"));
+      } else if (s.error_message().size() > kMaxStatusMessageBytes) {
+        methods->ModifySendStatus(
+            grpc::Status(s.error_code(), BoundStatusMessage(s.error_message()), s.error_details()));
       }
     }
     methods->Proceed();
@@ -42,6 +45,17 @@ class Factory final : public grpc::experimental::ServerInterceptorFactoryInterfa
 };
 
 }  // namespace
+
+std::string BoundStatusMessage(std::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
+  auto continuation = [&](size_t i) { return (static_cast<unsigned char>(message[i]) & 0xC0) == 0x80; };
+  size_t head = kMaxStatusMessageBytes * 3 / 4;
+  while (head > 0 && continuation(head)) --head;
+  size_t tail = message.size() - kMaxStatusMessageBytes / 8;
+  while (tail < message.size() && continuation(tail)) ++tail;
+  return std::string(message.substr(0, head)) + " [... " + std::to_string(tail - head) +
+         " bytes cut ...] " + std::string(message.substr(tail));
+}
 
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
 UnparsableRequestInterceptors() {

@@ -62,7 +62,7 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
       plan.partition = d;
       plan.from_requeue = true;
       plan.begin = front.begin;
-      plan.end = std::min(front.end, front.begin + size);
+      plan.end = std::min(front.end, SaturatingAdd(front.begin, size));
       plan.attempts = front.attempts;
       return plan;
     }
