@@ -35,19 +35,7 @@ using testing::PacerdProcess;
 constexpr int64_t kMiB = 1 << 20;
 constexpr int64_t kLimitKb = 1024 * 1024;  // 1 GiB
 
-int64_t RssKb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      in >> kb;
-      return kb;
-    }
-    std::getline(in, key);
-  }
-  return -1;
-}
+using testing::RssKb;
 
 class MemoryQuotaTest : public ::testing::Test {
  protected:

@@ -26,19 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int64_t RssKb() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      in >> kb;
-      return kb;
-    }
-    std::getline(in, key);
-  }
-  return -1;
-}
+using testing::RssKb;
 
 AgentHeartbeat Heartbeat(const std::string& node, int workers, int first_worker) {
   AgentHeartbeat hb;

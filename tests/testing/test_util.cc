@@ -119,6 +119,21 @@ void Subprocess::Kill() {
   pid_ = -1;
 }
 
+int64_t RssKb(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/status")
+                            : "/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      in >> kb;
+      return kb;
+    }
+    std::getline(in, key);
+  }
+  return -1;
+}
+
 std::string BinaryPath(const std::string& name) {
   const char* dir = std::getenv("PACER_BIN_DIR");
   return std::string(dir && *dir ? dir : ".") + "/" + name;

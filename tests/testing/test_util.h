@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -61,6 +62,9 @@ class Subprocess {
 
 // Path of a binary built by this project (PACER_BIN_DIR, set by ctest).
 std::string BinaryPath(const std::string& name);
+
+// A process's resident set size in KiB (VmRSS), this process's when `pid` is 0; -1 if unknown.
+int64_t RssKb(pid_t pid = 0);
 
 // Reads a whole file; empty if missing.
 std::string ReadFileOrEmpty(const std::string& path);
