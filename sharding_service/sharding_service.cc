@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   JournalOptions jo = options.journal;
   jo.dir = options.data_dir;
   jo.sync = options.sync;
-  auto journal = Journal::Open(jo, replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
+  auto journal = ShardingJournal::Open(jo, replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
   if (!journal.ok()) return journal.status();
   svc->journal_ = std::move(*journal);
   absl::MutexLock l(&svc->mu_);
@@ -80,21 +80,21 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   return svc;
 }
 
-Journal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
+ShardingJournal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
   return [this](const ShardingSnapshot& snap) -> absl::Status {
     ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
     return absl::OkStatus();
   };
 }
 
-Journal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
+ShardingJournal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
   return [this](const Update& u) {
     ++replayed;
     return state.Apply(u);
   };
 }
 
-Journal::PinnedFn ShardingServiceImpl::StateReplay::OnPinned() {
+ShardingJournal::PinnedFn ShardingServiceImpl::StateReplay::OnPinned() {
   return [this](const std::string& key, const std::string& bytes) {
     return ShardingState::AddPinnedSpec(key, bytes, &specs);
   };
@@ -256,38 +256,6 @@ void ShardingServiceImpl::UpdateGauges() {
   metrics_.workers.With({"active"}).Set(active);
   metrics_.workers.With({"silent"}).Set(silent);
   metrics_.workers.With({"lost"}).Set(lost);
-  const JournalStats js = journal_->stats();
-  // Counters follow the journal's own totals (a counter never goes down: a journal reopened
-  // after a failure starts its totals again, and then only its new work is added).
-  auto follow = [](prometheus::Counter& c, uint64_t now, uint64_t& seen) {
-    c.Increment(static_cast<double>(now >= seen ? now - seen : now));
-    seen = now;
-  };
-  const bool reopened = js.batches < counted_journal_.batches;
-  follow(metrics_.journal_fsyncs.Get(), js.batches, counted_journal_.batches);
-  follow(metrics_.journal_bytes.Get(), js.bytes, counted_journal_.bytes);
-  follow(metrics_.snapshots.Get(), js.snapshots, counted_journal_.snapshots);
-  follow(metrics_.journal_failed_writes.Get(), js.failed_writes, counted_journal_.failed_writes);
-  if (!js.write_latency_counts.empty()) {
-    std::vector<uint64_t>& seen = counted_journal_.write_latency_counts;
-    if (reopened || seen.size() != js.write_latency_counts.size()) {
-      seen.assign(js.write_latency_counts.size(), 0);
-      counted_journal_.write_latency_sum_s = 0;
-    }
-    std::vector<double> increments(seen.size());
-    bool any = false;
-    for (size_t i = 0; i < seen.size(); ++i) {
-      const uint64_t now_count = js.write_latency_counts[i];
-      increments[i] = static_cast<double>(now_count >= seen[i] ? now_count - seen[i] : now_count);
-      any = any || increments[i] > 0;
-      seen[i] = now_count;
-    }
-    if (any) {
-      metrics_.journal_fsync_seconds.Get().ObserveMultiple(
-          increments, std::max(0.0, js.write_latency_sum_s - counted_journal_.write_latency_sum_s));
-    }
-    counted_journal_.write_latency_sum_s = js.write_latency_sum_s;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -880,6 +848,34 @@ ShardingServiceStats ShardingServiceImpl::stats() const {
 ShardingSnapshot ShardingServiceImpl::SnapshotForTest() const {
   absl::MutexLock l(&mu_);
   return state_.ToSnapshot();
+}
+
+// ---- Resuming after a failed journal write (a full disk): the one place that swaps the whole
+// state ----
+
+absl::Status ShardingServiceImpl::RecoverJournal() {
+  absl::MutexLock l(&mu_);
+  if (journal_->health().ok()) return absl::OkStatus();
+  // Under mu_ nothing is appended, so the journal can drop its queue and reopen. What the
+  // memory holds beyond the durable seq was applied but never acknowledged: rebuilt by replay,
+  // exactly as at a restart.
+  StateReplay replay;
+  absl::Status s = journal_->Recover(replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
+  if (!s.ok()) return s;
+  ShardingState& state = replay.state;
+  const uint64_t replayed = replay.replayed;
+  const uint64_t dropped = state_.last_seq() - std::min(state_.last_seq(), state.last_seq());
+  state_ = std::move(state);
+  state_.TakeCancelledLeases();  // history: nobody to notify
+  last_snapshot_seq_ = state_.last_seq() - replayed;
+  cancelled_.clear();  // may name leases whose ending was never written
+  pending_.clear();    // (empty: every request appends before it lets go of mu_)
+  const int64_t now = clock_->NowMs();
+  for (const auto& [id, w] : state_.workers()) last_seen_ms_[id] = now;  // a grace, as at a restart
+  UpdateGauges();
+  PACER_LOG(WARNING) << "sharding: journal recovered at seq " << state_.last_seq() << "; "
+                     << dropped << " unacknowledged update(s) applied in memory were discarded";
+  return absl::OkStatus();
 }
 
 }  // namespace pacer
