@@ -194,11 +194,11 @@ int main(int argc, char** argv) {
   const size_t dense_size = DenseSize(hidden);
   copts.initial_micro_batch = batch;
 
-  auto start = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
-                                    .register_records = register_records, .shard_size = shard_size,
-                                    .epochs = epochs, .shuffle_seed = 23});
-  if (!start.ok()) ExitWithError("pacer-train-ctr", std::string(start.status().message()), 1);
-  Client& client = *start->client;
+  auto started = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
+                                      .register_records = register_records, .shard_size = shard_size,
+                                      .epochs = epochs, .shuffle_seed = 23});
+  if (!started.ok()) ExitWithError("pacer-train-ctr", std::string(started.status().message()), 1);
+  Client& client = *started->client;
 
   PsClientOptions popts;
   popts.servers = absl::StrSplit(ps_list, ',', absl::SkipEmpty());
@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
       grpc::CreateCustomChannel(client.options().address, client.options().credentials, monitor_args);
   auto monitor = Monitor::NewStub(monitor_channel);
 
-  auto reader_or = ShardReader::Create(&client, start->reader_options);
+  auto reader_or = ShardReader::Create(&client, started->reader_options);
   if (!reader_or.ok()) Fail("reader", reader_or.status());
   ShardReader& reader = **reader_or;
   StepTimer timer(&client);

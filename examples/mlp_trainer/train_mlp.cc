@@ -117,12 +117,12 @@ int main(int argc, char** argv) {
   // This trainer carries out EXCLUDE_WORKERS (the excluded branch of the loop below).
   copts.honors_exclusion = collective_kind == "gloo" && world > 1;
 
-  auto start = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
-                                    .register_records = register_records, .shard_size = shard_size,
-                                    .epochs = epochs, .shuffle_seed = 17});
-  if (!start.ok()) ExitWithError("pacer-train-mlp", std::string(start.status().message()), 1);
-  Client& client = *start->client;
-  auto reader_or = ShardReader::Create(&client, start->reader_options);
+  auto started = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
+                                      .register_records = register_records, .shard_size = shard_size,
+                                      .epochs = epochs, .shuffle_seed = 17});
+  if (!started.ok()) ExitWithError("pacer-train-mlp", std::string(started.status().message()), 1);
+  Client& client = *started->client;
+  auto reader_or = ShardReader::Create(&client, started->reader_options);
   if (!reader_or.ok()) Fail("reader", reader_or.status());
   ShardReader& reader = **reader_or;
 
