@@ -2,7 +2,8 @@
 // Attach() opens the ledger, resolves the reports a previous incarnation left unacknowledged
 // (from the registration's previous leases), and sets the reader's hooks so that every lease
 // read from and every report about to be queued is written down; as a ReportListener it writes
-// every acknowledgement. The example trainers (pacer-train-mlp, pacer-train-ctr) use it.
+// every acknowledgement. The example trainers (pacer-train-mlp, pacer-train-ctr) attach it through
+// StartTrainer (trainer_start.h).
 #pragma once
 
 #include <memory>

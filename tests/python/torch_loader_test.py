@@ -24,17 +24,9 @@ except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
-from pacerd_fixture import DOCS_TRAINER as TRAINER, Children, Pacerd, free_port, temp_dir, wait_for
+from pacerd_fixture import (DOCS_TRAINER as TRAINER, Children, Pacerd, free_port, log_tails, pacer_env,
+                            temp_dir, torch_rank_env, wait_for)
 import torch_ledger
-
-
-
-def rank_env(d, rank, world, port, attempt=0):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-    env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, RANK=str(rank), LOCAL_RANK=str(rank),
-               WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               TORCHELASTIC_RESTART_COUNT=str(attempt))
-    return env
 
 
 def results(out, world):
@@ -45,15 +37,8 @@ class TorchLoaderTest(unittest.TestCase):
     def start_ranks(self, children, d, tmp, out, args, attempt=0, world=2):
         port = free_port()
         return [children.start([sys.executable, TRAINER, "--out", out, *args],
-                               env=rank_env(d, r, world, port, attempt),
+                               env=torch_rank_env(d, r, world, port, attempt),
                                log_path=f"{tmp}/a{attempt}-r{r}.log") for r in range(world)]
-
-    def logs(self, tmp):
-        text = []
-        for name in sorted(os.listdir(tmp)):
-            if name.endswith(".log"):
-                text.append(f"--- {name}\n" + open(os.path.join(tmp, name), errors="replace").read()[-2500:])
-        return "\n".join(text)
 
     def test_two_ranks_two_epochs_exactly_once(self):
         records, epochs = 3000, 2
@@ -62,7 +47,7 @@ class TorchLoaderTest(unittest.TestCase):
             self.start_ranks(children, d, tmp, out, ["--records", str(records), "--epochs", str(epochs),
                                                      "--batch", "24", "--cost", "5"])
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            self.assertEqual(codes, [0, 0], log_tails(tmp))
             res = results(out, 2)
             torch_ledger.assert_exactly_once(self, out, records, epochs)
         print(json.dumps(res))
@@ -78,14 +63,14 @@ class TorchLoaderTest(unittest.TestCase):
             out = os.path.join(tmp, "out")
             ranks = self.start_ranks(children, d, tmp, out, args)
             wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
-            self.assertEqual(ranks[1].returncode, -9, self.logs(tmp))
+            self.assertEqual(ranks[1].returncode, -9, log_tails(tmp))
             # What a supervisor (pacer-agent, torchrun) does: stop the survivor, start the group again.
             children.kill_all()
-            self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), self.logs(tmp))
+            self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), log_tails(tmp))
             children.procs.clear()
             self.start_ranks(children, d, tmp, out, args, attempt=1)
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            self.assertEqual(codes, [0, 0], log_tails(tmp))
             chain = torch_ledger.assert_exactly_once(self, out, records, 1)
             res = results(out, 2)
         print(json.dumps({"chain": chain, "results": res}))
@@ -114,26 +99,23 @@ class TorchLoaderTest(unittest.TestCase):
             "assert sorted(seen) == list(range(500)), (len(seen), len(set(seen)))\n"
             "print('OK', len(seen), loader.step)\n")
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, PACER_WORKER_ID="solo")
-            children.start([sys.executable, "-c", script], env=env, log_path=f"{tmp}/solo.log")
+            children.start([sys.executable, "-c", script], env=pacer_env(d, PACER_WORKER_ID="solo"),
+                           log_path=f"{tmp}/solo.log")
             codes = children.wait_all(timeout_s=120)
-            self.assertEqual(codes, [0], self.logs(tmp))
+            self.assertEqual(codes, [0], log_tails(tmp))
 
     @unittest.skipUnless(shutil.which("torchrun"), "torchrun not installed")
     def test_under_torchrun_without_pacer_identity(self):
         records = 2000
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
             out = os.path.join(tmp, "out")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token)
             children.start(["torchrun", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
                             "--log_dir", os.path.join(tmp, "torchrun-logs"),
                             "--master_port", str(free_port()), TRAINER, "--out", out,
                             "--records", str(records), "--batch", "16", "--cost", "5"],
-                           env=env, log_path=f"{tmp}/torchrun.log")
+                           env=pacer_env(d), log_path=f"{tmp}/torchrun.log")
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0], self.logs(tmp))
+            self.assertEqual(codes, [0], log_tails(tmp))
             torch_ledger.assert_exactly_once(self, out, records, 1)
             res = results(out, 2)
         print(json.dumps(res))
