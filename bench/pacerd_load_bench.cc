@@ -1,5 +1,5 @@
 // pacerd_load_bench: a real pacerd under thousands of simulated workers from one process
-// (issue 17, "bounded memory at scale"; docs/benchmarks.md "pacerd under load").
+// (docs/benchmarks.md, "pacerd under load").
 //
 // Each simulated worker is a small state machine on raw gRPC async stubs (no thread of its
 // own): it registers with the sharding service and the monitor, then every --heartbeat-ms

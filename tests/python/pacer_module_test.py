@@ -1,6 +1,6 @@
 """Tests of the Python module `pacer` against a real pacerd subprocess on loopback.
 
-Bad input (issue 3, acceptance 5): a wrong token, an unreachable pacerd (short retry budget)
+Bad input: a wrong token, an unreachable pacerd (short retry budget)
 and a missing worker id raise pacer.Error subclasses carrying the message, never hang or
 crash. Also: connecting from the PACER_* environment, reading every record of a dataset exactly
 once through ShardReader (a second worker then finds nothing left), checkpoint/restore of the

@@ -2,7 +2,7 @@
 ranks against a real pacerd running the demo's dedicated policy (1 s windows), one rank whose
 records load slowly (a real per-record stall in its loader processes, --slow-rank/--slow-ms):
 
-  - test_second_run_mitigation_takes_effect (issue 13, acceptance 4): run A with rank 1 slow;
+  - test_second_run_mitigation_takes_effect: run A with rank 1 slow;
     then `pacerctl datasets reset train` and run B of the same script against the same pacerd
     with rank 0 slow, no run id (torchrun's default). In each run the plan reaches the ranks
     (plans_applied > 0) and shrinks the batch of that run's slow rank: run B's plan is scheduled

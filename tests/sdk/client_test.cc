@@ -338,7 +338,7 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-// torchrun's environment (issue 13): without PACER_WORKER_ID the id is "w<RANK>", the job and
+// torchrun's environment: without PACER_WORKER_ID the id is "w<RANK>", the job and
 // run id come from TORCHELASTIC_RUN_ID; PACER_* and explicit fields win.
 TEST(ClientOptionsTest, IdentityComesFromTorchrunsEnvironmentWhenPacerVariablesAreAbsent) {
   ScopedEnv env({{"PACER_WORKER_ID", nullptr}, {"PACER_JOB", nullptr}, {"PACER_RUN_ID", nullptr},
