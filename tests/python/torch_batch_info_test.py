@@ -1,6 +1,8 @@
 """pacer.torch.DataLoader.batch_info (docs/pytorch.md, "Which records a batch holds"), against a
 real pacerd subprocess and Gloo between two rank processes on loopback:
 
+  - one process (no torch.distributed): a rank's last records, fewer than min_batch, repeated
+    evenly, only their first occurrence counted;
   - with num_workers=0 and num_workers=2, every row of every batch the loop receives is the
     record batch_info names (the dataset returns its own index, compared row by row), in the
     order the loader yields them;
@@ -143,6 +145,36 @@ class BatchInfoTest(unittest.TestCase):
         self.assertEqual(sum(counted.values()), self.EPOCHS * self.RECORDS)
         print(json.dumps({"steps": [len(m) for m in batches], **uncounted}), flush=True)
         return uncounted
+
+    def test_single_process_topped_up_batch(self):
+        """World 1, num_workers=2: 21 records in batches of 16 with min_batch 16 are a batch of
+        16 and the last 5 records repeated 4 times, only their first occurrence counted."""
+        from pacerd_fixture import Children, Pacerd, log_tails, pacer_env, temp_dir
+
+        script = (
+            "import json, torch\n"
+            "import pacer.torch as pt\n"
+            "class DS(torch.utils.data.Dataset):\n"
+            "    def __len__(self): return 21\n"
+            "    def __getitem__(self, i): return i\n"
+            "loader = pt.DataLoader(DS(), batch_size=16, min_batch=16, num_workers=2, shuffle=False)\n"
+            "for rows in loader:\n"
+            "    info = loader.batch_info\n"
+            "    print(json.dumps({'rows': rows.tolist(), 'indices': list(info.indices), 'weight': info.weight,\n"
+            "                      'counted': list(info.counted), 'records': info.records}))\n")
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            children.start([sys.executable, "-c", script], env=pacer_env(d, PACER_WORKER_ID="solo"),
+                           log_path=f"{tmp}/solo.log")
+            self.assertEqual(children.wait_all(timeout_s=120), [0], log_tails(tmp))
+            with open(f"{tmp}/solo.log") as f:
+                batches = [json.loads(line) for line in f if line.startswith("{")]
+        last = list(range(16, 21))
+        self.assertEqual(batches, [
+            {"rows": list(range(16)), "indices": list(range(16)), "weight": 16, "counted": [True] * 16,
+             "records": [[0, i] for i in range(16)]},
+            {"rows": last * 4, "indices": last * 4, "weight": 5, "counted": [True] * 5 + [False] * 15,
+             "records": [[0, i] for i in last]},
+        ])
 
     def test_no_loader_processes(self):
         self.check(self.train(num_workers=0))
