@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--records", type=int, default=60000)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=64, help="each rank's starting batch (the issue's user script: 64)")
+    ap.add_argument("--batch", type=int, default=64, help="each rank's starting batch")
     ap.add_argument("--cost", type=int, default=40, help="per-sample CPU work in __getitem__")
     ap.add_argument("--factor", type=float, default=3.0)
     ap.add_argument("--worker-cores", type=float, default=0.45)

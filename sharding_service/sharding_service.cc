@@ -59,7 +59,6 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   svc->journal_ = std::move(*journal);
   absl::MutexLock l(&svc->mu_);
   svc->state_ = std::move(replay.state);
-  svc->state_.TakeCancelledLeases();  // history: nobody to notify
   svc->last_snapshot_seq_ = svc->state_.last_seq() - replay.replayed;
   svc->stats_.recovery_seconds = watch.ElapsedSeconds();
   svc->stats_.recovered_updates = replay.replayed;
@@ -105,25 +104,24 @@ absl::Status ShardingServiceImpl::Ready() const {
 }
 
 absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
-  update.set_seq(state_.last_seq() + 1);
-  update.set_time_ms(clock_->NowMs());
   const ShardingState::LeaseRec* ending =
       update.has_end_lease() && update.end_lease().reason() == LEASE_COMPLETED
           ? state_.FindLease(update.end_lease().lease_id())
           : nullptr;
   const int64_t ending_created_ms = ending ? ending->created_ms : 0;
-  if (absl::Status s = state_.Apply(update); !s.ok()) {
+  absl::StatusOr<ApplyEffects> effects = state_.Commit(&update, clock_->NowMs());
+  if (!effects.ok()) {
     // Validation let through an update that does not apply: a bug, not bad input. Nothing
     // changed (Apply checks before it mutates), so report it and carry on.
-    PACER_LOG(ERROR) << "update rejected after validation: " << s << " ("
+    PACER_LOG(ERROR) << "update rejected after validation: " << effects.status() << " ("
                      << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
-    return absl::InternalError(absl::StrCat("internal error: ", s.message()));
+    return absl::InternalError(absl::StrCat("internal error: ", effects.status().message()));
   }
   if (ending) shard_times_.Add(static_cast<double>(update.time_ms() - ending_created_ms) / 1000.0);
   pending_.push_back(update);  // appended when the request lets go of mu_ (AppendPending)
   stats_.updates++;
   metrics_.updates.Get().Increment();
-  DrainCancelled();
+  Notify(effects->cancelled_leases);
   // A delete forces a snapshot: the journal writes a spec's pinned entry once per key and
   // deletes it when no snapshot lists it, so the name's old spec must leave the disk before a
   // re-registration with a new spec is pinned under the same key.
@@ -176,8 +174,8 @@ void ShardingServiceImpl::Touch(const std::string& worker) {
   last_seen_ms_[worker] = clock_->NowMs();
 }
 
-void ShardingServiceImpl::DrainCancelled() {
-  for (auto& [worker, lease] : state_.TakeCancelledLeases()) {
+void ShardingServiceImpl::Notify(const std::vector<std::pair<std::string, uint64_t>>& cancelled) {
+  for (const auto& [worker, lease] : cancelled) {
     auto& v = cancelled_[worker];
     if (v.size() < kMaxCancelledPerWorker) v.push_back(lease);
   }
@@ -367,14 +365,14 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
     leased(*again);
     return state_.last_seq();
   }
-  ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(worker, dataset));
-  if (plan.kind == FetchPlan::kWait) {
+  ASSIGN_OR_RETURN(FetchDecision decision, state_.DecideFetch(worker, dataset, request_id));
+  if (decision.kind == FetchPlan::kWait) {
     resp->set_outcome(FetchShardResponse::WAIT);
     resp->set_retry_after_ms(kWaitRetryMs);
-    resp->set_reason(plan.reason);
+    resp->set_reason(decision.reason);
     return state_.last_seq();
   }
-  if (plan.kind == FetchPlan::kEndOfData) {
+  if (decision.kind == FetchPlan::kEndOfData) {
     resp->set_outcome(FetchShardResponse::END_OF_DATA);
     const auto* ds = state_.FindDataset(dataset);
     resp->set_records_quarantined(ds->records_quarantined_total);
@@ -389,9 +387,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
     return absl::ResourceExhaustedError(absl::StrCat(
         "at most ", kMaxLiveLeases, " leases may be held at once over the job; complete or release some"));
   }
-  Update u;
-  *u.mutable_create_lease() = state_.DecideLease(plan, worker, dataset, request_id);
-  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(*decision.update)));
   const auto* lease = state_.FindLease(state_.last_lease_id());
   leased(*lease);
   metrics_.leases_granted.With({lease->dataset}).Increment();
@@ -866,7 +862,6 @@ absl::Status ShardingServiceImpl::RecoverJournal() {
   const uint64_t replayed = replay.replayed;
   const uint64_t dropped = state_.last_seq() - std::min(state_.last_seq(), state.last_seq());
   state_ = std::move(state);
-  state_.TakeCancelledLeases();  // history: nobody to notify
   last_snapshot_seq_ = state_.last_seq() - replayed;
   cancelled_.clear();  // may name leases whose ending was never written
   pending_.clear();    // (empty: every request appends before it lets go of mu_)

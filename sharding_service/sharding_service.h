@@ -199,7 +199,9 @@ class ShardingServiceImpl {
   // Hands the updates Commit() applied during this request to the journal, in one append.
   void AppendPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DrainCancelled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues each cancelled lease for its holder's next heartbeat reply.
+  void Notify(const std::vector<std::pair<std::string, uint64_t>>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shape of every request: runs `body` under mu_ (validate, Commit), then `on_success`
   // outside it, then replies once the returned seq is durable.
   void Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,

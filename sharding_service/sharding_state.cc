@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "sharding_service/permutation.h"
 
 namespace pacer {
@@ -77,7 +78,31 @@ absl::Status ShardingState::CheckLease(const std::string& worker, uint64_t incar
 // ---------------------------------------------------------------------------------------------
 // Apply.
 
+absl::StatusOr<ApplyEffects> ShardingState::Commit(Update* update, int64_t now_ms) {
+  update->set_seq(last_seq_ + 1);
+  update->set_time_ms(now_ms);
+  RETURN_IF_ERROR(Apply(*update));
+  ApplyEffects effects;
+  effects.cancelled_leases.swap(cancelled_);
+  return effects;
+}
+
+absl::StatusOr<FetchDecision> ShardingState::DecideFetch(const std::string& worker,
+                                                         const std::string& dataset,
+                                                         uint64_t request_id) const {
+  ASSIGN_OR_RETURN(FetchPlan plan, PlanFetch(worker, dataset));
+  FetchDecision d;
+  d.kind = plan.kind;
+  d.reason = plan.reason;
+  if (plan.kind == FetchPlan::kLease || plan.kind == FetchPlan::kBackup) {
+    d.update.emplace();
+    *d.update->mutable_create_lease() = DecideLease(plan, worker, dataset, request_id);
+  }
+  return d;
+}
+
 absl::Status ShardingState::Apply(const Update& update) {
+  cancelled_.clear();  // only the last update's (Commit hands them on)
   absl::Status s;
   const int64_t t = update.time_ms();
   switch (update.kind_case()) {

@@ -124,6 +124,21 @@ struct FetchPlan {
   uint64_t backup_of = 0;
 };
 
+// What a FetchShard decides: wait, end of data, or the update that grants a lease -- the one
+// the service journals and applies, as any update (ShardingState::Commit).
+struct FetchDecision {
+  FetchPlan::Kind kind = FetchPlan::kWait;
+  std::string reason;            // kWait
+  std::optional<Update> update;  // kLease, kBackup: the CreateLeaseUpdate with its outcome
+};
+
+// What applying one update did besides changing the state: the leases it ended whose holders
+// must hear of it in their next heartbeat (a backup pair's loser, a lost worker's leases, an
+// epoch or dataset reset or deleted).
+struct ApplyEffects {
+  std::vector<std::pair<std::string, uint64_t>> cancelled_leases;  // (worker, lease id)
+};
+
 class ShardingState {
  public:
   struct Pending {
@@ -218,14 +233,23 @@ class ShardingState {
   // changing anything if the update does not fit the state (the service validates first, so on
   // the live path this never fails; on replay it means a corrupt journal).
   absl::Status Apply(const Update& update);
+  // The one request -> update path's last step, for the service, the simulator's in-process
+  // control plane and the tests alike: `update` becomes the next update (seq) at `now_ms` and
+  // is applied; its effects are returned. Replay uses Apply (the effects are history then).
+  absl::StatusOr<ApplyEffects> Commit(Update* update, int64_t now_ms);
 
   // ---- Validation helpers for the service (pure reads) ----
   // Checks a dataset spec and returns it with defaults filled in.
   static absl::StatusOr<DatasetSpec> NormalizeSpec(const DatasetSpec& spec);
   static absl::Status ValidateCheckpointTag(const std::string& tag);
   static absl::Status ValidateAllocation(const SetAllocationUpdate& allocation);
-  // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
-  // the dataset or worker is unknown.
+  // What a FetchShard by `worker` decides now, with the update to journal when it leases.
+  // FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if the dataset or worker is
+  // unknown.
+  absl::StatusOr<FetchDecision> DecideFetch(const std::string& worker, const std::string& dataset,
+                                            uint64_t request_id) const;
+  // Its two halves: what a fetch would get, and the CreateLeaseUpdate that grants a plan (the
+  // v2 replay re-runs the planner alone).
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
   // The CreateLeaseUpdate (v3, with its outcome) that grants `plan` (kLease or kBackup).
   CreateLeaseUpdate DecideLease(const FetchPlan& plan, const std::string& worker,
@@ -256,8 +280,6 @@ class ShardingState {
   size_t ended_records() const { return ended_total_; }
   size_t ended_beyond_floor() const { return ended_beyond_floor_; }
   uint64_t last_lease_id() const { return next_lease_id_ - 1; }
-  // Leases ended since the last call (drained by the service to notify workers).
-  std::vector<std::pair<std::string, uint64_t>> TakeCancelledLeases();
 
   // Fills a Lease message for an active lease (record ids included).
   Lease DescribeLease(const LeaseRec& lease) const;
@@ -344,7 +366,7 @@ class ShardingState {
   size_t ended_total_ = 0;         // sum of every worker's ended.size()
   size_t ended_beyond_floor_ = 0;  // sum of max(0, ended.size() - EndedFloor(w))
   // Not part of the snapshot: a notification queue for the live service only.
-  std::vector<std::pair<std::string, uint64_t>> cancelled_;
+  std::vector<std::pair<std::string, uint64_t>> cancelled_;  // by the update being applied
 };
 
 const char* LeaseEndReasonName(LeaseEndReason reason);

@@ -118,10 +118,5 @@ DatasetInfo ShardingState::DescribeDataset(const Dataset& ds, bool include_files
 }
 
 
-std::vector<std::pair<std::string, uint64_t>> ShardingState::TakeCancelledLeases() {
-  std::vector<std::pair<std::string, uint64_t>> out;
-  out.swap(cancelled_);
-  return out;
-}
 
 }  // namespace pacer

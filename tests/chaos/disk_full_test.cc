@@ -1,4 +1,4 @@
-// Disk full (acceptance 5 of issue 12): pacerd (in process) runs on a small tmpfs data dir; a
+// Disk full: pacerd (in process) runs on a small tmpfs data dir; a
 // ballast file fills it; updates then fail cleanly — UNAVAILABLE saying the disk is full, the
 // process stays up (no abort), the journal-health metric says 0 — and once the tmpfs is grown
 // (mount -o remount,size=...) the housekeeping step reopens the journal and consumption resumes.

@@ -397,7 +397,7 @@ TEST(ControllerJournalDamageTest, ALostTailIsDataLossCountingTheMissingUpdates) 
   EXPECT_FALSE((*accepted)->recovery().accepted_loss.empty());
 }
 
-// Issue 25, finding 10, for the controller's journal (the same RocksLog, with its own mark,
+// A WAL cut back after a kill, for the controller's journal (the same RocksLog, with its own mark,
 // controller.hwm): killed, then the live WAL's last 100 bytes cut. Before, the mark lagged the
 // acknowledged seq and the journal opened without a word at a lower seq (journal_integrity_test
 // has the same case for the sharding journal).
@@ -439,7 +439,7 @@ TEST(ControllerJournalDamageTest, AWalCutBackAfterAKillIsRefusedCountingTheMissi
   ASSERT_FALSE(refused.ok()) << "opened at update " << last << " although " << kAcknowledged
                              << " were acknowledged";
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
-  ASSERT_LT(last, kAcknowledged) << "the cut took nothing: the case is not finding 10";
+  ASSERT_LT(last, kAcknowledged) << "the cut took nothing: no acknowledged update was cut";
   const std::string message(refused.status().message());
   EXPECT_NE(message.find(o.dir + ".hwm"), std::string::npos) << message;
   EXPECT_NE(message.find(std::to_string(kAcknowledged - last) + " acknowledged updates are missing"),

@@ -189,7 +189,7 @@ def check_metrics(src, metrics_port):
             fail("%s: exported as a %s, documented as a %s" % (name, f.get("type"), docs[name][0]))
         if docs[name][1] != f.get("help"):
             fail("%s: exported help %r differs from the declared %r" % (name, f.get("help"), docs[name][1]))
-    # The properties the issue asked for, on the live job.
+    # The series an operator needs, on the live job.
     for series in ['pacer_sharding_records_done_total{dataset="train"}',
                    'pacer_sharding_leases_active{dataset="train"}',
                    'pacer_controller_actions_total{kind="ADJUST_BS",outcome="executed"}',

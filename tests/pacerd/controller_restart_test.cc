@@ -1,4 +1,4 @@
-// The controller's durable state across pacerd restarts (issue 17: controller state as journaled
+// The controller's durable state across pacerd restarts (the controller state as journaled
 // updates, controller/controller_store.h), in process on a simulated clock
 // (tests/testing/pacerd_harness.h: real gRPC, real RocksDB, production's housekeeping step).
 //  - An exclusion the per-step burst rule made survives a restart while the burst lasts: the

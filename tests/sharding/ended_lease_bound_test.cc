@@ -1,4 +1,4 @@
-// The memory bound on ended leases (issue 17, acceptance 6; sharding_state.h, "Memory"): the
+// The memory bound on ended leases (sharding_state.h, "Memory"): the
 // records kept for truthful retries never exceed
 //   sum over workers of EndedFloor(w) + kMaxEndedBeyondFloor
 // however long the job runs, each worker always keeps its newest EndedFloor(w), and a forgotten

@@ -177,7 +177,7 @@ TEST(JournalHwmTest, TheMarkHoldsEveryAcknowledgedUpdateWhenItIsAcknowledged) {
   EXPECT_FALSE((*mark)->torn);
 }
 
-// Issue 25, finding 10: pacerd kill -9'ed, then the last 100 bytes of the live WAL cut. The cut
+// pacerd kill -9'ed, then the last 100 bytes of the live WAL cut. The cut
 // takes acknowledged groups off the WAL's end, which RocksDB cannot tell from a torn last
 // record (a write in progress, never acknowledged: dropped, see below); the mark can, because
 // it holds every acknowledged update. Before, the mark lagged the acknowledged seq by up to
@@ -211,7 +211,7 @@ TEST(JournalHwmTest, AWalCutBackAfterAKillIsRefusedNamingTheMarkAndTheMissingUpd
                              << " were acknowledged";
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
   const std::string message(refused.status().message());
-  ASSERT_LT(r.last, kAcknowledged) << "the cut took nothing: the case is not finding 10";
+  ASSERT_LT(r.last, kAcknowledged) << "the cut took nothing: no acknowledged update was cut";
   EXPECT_GE(r.last, kAcknowledged - 5) << "100 bytes are a few groups of one update";
   EXPECT_NE(message.find(RocksLog::HwmPath(o)), std::string::npos) << message;
   EXPECT_NE(message.find(absl::StrCat("recovered updates up to ", r.last)), std::string::npos) << message;

@@ -1,6 +1,6 @@
 // The service's answers to retries, lost replies and bad input, in process (ShardingServiceImpl
-// with a real RocksDB journal, a simulated clock): issue 12's findings 2, 3, 5 and 6, each the
-// property a client relies on, not merely that a call returned.
+// with a real RocksDB journal, a simulated clock), each the property a client relies on, not
+// merely that a call returned.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -117,7 +117,7 @@ class ShardingRetryTest : public ::testing::Test {
   RegisterWorkerResponse last_registration_;
 };
 
-// Finding 2: a fetch whose reply was lost is retried with the same request id and gets the same
+// A fetch whose reply was lost is retried with the same request id and gets the same
 // lease; a lease whose reply never arrived (the worker gave up) is released by the next
 // heartbeat, so the epoch finishes instead of waiting for ever.
 TEST_F(ShardingRetryTest, LostFetchReplyNeitherLeaksALeaseNorStallsTheEpoch) {
@@ -189,7 +189,7 @@ TEST_F(ShardingRetryTest, HeldLeaseReportSparesLeasesInFlightAndListed) {
   (void)legacy;
 }
 
-// Finding 3: retries of leases that ended 1, 8 and 1 000 leases earlier are answered
+// Retries of leases that ended 1, 8 and 1 000 leases earlier are answered
 // truthfully — OK when the records were counted, FAILED_PRECONDITION when they were not.
 TEST_F(ShardingRetryTest, LateRetriesAreAnsweredTruthfully) {
   Open();
@@ -306,7 +306,7 @@ TEST_F(ShardingRetryTest, CompleteAndFetchNextIsOneIdempotentCall) {
   Reopen();
 }
 
-// Finding 5: an invalid worker id is INVALID_ARGUMENT, not INTERNAL.
+// An invalid worker id is INVALID_ARGUMENT, not INTERNAL.
 TEST_F(ShardingRetryTest, InvalidWorkerIdsAreInvalidArgument) {
   Open();
   for (const std::string& id : {std::string(), std::string(300, 'a'), std::string("bad id"),
@@ -321,7 +321,7 @@ TEST_F(ShardingRetryTest, InvalidWorkerIdsAreInvalidArgument) {
   EXPECT_EQ(svc_->SnapshotForTest().workers_size(), 0);
 }
 
-// Finding 6: RestoreCheckpoint rolls records_done_total back with the position.
+// RestoreCheckpoint rolls records_done_total back with the position.
 TEST_F(ShardingRetryTest, RestoreRollsBackRecordsDone) {
   Open();
   Dataset(1'000, 100);
@@ -344,7 +344,7 @@ TEST_F(ShardingRetryTest, RestoreRollsBackRecordsDone) {
   Reopen();
 }
 
-// Finding 6: with on_poison=continue a dataset that quarantined records ends with the hole
+// With on_poison=continue a dataset that quarantined records ends with the hole
 // visible in ListDatasets and in the END_OF_DATA reply.
 TEST_F(ShardingRetryTest, PoisonHoleIsVisibleAtTheEndOfData) {
   Open();
