@@ -1,5 +1,5 @@
-"""docs/pytorch.md as written: every fenced block of it is run, so a wrong flag, a missing import
-or a changed API fails here. The blocks are read from the doc itself; the test knows each by
+"""docs/pytorch.md and worker_sdk/python/README.md as written: every fenced block of them is run,
+so a wrong flag, a missing import or a changed API fails here. The blocks are read from the doc itself; the test knows each by
 its first line and fails on a block it does not know (a new or edited block needs a runner
 below). What the test adds, and nothing else:
 
@@ -36,6 +36,7 @@ from pacerd_fixture import (Children, Pacerd, bin_path, free_port, log_tails, te
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = os.path.join(REPO, "docs", "pytorch.md")
+SDK_README = os.path.join(REPO, "worker_sdk", "python", "README.md")
 DOC_ADDR = "127.0.0.1:7070"
 
 # The doc's placeholders: a small map-style dataset and a model for it.
@@ -147,6 +148,22 @@ class DocsPytorchTest(unittest.TestCase):
         self.assertEqual(BLOCKS.unknown, [],
                          "docs/pytorch.md has blocks this test does not run: give them a runner")
         self.assertEqual(sorted(BLOCKS.by_name), sorted(Blocks.KNOWN))
+        self.assertEqual([(lang, first_line(text)) for lang, text in read_blocks(SDK_README)],
+                         [("sh", "PYTHONPATH=build/python /usr/bin/python3 -c 'import pacer, pacer.torch'"),
+                          ("python", "import torch, torch.distributed as dist")],
+                         "worker_sdk/python/README.md's blocks changed: give them a runner")
+
+    def test_sdk_readme(self):
+        """The README's import check in a folder with build/, and its script under two ranks."""
+        (_, check), (_, script) = read_blocks(SDK_README)
+        with temp_dir() as tmp:
+            cwd = workdir(tmp)
+            for command in commands(check):
+                r = subprocess.run(["bash", "-c", command], cwd=cwd, env=clean_env(), timeout=120,
+                                   capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+            with Pacerd(tmp) as d:
+                self.run_ranks(PRELUDE + script, tmp, d, "readme")
 
     def test_setup(self):
         lines = commands(BLOCKS["setup"])
