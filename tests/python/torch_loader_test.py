@@ -8,6 +8,7 @@ num_workers=2, BatchNorm), against a real pacerd subprocess and Gloo between pro
     again, TORCHELASTIC_RESTART_COUNT=1, a fresh MASTER_PORT): the model descends from the last
     checkpoint and saw every record exactly once — all after the checkpoint it resumed from were
     trained again, none before;
+  - the same kill before any checkpoint but the recipe's step-0 one: every record exactly once;
   - the same script under torchrun --nproc-per-node 2 with no PACER_* identity: every record once.
 Every process is reaped; each wait has a deadline. Skips (77) without torch.
 """
@@ -78,6 +79,27 @@ class TorchLoaderTest(unittest.TestCase):
         self.assertEqual(chain[1][1] % 20, 0)  # resumed at a checkpoint step
         self.assertGreater(chain[1][1], 0)
         self.assertEqual(res[0]["checksum"], res[1]["checksum"])
+
+    def test_kill_before_first_checkpoint(self):
+        """The recipe's step-0 checkpoint: rank 1 killed at step 30, before any later checkpoint;
+        the restart resumes model and data from step 0, and the model sees every record once
+        (the records trained before the kill are trained again)."""
+        records = 2000
+        args = ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "1000",
+                "--die-at-step", "30"]
+        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
+            out = os.path.join(tmp, "out")
+            ranks = self.start_ranks(children, d, tmp, out, args)
+            wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
+            self.assertEqual(ranks[1].returncode, -9, log_tails(tmp))
+            children.kill_all()
+            children.procs.clear()
+            self.start_ranks(children, d, tmp, out, args, attempt=1)
+            codes = children.wait_all(timeout_s=240)
+            self.assertEqual(codes, [0, 0], log_tails(tmp))
+            chain = torch_ledger.assert_exactly_once(self, out, records, 1)
+        print(json.dumps({"chain": chain}))
+        self.assertEqual(chain, [(0, 0, 0), (1, 0, None)])
 
     def test_single_process_worker_init_sees_the_dataset(self):
         """World 1 (no torch.distributed), num_workers=2: every record once, and a

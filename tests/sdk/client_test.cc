@@ -76,26 +76,33 @@ TEST_F(SdkClientTest, ReaderDeliversEveryRecordOnceAndTheDatasetFinishes) {
   auto reader = ShardReader::Create(client.get(), ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::vector<uint64_t> ids;
-  std::vector<int> seen(1000, 0);
+  std::vector<uint32_t> epochs;  // the epoch of each id
+  std::vector<std::vector<int>> seen(2, std::vector<int>(1000, 0));
   StepTimer timer(client.get());
   for (uint64_t step = 0;; ++step) {
     timer.BeginStep(step);
     ids.clear();
+    epochs.clear();
     absl::StatusOr<ShardReader::Outcome> got;
     {
       auto wait = timer.Time(StepTimer::Phase::kDataWait);
-      got = (*reader)->Next(50, &ids);  // batches cross lease boundaries (64 per shard)
+      // Batches cross lease boundaries (64 per shard), and epochs.
+      got = (*reader)->Next(50, &ids, ShardReader::Blocking::kUntilData, &epochs);
     }
     ASSERT_TRUE(got.ok()) << got.status();
-    for (uint64_t id : ids) {
-      ASSERT_LT(id, 1000u);
-      seen[id]++;
+    ASSERT_EQ(epochs.size(), ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ASSERT_LT(ids[k], 1000u);
+      ASSERT_LT(epochs[k], 2u);
+      seen[epochs[k]][ids[k]]++;
     }
     (*reader)->MarkConsumed();
     if (!ids.empty()) timer.EndStep(50, ids.size());
     if (*got == ShardReader::Outcome::kEndOfData) break;
   }
-  for (int i = 0; i < 1000; ++i) ASSERT_EQ(seen[i], 2) << "record " << i << " (2 epochs)";
+  for (uint32_t e = 0; e < 2; ++e) {
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(seen[e][i], 1) << "record " << i << " of epoch " << e;
+  }
   ASSERT_TRUE(client->Flush(20'000).ok());
   const DatasetInfo info = Dataset(*client);
   EXPECT_TRUE(info.finished());

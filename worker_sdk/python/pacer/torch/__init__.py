@@ -13,7 +13,8 @@
 - ``DataLoader``: a torch DataLoader for a map-style dataset whose indices come from pacerd
   (every record trained once per epoch across the ranks, faster ranks train on more, the batch
   size follows the controller's plan); ``state_dict()`` / ``load_state_dict()`` pin the data
-  position to a model checkpoint.
+  position to a model checkpoint; ``batch_info`` says which records the batch just yielded
+  holds (``BatchInfo``: index and epoch per sample, which of them count).
 - ``DistributedDataParallel``: torch's DDP whose gradients are averaged weighted by the samples
   each rank trained on, so uneven batches still give the full-batch step; the same all-reduce
   keeps the module's buffers in step and ends the loop on every rank together.
@@ -21,7 +22,7 @@
 Modules, one concept each:
 
 - ``loader``: ``DataLoader`` (configuration, iteration, checkpoints);
-- ``sampler``: its batch sampler, which leases records and cuts batches;
+- ``sampler``: its batch sampler, which leases records and cuts batches, and ``BatchInfo``;
 - ``ddp``: ``DistributedDataParallel``;
 - ``allreduce``: the one weighted all-reduce (``weighted_average_hook`` and its
   ``WeightedAverageState``), used by both APIs;
@@ -40,6 +41,7 @@ b_i = 0); the weighted all-reduce turns the local means into the global weighted
 from pacer.torch.allreduce import WeightedAverageState, weighted_average_hook  # noqa: F401
 from pacer.torch.ddp import DistributedDataParallel  # noqa: F401
 from pacer.torch.loader import CHECKPOINT_FORMAT, DataLoader  # noqa: F401
+from pacer.torch.sampler import BatchInfo  # noqa: F401
 from pacer.torch.lowlevel import (  # noqa: F401
     BatchPlanCallback,
     LeasedBatch,
@@ -52,6 +54,7 @@ from pacer.torch.session import SESSION as _SESSION  # noqa: F401  (tests reach 
 
 __all__ = [
     "DataLoader",
+    "BatchInfo",
     "DistributedDataParallel",
     "CHECKPOINT_FORMAT",
     "LeasedBatch",

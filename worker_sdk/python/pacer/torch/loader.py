@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import pacer
-from pacer.torch.sampler import LeaseBatchSampler
+from pacer.torch.sampler import BatchInfo, LeaseBatchSampler
 from pacer.torch.session import SESSION, dist_world
 from pacer.torch.timing import Empty, LoaderBusyTime, TimedCollate, TimedDataset
 
@@ -95,6 +95,8 @@ class DataLoader:
         self._handed = None         # sampler.Item of the batch handed out last
         self._done_pos = None       # the reader position the last declared batch reached
         self._last_real = None      # the data of the last batch with weight > 0
+        self._last_real_info = None  # and its BatchInfo
+        self._info = None            # the BatchInfo of the batch handed out last
         self._finished = False
         self._lockstep = False
         self.weight = 0             # samples of the batch handed out last that count
@@ -122,6 +124,13 @@ class DataLoader:
     def local_batch(self):
         """This rank's planned batch now."""
         return self._batch
+
+    @property
+    def batch_info(self):
+        """The ``BatchInfo`` of the batch yielded last (None before the first): the dataset
+        index and epoch of each of its samples, and which of them count as trained records
+        (``weight`` of them; the others are repeats)."""
+        return self._info
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self):
@@ -170,10 +179,12 @@ class DataLoader:
                     continue  # nothing to train (see LeaseBatchSampler.__iter__): no step
                 self._current = item
                 if isinstance(data, Empty) or item.weight == 0:
-                    data = self._repeat_batch()
+                    data, info = self._repeat_batch()
                     self.repeats += 1
                 else:
-                    self._last_real = data
+                    info = BatchInfo(self._step, item.ids, item.epochs, item.weight)
+                    self._last_real, self._last_real_info = data, info
+                self._info = info
                 if self._lockstep and not self._real_ahead(sampler) and not sampler.ended:
                     # Nothing real queued after this batch: look ahead so that the end of the
                     # data is known at this step, not one all-empty step later.
@@ -219,9 +230,12 @@ class DataLoader:
                 (sampler.stash is not None and sampler.stash[0].weight > 0))
 
     def _repeat_batch(self):
+        """The data and BatchInfo of a step with nothing to train: this rank's last batch with
+        records again, nothing counted."""
         if self._last_real is None:
             self._last_real = self._collate([self.dataset[0]] * self.min_batch)
-        return self._last_real
+            self._last_real_info = BatchInfo(self._step, [0] * self.min_batch, [-1] * self.min_batch, 0)
+        return self._last_real, self._last_real_info.repeat(self._step)
 
     def _begin_step(self, item, ended):
         hook = SESSION.hook
