@@ -173,15 +173,14 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   if (inserted) {
     w.id = u.worker_id();
   } else {
-    // A new process took this worker's place: the previous incarnation is gone. Its ended
-    // leases are kept (the registration reply lists them); older incarnations' are dropped.
+    // A new process took this worker's place: the previous incarnation is gone. Its leases
+    // end; every ended lease stays remembered, whichever incarnation held it (the registration
+    // reply lists them): a process can register and die before it resolves anything, and the
+    // next one must still learn what its predecessors' last reports counted. What is kept stays
+    // within the bound of "Memory" (sharding_state.h): RememberEnded trims, epochs forget.
     const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
     for (uint64_t id : held) {
       EndLease(id, LEASE_WORKER_LOST, "worker re-registered", t, /*requeue=*/true);
-    }
-    const uint64_t previous = w.incarnation;
-    for (auto eit = w.ended.begin(); eit != w.ended.end();) {
-      eit = eit->second.incarnation() < previous ? EraseEnded(w, eit) : std::next(eit);
     }
   }
   w.node = u.node();

@@ -17,7 +17,9 @@
 // Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
 // truthful retries), independent of the number of records: pending work is ranges, never one
 // object per shard. Ended leases (EndedLease records, ~190 bytes each with their map node) are
-// kept per worker for the dataset's open epochs and the epoch just before them, and within that:
+// kept per worker for the dataset's open epochs and the epoch just before them, whichever of
+// the worker's incarnations held them (a registration forgets none: the process that registered
+// may die before it resolves what the incarnation before it left open), and within that:
 //  * each worker keeps its newest EndedFloor(w) = max(kMinEndedPerWorker, 2 x its max_leases)
 //    (16 by default) whatever else the job holds: the leases its retries can still be about —
 //    a client retries only calls in flight, on leases it held, and holds at most max_leases;
@@ -28,7 +30,10 @@
 // 16 x W + 16 384 with default allocations (81 920 records, ~15 MiB, at 4 096 workers; a lone
 // worker keeps its last 4 096). A retry about a forgotten lease is answered "outcome unknown"
 // (FAILED_PRECONDITION), never falsely OK. The rule depends only on the updates applied, so a
-// replay forgets exactly the same records.
+// replay forgets exactly the same records. (Builds before this rule also forgot, at each
+// registration, the leases of the incarnations before the replaced one; their journals and
+// snapshots replay here unchanged, only remembering those leases where they still can: every
+// record kept is true, so answers stay truthful.)
 //
 // Journal formats (what an Update means):
 //  * v5 (this code): as v3, plus DeleteDatasetUpdate and ResetDatasetUpdate (an operator

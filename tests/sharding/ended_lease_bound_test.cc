@@ -130,6 +130,51 @@ TEST(EndedLeaseBoundTest, ChangingMaxLeasesMovesTheFloorAndKeepsTheCounters) {
   EXPECT_EQ(r.beyond_floor, d.state().ended_beyond_floor());
 }
 
+// A registration forgets no ended lease of the incarnations before the one it replaces (a
+// process may register and die before it resolves what its predecessor left open), and workers
+// that restart over and over still stay within the bound: restarts add ended leases only
+// through RememberEnded, which trims.
+TEST(EndedLeaseBoundTest, RestartsForgetNothingAndStayWithinTheBound) {
+  StateDriver d;
+  ASSERT_TRUE(d.AddDataset(StateDriver::Records("train", 10'000'000, 10)).ok());
+  const uint64_t first = d.AddWorker("w");
+  auto lease = d.Fetch("w", "train");
+  ASSERT_TRUE(lease.has_value());
+  ASSERT_TRUE(d.Progress(lease->id, 7).ok());
+  d.AddWorker("w");  // ends the lease (worker lost) at 7 records
+  d.AddWorker("w");  // a registration nobody resolved from
+  const EndedLease* e = d.state().FindEnded("w", lease->id);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->incarnation(), first);
+  EXPECT_EQ(e->records_done(), 7u);
+  EXPECT_EQ(e->reason(), LEASE_WORKER_LOST);
+
+  // 300 workers crash-looping: each incarnation leases twice and dies holding both.
+  constexpr int kWorkers = 300, kRestarts = 40;
+  for (int i = 0; i < kWorkers; ++i) d.AddWorker(WorkerName(i));
+  for (int r = 0; r < kRestarts; ++r) {
+    for (int i = 0; i < kWorkers; ++i) {
+      ASSERT_TRUE(d.Fetch(WorkerName(i), "train").has_value());
+      ASSERT_TRUE(d.Fetch(WorkerName(i), "train").has_value());
+      d.AddWorker(WorkerName(i));
+    }
+    const Recount rc = RecountEnded(d.state());
+    ASSERT_EQ(rc.total, d.state().ended_records());
+    ASSERT_EQ(rc.beyond_floor, d.state().ended_beyond_floor());
+    ASSERT_LE(d.state().ended_beyond_floor(), kMaxEndedBeyondFloor);
+    ASSERT_LE(rc.total, rc.floors + kMaxEndedBeyondFloor);
+  }
+  // 24 000 leases ended, more than the budget: the bound held, and each worker keeps its newest.
+  EXPECT_EQ(d.state().ended_beyond_floor(), kMaxEndedBeyondFloor);
+  for (int i = 0; i < kWorkers; ++i) {
+    EXPECT_GE(d.state().FindWorker(WorkerName(i))->ended.size(), kMinEndedPerWorker);
+  }
+  ShardingState replayed;
+  for (const Update& u : d.log()) ASSERT_TRUE(replayed.Apply(u).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(replayed.ToSnapshot(),
+                                                                 d.state().ToSnapshot()));
+}
+
 // A snapshot written before the job-wide bound (every worker up to 4 096) is brought within it
 // when it loads.
 TEST(EndedLeaseBoundTest, AnOlderSnapshotOverTheBoundIsTrimmedWhenItLoads) {
