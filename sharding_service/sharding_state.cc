@@ -438,9 +438,16 @@ void ShardingState::ForgetOldEnded(const Dataset& ds) {
   if (ds.is_stream()) return;
   // Keep the open epochs and the one before the oldest of them.
   const uint32_t oldest_open = ds.open.empty() ? ds.next_epoch : ds.open.front().epoch;
+  // Each worker's newest EndedFloor(w) stay whatever their epoch: a worker killed while a
+  // report was in flight learns its outcome at its next registration, which may come after
+  // the rest of the job closed that lease's epoch and the next.
   const uint32_t keep_from = oldest_open == 0 ? 0 : oldest_open - 1;
   for (auto& [id, w] : workers_) {
-    for (auto it = w.ended.begin(); it != w.ended.end();) {
+    const size_t floor = EndedFloor(w);
+    if (w.ended.size() <= floor) continue;
+    // Only the oldest size - floor may go (the smallest ids, as TrimEnded).
+    size_t older = w.ended.size() - floor;
+    for (auto it = w.ended.begin(); older > 0; --older) {
       if (it->second.dataset() == ds.spec->name() && it->second.epoch() < keep_from) {
         it = EraseEnded(w, it);
       } else {

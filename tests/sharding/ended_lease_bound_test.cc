@@ -175,6 +175,44 @@ TEST(EndedLeaseBoundTest, RestartsForgetNothingAndStayWithinTheBound) {
                                                                  d.state().ToSnapshot()));
 }
 
+// A worker killed with a report in flight may register again only after the rest of the job
+// closed that lease's epoch and the next: its newest EndedFloor leases survive the epochs'
+// close, so its registration still learns what the report counted; older ones go.
+TEST(EndedLeaseBoundTest, AWorkersNewestLeasesOutliveTheirEpoch) {
+  StateDriver d;
+  ASSERT_TRUE(d.AddDataset(StateDriver::Records("train", 400, 10, /*epochs=*/2)).ok());
+  d.AddWorker("dead");
+  d.AddWorker("other");
+  std::vector<uint64_t> done_by_dead;
+  for (int i = 0; i < 20; ++i) {
+    auto l = d.Fetch("dead", "train");
+    ASSERT_TRUE(l.has_value());
+    ASSERT_EQ(l->epoch, 0u);
+    ASSERT_TRUE(d.Complete(l->id).ok());
+    done_by_dead.push_back(l->id);
+  }
+  auto last = d.Fetch("dead", "train");
+  ASSERT_TRUE(last.has_value());
+  ASSERT_EQ(last->epoch, 0u);
+  ASSERT_TRUE(d.Progress(last->id, 6).ok());
+  // The process dies; the lease expires at its done prefix, and "other" finishes the dataset.
+  ASSERT_TRUE(d.End(last->id, LEASE_EXPIRED, 6).ok());
+  while (auto l = d.Fetch("other", "train")) ASSERT_TRUE(d.Complete(l->id).ok());
+  ASSERT_TRUE(d.state().FindDataset("train")->Finished());
+  const EndedLease* e = d.state().FindEnded("dead", last->id);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->records_done(), 6u);
+  EXPECT_EQ(e->reason(), LEASE_EXPIRED);
+  // Its floor (16) stays; its epoch-0 leases beyond it were forgotten when epoch 1 closed.
+  const ShardingState::WorkerRec* dead = d.state().FindWorker("dead");
+  EXPECT_EQ(dead->ended.size(), kMinEndedPerWorker);
+  EXPECT_EQ(d.state().FindEnded("dead", done_by_dead.front()), nullptr);
+  EXPECT_NE(d.state().FindEnded("dead", done_by_dead.back()), nullptr);
+  const Recount rc = RecountEnded(d.state());
+  EXPECT_EQ(rc.total, d.state().ended_records());
+  EXPECT_EQ(rc.beyond_floor, d.state().ended_beyond_floor());
+}
+
 // A snapshot written before the job-wide bound (every worker up to 4 096) is brought within it
 // when it loads.
 TEST(EndedLeaseBoundTest, AnOlderSnapshotOverTheBoundIsTrimmedWhenItLoads) {
