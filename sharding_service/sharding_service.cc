@@ -327,9 +327,9 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
     resp->set_incarnation(w->incarnation);
     resp->set_previous_incarnation(previous);
     if (previous != 0) {
-      for (const auto& [id, e] : w->ended) {
-        if (e.incarnation() == previous) *resp->add_previous_leases() = e;
-      }
+      // Every remembered lease of the earlier incarnations (the new one has none yet): the
+      // incarnation just replaced may never have resolved what the one before it left open.
+      for (const auto& [id, e] : w->ended) *resp->add_previous_leases() = e;
     }
     resp->set_lease_timeout_ms(options_.lease_timeout_ms);
     resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);

@@ -198,15 +198,14 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   if (inserted) {
     w.id = u.worker_id();
   } else {
-    // A new process took this worker's place: the previous incarnation is gone. Its ended
-    // leases are kept (the registration reply lists them); older incarnations' are dropped.
+    // A new process took this worker's place: the previous incarnation is gone. Its leases
+    // end; every ended lease stays remembered, whichever incarnation held it (the registration
+    // reply lists them): a process can register and die before it resolves anything, and the
+    // next one must still learn what its predecessors' last reports counted. What is kept stays
+    // within the bound of "Memory" (sharding_state.h): RememberEnded trims, epochs forget.
     const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
     for (uint64_t id : held) {
       EndLease(id, LEASE_WORKER_LOST, "worker re-registered", t, /*requeue=*/true);
-    }
-    const uint64_t previous = w.incarnation;
-    for (auto eit = w.ended.begin(); eit != w.ended.end();) {
-      eit = eit->second.incarnation() < previous ? EraseEnded(w, eit) : std::next(eit);
     }
   }
   w.node = u.node();
@@ -464,9 +463,16 @@ void ShardingState::ForgetOldEnded(const Dataset& ds) {
   if (ds.is_stream()) return;
   // Keep the open epochs and the one before the oldest of them.
   const uint32_t oldest_open = ds.open.empty() ? ds.next_epoch : ds.open.front().epoch;
+  // Each worker's newest EndedFloor(w) stay whatever their epoch: a worker killed while a
+  // report was in flight learns its outcome at its next registration, which may come after
+  // the rest of the job closed that lease's epoch and the next.
   const uint32_t keep_from = oldest_open == 0 ? 0 : oldest_open - 1;
   for (auto& [id, w] : workers_) {
-    for (auto it = w.ended.begin(); it != w.ended.end();) {
+    const size_t floor = EndedFloor(w);
+    if (w.ended.size() <= floor) continue;
+    // Only the oldest size - floor may go (the smallest ids, as TrimEnded).
+    size_t older = w.ended.size() - floor;
+    for (auto it = w.ended.begin(); older > 0; --older) {
       if (it->second.dataset() == ds.spec->name() && it->second.epoch() < keep_from) {
         it = EraseEnded(w, it);
       } else {

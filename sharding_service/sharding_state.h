@@ -17,18 +17,27 @@
 // Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
 // truthful retries), independent of the number of records: pending work is ranges, never one
 // object per shard. Ended leases (EndedLease records, ~190 bytes each with their map node) are
-// kept per worker for the dataset's open epochs and the epoch just before them, and within that:
+// kept per worker whichever of the worker's incarnations held them (a registration forgets
+// none: the process that registered may die before it resolves what the incarnation before it
+// left open), and:
 //  * each worker keeps its newest EndedFloor(w) = max(kMinEndedPerWorker, 2 x its max_leases)
-//    (16 by default) whatever else the job holds: the leases its retries can still be about —
-//    a client retries only calls in flight, on leases it held, and holds at most max_leases;
-//  * beyond those floors the whole job keeps at most kMaxEndedBeyondFloor (16 384) more; when
-//    an ending lease would exceed that, the ending worker's own oldest beyond its floor go;
+//    (16 by default) whatever else the job holds and whatever their epoch: the leases its
+//    retries and its next registration can still be about — a client retries only calls in
+//    flight, on leases it held, and holds at most max_leases; a worker killed with a report in
+//    flight may register again only after the rest of the job closed that epoch and the next;
+//  * beyond those floors only leases of the dataset's open epochs and the epoch just before
+//    them are kept (an epoch's close forgets older ones), and the whole job keeps at most
+//    kMaxEndedBeyondFloor (16 384) of them; when an ending lease would exceed that, the ending
+//    worker's own oldest beyond its floor go;
 //  * and no worker keeps more than kMaxEndedPerWorker (4 096).
 // So ended records <= sum over workers of EndedFloor(w) + kMaxEndedBeyondFloor, i.e. at most
 // 16 x W + 16 384 with default allocations (81 920 records, ~15 MiB, at 4 096 workers; a lone
 // worker keeps its last 4 096). A retry about a forgotten lease is answered "outcome unknown"
 // (FAILED_PRECONDITION), never falsely OK. The rule depends only on the updates applied, so a
-// replay forgets exactly the same records.
+// replay forgets exactly the same records. (Builds before this rule also forgot, at each
+// registration, the leases of the incarnations before the replaced one, and at an epoch's close
+// a worker's floor too; their journals and snapshots replay here unchanged, only remembering
+// more where they still can: every record kept is true, so answers stay truthful.)
 //
 // Journal formats (what an Update means):
 //  * v5 (this code): as v3, plus DeleteDatasetUpdate and ResetDatasetUpdate (an operator
