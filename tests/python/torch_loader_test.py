@@ -56,16 +56,15 @@ class TorchLoaderTest(unittest.TestCase):
         self.assertEqual(res[0]["steps"], res[1]["steps"])
         self.assertEqual(sum(r["samples"] for r in res), records * epochs)
 
-    def test_kill_one_rank_resume_from_checkpoint(self):
-        records = 4000
-        args = ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "20",
-                "--die-at-step", "70"]
+    def kill_rank_one_and_restart(self, records, args):
+        """Runs 2 ranks until rank 1 kills itself (--die-at-step), stops the survivor and starts
+        the group again, as a supervisor (pacer-agent, torchrun) does; returns the ledger's chain
+        of attempts (every record trained exactly once) and the results."""
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
             out = os.path.join(tmp, "out")
             ranks = self.start_ranks(children, d, tmp, out, args)
             wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
             self.assertEqual(ranks[1].returncode, -9, log_tails(tmp))
-            # What a supervisor (pacer-agent, torchrun) does: stop the survivor, start the group again.
             children.kill_all()
             self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), log_tails(tmp))
             children.procs.clear()
@@ -73,7 +72,13 @@ class TorchLoaderTest(unittest.TestCase):
             codes = children.wait_all(timeout_s=240)
             self.assertEqual(codes, [0, 0], log_tails(tmp))
             chain = torch_ledger.assert_exactly_once(self, out, records, 1)
-            res = results(out, 2)
+            return chain, results(out, 2)
+
+    def test_kill_one_rank_resume_from_checkpoint(self):
+        records = 4000
+        chain, res = self.kill_rank_one_and_restart(
+            records, ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "20",
+                      "--die-at-step", "70"])
         print(json.dumps({"chain": chain, "results": res}))
         self.assertEqual([a for a, _, _ in chain], [0, 1])
         self.assertEqual(chain[1][1] % 20, 0)  # resumed at a checkpoint step
@@ -85,19 +90,9 @@ class TorchLoaderTest(unittest.TestCase):
         the restart resumes model and data from step 0, and the model sees every record once
         (the records trained before the kill are trained again)."""
         records = 2000
-        args = ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "1000",
-                "--die-at-step", "30"]
-        with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
-            out = os.path.join(tmp, "out")
-            ranks = self.start_ranks(children, d, tmp, out, args)
-            wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
-            self.assertEqual(ranks[1].returncode, -9, log_tails(tmp))
-            children.kill_all()
-            children.procs.clear()
-            self.start_ranks(children, d, tmp, out, args, attempt=1)
-            codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0, 0], log_tails(tmp))
-            chain = torch_ledger.assert_exactly_once(self, out, records, 1)
+        chain, _ = self.kill_rank_one_and_restart(
+            records, ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "1000",
+                      "--die-at-step", "30"])
         print(json.dumps({"chain": chain}))
         self.assertEqual(chain, [(0, 0, 0), (1, 0, None)])
 
