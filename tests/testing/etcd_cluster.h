@@ -91,7 +91,8 @@ class EtcdCluster {
   bool running(int i);
 
   // Whether member i answers /health with true (it has a leader and a read through raft
-  // succeeded), within `timeout`.
+  // succeeded), within `timeout`. A NOSPACE alarm (quota reached) does not count: the member
+  // still serves reads and deletes, and can be restarted.
   bool Healthy(int i, std::chrono::milliseconds timeout = std::chrono::milliseconds(1000));
   // Waits until every running, not paused member is healthy.
   absl::Status WaitHealthy(std::chrono::milliseconds timeout);

@@ -132,6 +132,44 @@ TEST_F(EtcdClusterTest, OptionsReachTheMembers) {
   EXPECT_NE(log.find("\"max-request-bytes\":2097152"), std::string::npos);
 }
 
+// A small quota fills up (NOSPACE: writes refused, reads served); a member still restarts, and
+// the operator's way out -- delete, compact, defragment, disarm -- makes the cluster writable.
+TEST_F(EtcdClusterTest, QuotaReachedThenRecovered) {
+  EtcdCluster::Options options;
+  options.quota_backend_bytes = 1 << 20;
+  absl::StatusOr<std::unique_ptr<EtcdCluster>> started = EtcdCluster::Start(dir_, 3, options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EtcdCluster& c = **started;
+  const std::string value(100000, 'x');  // under the kernel's 128 KiB limit on one argument
+  absl::StatusOr<std::string> put;
+  int n = 0;
+  while (n < 100 && (put = c.Etcdctl({"put", "big/" + std::to_string(n), value})).ok()) ++n;
+  ASSERT_FALSE(put.ok()) << "1 MiB quota not reached after " << n << " puts of 100 kB";
+  EXPECT_NE(put.status().message().find("database space exceeded"), std::string::npos) << put.status();
+  absl::StatusOr<std::string> alarms = c.Etcdctl({"alarm", "list"});
+  ASSERT_TRUE(alarms.ok()) << alarms.status();
+  EXPECT_NE(alarms->find("NOSPACE"), std::string::npos) << *alarms;
+  EXPECT_EQ(GetVia(c, 1, "big/0"), value + "\n");
+
+  const int follower = (c.WaitForLeader() + 1) % 3;
+  c.Kill(follower);
+  absl::Status restarted = c.Restart(follower);
+  ASSERT_TRUE(restarted.ok()) << restarted;
+
+  ASSERT_TRUE(c.Etcdctl({"del", "--prefix", "big/"}).ok());
+  absl::StatusOr<std::string> status = c.Etcdctl({"endpoint", "status", "-w", "json"}, c.endpoint(0));
+  ASSERT_TRUE(status.ok()) << status.status();
+  const size_t at = status->find("\"revision\":");
+  ASSERT_NE(at, std::string::npos) << *status;
+  const std::string revision = std::to_string(std::stoll(status->substr(at + 11)));
+  ASSERT_TRUE(c.Etcdctl({"compact", revision}).ok());
+  absl::StatusOr<std::string> defrag = c.Etcdctl({"defrag"});
+  ASSERT_TRUE(defrag.ok()) << defrag.status();
+  ASSERT_TRUE(c.Etcdctl({"alarm", "disarm"}).ok());
+  put = c.Etcdctl({"put", "after", "recovery"});
+  EXPECT_TRUE(put.ok()) << put.status();
+}
+
 // An echo server on 127.0.0.1:0, one thread per connection; for the proxy tests below.
 class EchoServer {
  public:
