@@ -89,7 +89,7 @@ TcpProxy::TcpProxy(std::string upstream, uint32_t upstream_ip, int upstream_port
 TcpProxy::~TcpProxy() {
   if (thread_.joinable()) {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
     const char b = 0;
@@ -106,7 +106,7 @@ std::string TcpProxy::address() const { return absl::StrCat("127.0.0.1:", port_)
 
 void TcpProxy::Stall() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stalled_ = true;
   }
   WaitApplied();
@@ -114,7 +114,7 @@ void TcpProxy::Stall() {
 
 void TcpProxy::Resume() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stalled_ = false;
   }
   WaitApplied();
@@ -122,38 +122,37 @@ void TcpProxy::Resume() {
 
 void TcpProxy::Cut() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     ++cut_requests_;
   }
   WaitApplied();
 }
 
 bool TcpProxy::stalled() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return stalled_;
 }
 
 int TcpProxy::open_connections() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return open_;
 }
 
 int64_t TcpProxy::accepted_connections() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return accepted_;
 }
 
 void TcpProxy::WaitApplied() {
   int64_t target;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     target = ++requested_;
   }
   const char b = 0;
   [[maybe_unused]] ssize_t n = write(wake_fds_[1], &b, 1);  // full pipe: a wake-up is pending anyway
-  absl::MutexLock lock(&mu_);
-  auto applied = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return applied_ >= target; };
-  mu_.Await(absl::Condition(&applied));
+  std::unique_lock<std::mutex> lock(mu_);
+  applied_cv_.wait(lock, [&] { return applied_ >= target; });
 }
 
 void TcpProxy::Loop() {
@@ -171,7 +170,7 @@ void TcpProxy::Loop() {
     bool stalled;
     {
       // Every change asked for before this point is applied from here on.
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (stopping_) break;
       stalled = stalled_;
       if (cut_requests_ > cuts_done) {
@@ -181,6 +180,7 @@ void TcpProxy::Loop() {
       open_ = static_cast<int>(conns.size());
       applied_ = requested_;
     }
+    applied_cv_.notify_all();
 
     fds.clear();
     owner.clear();
@@ -262,7 +262,7 @@ void TcpProxy::Loop() {
         int client = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (client < 0) break;
         {
-          absl::MutexLock lock(&mu_);
+          std::lock_guard<std::mutex> lock(mu_);
           ++accepted_;
         }
         // A blocking connect: on loopback it completes or is refused at once; the timeout bounds
@@ -288,7 +288,7 @@ void TcpProxy::Loop() {
     }
   }
   close_all();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   open_ = 0;
 }
 

@@ -13,15 +13,14 @@
 // closes every socket.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace pacer::testing {
 
@@ -66,14 +65,18 @@ class TcpProxy {
   const int port_;
   int wake_fds_[2] = {-1, -1};
 
-  absl::Mutex mu_;
-  bool stalled_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t cut_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t requested_ ABSL_GUARDED_BY(mu_) = 0;  // changes asked for
-  int64_t applied_ ABSL_GUARDED_BY(mu_) = 0;    // changes the loop has applied
-  int open_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  // std::mutex rather than absl::Mutex: Debian's absl is not instrumented, so ThreadSanitizer
+  // would not see this lock and would report the fields below as races.
+  std::mutex mu_;
+  std::condition_variable applied_cv_;
+  // Guarded by mu_:
+  bool stalled_ = false;
+  bool stopping_ = false;
+  int64_t cut_requests_ = 0;
+  int64_t requested_ = 0;  // changes asked for
+  int64_t applied_ = 0;    // changes the loop has applied
+  int open_ = 0;
+  int64_t accepted_ = 0;
 
   std::thread thread_;
 };
