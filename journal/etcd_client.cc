@@ -107,11 +107,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdClient
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    // A member that stops answering (paused, partitioned) is noticed by the transport.
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    // A member that stops answering (paused, partitioned) is noticed by the transport; no more
+    // often than etcd's --grpc-keepalive-min-time (5 s) allows, or it closes the connection.
+    // Calls have their own deadlines meanwhile.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
     // A channel of its own per member: gRPC would otherwise share one connection per address.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     auto channel = DialChannel(ep, tls, args);

@@ -342,6 +342,13 @@ void EtcdLog::AddRecord(const std::string& key, const std::string& record, std::
 std::vector<EtcdLog::Op> EtcdLog::BuildOps(std::vector<Entry>& group, std::set<std::string>* pinned_after,
                                            uint64_t* snapshot_seq, uint64_t* pinned_written) const {
   std::vector<Op> ops;
+  // The group's newest snapshot covers every update and snapshot before it in the group: those
+  // are not written at all (etcd refuses a transaction whose puts overlap its deletes, and they
+  // would be deleted at once). Nothing of a group is acknowledged before all of it is written.
+  size_t first = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i].snapshot) first = i;
+  }
   EtcdJournalRecord chunk;
   size_t chunk_bytes = 0;
   auto flush = [&] {
@@ -350,7 +357,8 @@ std::vector<EtcdLog::Op> EtcdLog::BuildOps(std::vector<Entry>& group, std::set<s
     chunk.Clear();
     chunk_bytes = 0;
   };
-  for (Entry& e : group) {
+  for (size_t i = first; i < group.size(); ++i) {
+    Entry& e = group[i];
     if (!e.snapshot) {
       if (chunk.entries_size() == 0) chunk.set_seq(e.seq);
       chunk_bytes += e.bytes.size();
@@ -525,9 +533,9 @@ void EtcdLog::WriterLoop() {
     }
     const absl::Status result = health_;
     l.unlock();
+    if (fenced) fenced(std::string(st.message()));  // leadership ends before anyone hears of the failure
     durable_cv_.notify_all();
     for (Done& d : ready) d(result);
-    if (fenced) fenced(std::string(st.message()));
     (void)updates;
     l.lock();
   }
