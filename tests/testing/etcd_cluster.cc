@@ -55,36 +55,6 @@ std::vector<std::string> CleanEnvPrefix() {
   return argv;
 }
 
-// `count` distinct ports that were free a moment ago: all bound at once to 127.0.0.1:0, read,
-// closed. Another process may take one before etcd binds it; Start retries then.
-absl::StatusOr<std::vector<int>> FreePorts(int count) {
-  std::vector<int> fds;
-  std::vector<int> ports;
-  absl::Status status;
-  for (int i = 0; i < count && status.ok(); ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      status = absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-      break;
-    }
-    fds.push_back(fd);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(errno)));
-      break;
-    }
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
-  return ports;
-}
-
 // One HTTP/1.0 request to 127.0.0.1:port (no chunking; the server closes after the reply);
 // returns the body.
 absl::StatusOr<std::string> HttpRequest(int port, const std::string& method, const std::string& path,
@@ -155,6 +125,35 @@ bool AddressInUse(const std::string& log) {
 std::atomic<int> g_cluster_counter{0};
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> FreePorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  absl::Status status;
+  for (int i = 0; i < count && status.ok(); ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      status = absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(errno)));
+      break;
+    }
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
 
 bool EtcdAvailable() {
   return access(EtcdBinary("etcd").c_str(), X_OK) == 0 &&

@@ -36,6 +36,10 @@ bool EtcdAvailable();
 inline constexpr char kEtcdMissing[] =
     "etcd or etcdctl not found (PACER_ETCD_BIN_DIR, /usr/bin): run scripts/install-deps.sh";
 
+// `count` distinct ports that were free a moment ago: all bound at once to 127.0.0.1:0, read,
+// closed. Another process may take one before its server binds it: callers retry then.
+absl::StatusOr<std::vector<int>> FreePorts(int count);
+
 class EtcdCluster {
  public:
   struct Options {
