@@ -89,6 +89,8 @@ class EtcdCluster {
   void Pause(int i);
   void Resume(int i);
   bool running(int i);
+  // Member i's process id; -1 once it is known to have exited (Kill, Stop, running()).
+  pid_t pid(int i) const { return members_[static_cast<size_t>(i)].proc.pid(); }
 
   // Whether member i answers /health with true (it has a leader and a read through raft
   // succeeded), within `timeout`. A NOSPACE alarm (quota reached) does not count: the member
