@@ -19,7 +19,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,7 +84,8 @@ class EtcdCluster {
   // Starts a stopped or killed member again (same name, data dir and ports; killed first if it
   // still runs) and waits until it is healthy.
   absl::Status Restart(int i);
-  // SIGSTOP / SIGCONT: a frozen member holds its connections open but answers nothing.
+  // SIGSTOP / SIGCONT: a frozen member holds its connections open but answers nothing. Each
+  // returns once the kernel reports every thread of the member stopped (or no longer stopped).
   void Pause(int i);
   void Resume(int i);
   bool running(int i);
