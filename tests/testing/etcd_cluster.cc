@@ -118,6 +118,22 @@ std::string JsonStringField(const std::string& json, const std::string& key) {
   return end == std::string::npos ? "" : json.substr(begin, end - begin);
 }
 
+// Whether every thread of `pid` is in job-control stop (state T in /proc/PID/task/*/stat).
+// kill(SIGSTOP) returns before the threads have stopped: until then the process still runs.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    const std::string stat = ReadFileOrEmpty(task.path().string() + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // exited meanwhile
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't') return false;
+    ++threads;
+  }
+  return !ec && threads > 0;
+}
+
 bool AddressInUse(const std::string& log) {
   return log.find("address already in use") != std::string::npos;
 }
@@ -354,12 +370,16 @@ void EtcdCluster::Pause(int i) {
   Member& m = members_[static_cast<size_t>(i)];
   m.proc.Signal(SIGSTOP);
   m.paused = true;
+  const pid_t pid = m.proc.pid();
+  if (pid > 0) WaitFor([&] { return AllThreadsStopped(pid); }, milliseconds(10000), milliseconds(1));
 }
 
 void EtcdCluster::Resume(int i) {
   Member& m = members_[static_cast<size_t>(i)];
   m.proc.Signal(SIGCONT);
   m.paused = false;
+  const pid_t pid = m.proc.pid();
+  if (pid > 0) WaitFor([&] { return !AllThreadsStopped(pid); }, milliseconds(10000), milliseconds(1));
 }
 
 bool EtcdCluster::running(int i) { return members_[static_cast<size_t>(i)].proc.running(); }
