@@ -261,7 +261,7 @@ absl::Status Pacerd::RecordIdentityAndLosses(DataDir* dir) {
   if (!dir->identity.has_value()) {
     RETURN_IF_ERROR(WriteDataDirIdentity(
         options.data_dir, NewDataDirIdentity(RealClock::Get()->NowMs(), {"journal", "controller"})));
-    if (!recovered.created) {
+    if (!recovered.created && options.journal.empty()) {
       PACER_LOG(INFO) << "data dir '" << options.data_dir << "' adopted: IDENTITY written, journal "
                       << "high-water mark set to the recovered update " << recovered.recovered_seq;
     }
