@@ -38,6 +38,9 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->WireWorkerSessions();
   PACER_LOG(INFO) << "policy '" << policy.config.name << "' (" << policy.config.policy << ")"
                   << (policy.config.dry_run ? " in dry-run" : "");
+  if (d->election_) {
+    d->operator_grpc_->set_server_info([p = d.get()](GetServerResponse* resp) { p->ServerInfo(resp); });
+  }
   RETURN_IF_ERROR(d->Serve(listen, creds));
   d->Proclaim();
   d->CheckJournal();
@@ -117,10 +120,38 @@ absl::Status Pacerd::Elect(const HostPort& listen) {
   return absl::OkStatus();
 }
 
+void Pacerd::ServerInfo(GetServerResponse* resp) {
+  if (!election_) return;
+  resp->set_journal("etcd");
+  resp->set_etcd_endpoints(absl::StrJoin(etcd_->options().endpoints, ","));
+  resp->set_etcd_prefix(etcd_prefix_);
+  const EtcdFence fence = election_->fence();
+  resp->set_leader(options_.advertise.empty() ? address() : options_.advertise);
+  resp->set_fencing_revision(fence.rev);
+  resp->set_lease_remaining_ms(std::max<int64_t>(0, election_->remaining_ms()));
+  resp->set_takeover_seconds(takeover_s_);
+  // The other campaign keys under the election's name: the standbys, oldest (next) first.
+  etcdserverpb::RangeRequest req;
+  const std::string name = etcd_prefix_ + "/leader/";
+  req.set_key(name);
+  req.set_range_end(EtcdPrefixEnd(name));
+  req.set_sort_target(etcdserverpb::RangeRequest::CREATE);
+  req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  auto r = etcd_->Range(req);
+  if (!r.ok()) return;
+  for (const mvccpb::KeyValue& kv : r->kvs()) {
+    if (kv.key() == fence.key) continue;
+    ServerStandby* sb = resp->add_standbys();
+    sb->set_address(kv.value());
+    sb->set_revision(kv.create_revision());
+  }
+}
+
 void Pacerd::Proclaim() {
   if (!election_) return;
   PacerdMetricSeries& m = pacerd_metrics_->own();
   const double takeover_s = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9 - won_s_;
+  takeover_s_ = takeover_s;
   m.ha_leader.Get().Set(1);
   m.ha_fencing_revision.Get().Set(static_cast<double>(election_->fence().rev));
   m.ha_takeover.Get().Set(takeover_s);

@@ -152,6 +152,8 @@ class Pacerd {
   absl::Status Elect(const HostPort& listen);
   // After Serve: the leader's address in the election, now that the port is known.
   void Proclaim();
+  // Operator.GetServer: the journal's home, the leader and the standbys.
+  void ServerInfo(GetServerResponse* resp);
   // Metrics, the sharding service (its journal replayed), the policy, the monitor, the agent
   // registry, rendezvous and their gRPC services.
   absl::StatusOr<Policy> OpenComponents(const DataDir& dir);
@@ -176,6 +178,7 @@ class Pacerd {
   std::unique_ptr<EtcdElection> election_;
   std::string etcd_prefix_;
   double won_s_ = 0;  // when the election was won (monotonic seconds)
+  std::atomic<double> takeover_s_{0};  // from winning to serving (read by Operator.GetServer)
   decltype(JournalOptions::open_log) controller_open_log_;  // the controller's journal in etcd
   std::unique_ptr<ShardingServiceImpl> sharding_;
   std::unique_ptr<GrpcShardingService> sharding_grpc_;
