@@ -324,7 +324,9 @@ grpc::Status StatusView(const Client& c, View* view, std::string* what) {
         << Fixed(static_cast<double>(server.lease_remaining_ms()) / 1000.0, 1) << " s); standbys: ";
     if (server.standbys().empty()) out << "none";
     for (int i = 0; i < server.standbys_size(); ++i) {
-      out << (i ? ", " : "") << server.standbys(i).address();
+      const ServerStandby& sb = server.standbys(i);
+      out << (i ? ", " : "") << sb.address();
+      if (sb.hot()) out << " (hot, " << sb.behind() << " updates behind)";
     }
     out << "\n";
   }
