@@ -21,6 +21,7 @@
 //   part 2's pacerd logs are copied.
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -282,9 +283,19 @@ absl::StatusOr<FailoverFigures> MeasureFailovers(const TempDir& dir, const EtcdC
          "--election-ttl-s", "2", "--lease-timeout-ms", "60000", "--worker-timeout-ms", "120000"},
         {{"PACER_LOG_LEVEL", "INFO"}}, log_of(i));
   };
-  // An error carrying the tail of both pacerds' logs.
+  // An error saying whether each pacerd still runs (a signal from elsewhere ends one too), with
+  // the tail of both pacerds' logs.
   auto failure = [&](const std::string& what) {
     std::string s = what;
+    for (int i = 0; i < 2; ++i) {
+      if (pacerds[i].running()) {
+        absl::StrAppend(&s, "\npacerd-", i, " runs");
+      } else {
+        const int st = pacerds[i].exit_status();
+        absl::StrAppend(&s, "\npacerd-", i, " ended: ",
+                        WIFSIGNALED(st) ? absl::StrCat("signal ", WTERMSIG(st)) : absl::StrCat("exit ", WEXITSTATUS(st)));
+      }
+    }
     for (int i = 0; i < 2; ++i) {
       std::string t = testing::ReadFileOrEmpty(log_of(i));
       if (t.size() > 3000) t = t.substr(t.size() - 3000);
