@@ -313,7 +313,9 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::Follow(const Replay& replay) {
     ASSIGN_OR_RETURN(promoted, options_.wait_promoted(options_.follow_poll_ms));
   }
   if (!opened.ok()) return opened.status();
-  if (!promoted) ASSIGN_OR_RETURN(promoted, options_.wait_promoted(0));
+  if (!promoted) {
+    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(0));
+  }
   if (!promoted) {
     PACER_LOG(INFO) << "etcd journal at '" << options_.prefix << "': following as a standby from update "
                     << opened->last_seq;

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/auth.h"
+#include "common/channel_wait.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status.h"
@@ -136,23 +137,8 @@ absl::Status ShardingClient::Retry(const char* what,
       std::lock_guard<std::mutex> l(jitter_mu_);
       pause_ms = std::uniform_int_distribution<int64_t>(backoff / 2, backoff)(jitter_);
     }
-    PauseWatchingChannel(std::chrono::milliseconds(pause_ms));
+    PauseWatchingChannel(channel_.get(), std::chrono::milliseconds(pause_ms));
     backoff = std::min(backoff * 2, options_.backoff_max_ms);
-  }
-}
-
-void ShardingClient::PauseWatchingChannel(std::chrono::milliseconds pause) {
-  // A synchronous client has no thread polling its channel between calls: a connection attempt
-  // (to the pacerd that took over as leader) would not complete until gRPC's backup poller ran,
-  // every 5 s, and a failover would look like 10-30 s to the worker. Watching the channel's
-  // state polls it, so the connection completes during the pause; the pause ends early once a
-  // connection is up again (the service is reachable: no reason to wait longer).
-  const auto until = std::chrono::system_clock::now() + pause;
-  grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
-  while (channel_->WaitForStateChange(state, until)) {
-    const grpc_connectivity_state now = channel_->GetState(/*try_to_connect=*/true);
-    if (now == GRPC_CHANNEL_READY && state != GRPC_CHANNEL_READY) return;
-    state = now;
   }
 }
 

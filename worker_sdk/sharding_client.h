@@ -147,9 +147,6 @@ class ShardingClient {
   // `lease_request_id` (non-zero for a leasing call) is what the test hook is asked about.
   absl::Status Retry(const char* what, const std::function<grpc::Status(grpc::ClientContext*)>& call,
                      uint64_t lease_request_id = 0);
-  // The backoff between two attempts, spent watching the channel so that its reconnection
-  // progresses (returns early once it is connected again).
-  void PauseWatchingChannel(std::chrono::milliseconds pause);
   // A leasing call begins: a fresh request id, counted in flight until EndLeasing.
   uint64_t BeginLeasing(bool combined);
   // It ended: `granted` (a reply that leased a shard, or null) joins the held set and the id
