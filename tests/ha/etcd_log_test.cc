@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <future>
 #include <map>
 
@@ -222,6 +224,78 @@ TEST_F(EtcdLogTest, WithEtcdAuthenticationTheJournalLogsInAndARefusalIsClear) {
   auto again = Open(o, &r2);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(r2.updates.size(), 2u);
+}
+
+TEST_F(EtcdLogTest, AHotStandbyFollowsTheLeaderAcrossItsSnapshotsAndTakesOverWithTheTail) {
+  Replayed rl;
+  auto leader = Open(Options(), &rl);
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  uint64_t seq = 0;
+  auto write = [&](uint64_t up_to) {
+    while (seq < up_to) (*leader)->Append(++seq, Update(seq));
+    ASSERT_TRUE((*leader)->Flush().ok());
+  };
+  write(50);
+  (*leader)->WriteSnapshot(50, Message("state at 50"), {{"spec-a", Message("A")}});
+  write(60);
+
+  // The standby: its open follows until promoted. The test holds it (a slow standby) while the
+  // leader snapshots past what it applied.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, promoted = false;
+  std::atomic<uint64_t> applied{0};
+  EtcdLogOptions o = Options();
+  o.follow_poll_ms = 100;
+  o.wait_promoted = [&](int64_t wait_ms) -> absl::StatusOr<bool> {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, std::chrono::milliseconds(wait_ms), [&] { return promoted; });
+    cv.wait(l, [&] { return !held || promoted; });
+    return promoted;
+  };
+  o.on_follow = [&](uint64_t a, uint64_t) { applied = a; };
+  Replayed rs;
+  auto standby = std::async(std::launch::async, [&] { return Open(o, &rs); });
+  ASSERT_TRUE(testing::WaitFor([&] { return applied.load() == 60; }, std::chrono::seconds(20)));
+  write(100);
+  ASSERT_TRUE(testing::WaitFor([&] { return applied.load() == 100; }, std::chrono::seconds(20)))
+      << "the standby follows the leader's appends";
+  {
+    std::lock_guard<std::mutex> l(mu);
+    held = true;
+  }
+  write(150);
+  (*leader)->WriteSnapshot(150, Message("state at 150"), {{"spec-b", Message("B")}});  // drops 1..150
+  write(170);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    held = false;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(testing::WaitFor([&] { return applied.load() == 170; }, std::chrono::seconds(20)))
+      << "the standby catches up from the newer snapshot";
+  write(180);  // written just before the leader goes: the last catch-up reads it
+  {
+    std::lock_guard<std::mutex> l(mu);
+    promoted = true;
+  }
+  cv.notify_all();
+  auto log = standby.get();
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ((*log)->last_seq(), 180u);
+  // What the standby's state machine saw: the snapshot at 150 (with spec-b), then 151..180 in order.
+  EXPECT_EQ(rs.snapshot_seq, 150u);
+  EXPECT_EQ(rs.snapshot, Serialized("state at 150"));
+  EXPECT_EQ(rs.pinned["spec-b"], Serialized("B"));
+  std::vector<uint64_t> after;
+  for (const auto& [s, b] : rs.updates) {
+    if (s > rs.snapshot_seq) after.push_back(s);
+  }
+  ASSERT_EQ(after.size(), 30u);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], 151 + i);
+  // The promoted standby writes next.
+  (*log)->Append(181, Update(181));
+  EXPECT_TRUE((*log)->Flush().ok());
 }
 
 TEST_F(EtcdLogTest, AGapOrForeignKeysAreRefusedNotSkipped) {
