@@ -18,9 +18,17 @@ The task is generated: record i is a fixed random 20-d point labelled by a rando
       --init-method file:///tmp/run1/store --batch 16 --register &
     ... same with --rank 1 --batch 48 ...
 
+Under pacer-agent (which sets PACER_*, MASTER_ADDR and MASTER_PORT and replaces {rank} and
+{worker_id}; docs/containers.md runs it so in containers):
+
+    pacer-agent --addr ... --token-file ... --workers 2 --nnodes 2 --node-rank 0 \\
+      --master-addr 127.0.0.1 --master-port 29500 -- \\
+      python3 train.py --rank {rank} --world-size 4 --init-method env:// --register
+
 Run with Debian's /usr/bin/python3 (python3-torch) and PYTHONPATH=build/python. Prints one JSON
-line (accuracy, steps, samples, a parameter checksum that is equal on every rank); exits 3 when
-the accuracy is below --target-accuracy.
+line (accuracy, steps, samples, a parameter checksum that is equal on every rank, the batch plan's
+version and local batch at the end); exits 3 when the accuracy is below --target-accuracy.
+--ledger writes the record ids of every step, for tests that count each record.
 """
 
 import argparse
@@ -67,6 +75,9 @@ def main():
     ap.add_argument("--eval-records", type=int, default=2000)
     ap.add_argument("--target-accuracy", type=float, default=0.0)
     ap.add_argument("--result-file", default=None)
+    ap.add_argument("--ledger", default=None,
+                    help="append every step's plan version, local batch and record ids here, one JSON "
+                         "line per step (tests count the records: each once per epoch)")
     args = ap.parse_args()
 
     torch.manual_seed(0)  # the same initial model on every rank
@@ -91,6 +102,7 @@ def main():
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     timer = pacer.StepTimer(client)
 
+    ledger = open(args.ledger, "a") if args.ledger else None
     start = time.monotonic()
     batches = iter(dataset)
     step = samples_total = 0
@@ -109,6 +121,10 @@ def main():
                     group["lr"] = args.lr / (1.0 + step / 300.0)
                 opt.step()
             rec.samples = n
+        if ledger and n:
+            ledger.write(json.dumps({"step": step, "plan": plan.version, "batch": plan.micro_batch,
+                                     "ids": [int(i) for i in batch.ids]}) + "\n")
+            ledger.flush()
         dataset.mark_consumed()
         samples_total += n
         step += 1
@@ -120,13 +136,16 @@ def main():
             print(f"step {step} loss {loss.item():.4f} local batch {plan.micro_batch}", file=sys.stderr)
     seconds = time.monotonic() - start
     client.flush(30_000)
+    if ledger:
+        ledger.close()
 
     ex, ey = generate(args.eval_records, seed=2)
     with torch.no_grad():
         accuracy = (model(ex).argmax(dim=1) == ey).float().mean().item()
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     result = {"worker": client.worker_id, "rank": args.rank, "accuracy": round(accuracy, 4), "steps": step,
-              "samples": samples_total, "seconds": round(seconds, 2), "checksum": checksum}
+              "samples": samples_total, "seconds": round(seconds, 2), "checksum": checksum,
+              "plan_version": plan.version, "local_batch": plan.micro_batch}
     line = json.dumps(result)
     print(line, flush=True)
     if args.result_file:
