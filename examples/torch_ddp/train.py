@@ -71,6 +71,9 @@ def main():
     ap.add_argument("--shard-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="initial local batch (until a plan arrives)")
+    ap.add_argument("--hidden", type=int, default=128,
+                    help="width of the hidden layer (more compute per record: a straggler's slower "
+                         "compute then dominates the step)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--eval-records", type=int, default=2000)
     ap.add_argument("--target-accuracy", type=float, default=0.0)
@@ -95,7 +98,8 @@ def main():
     plan_for_step = pt.BatchPlanCallback(client, targets=[dataset])
 
     dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=args.world_size)
-    model = torch.nn.Sequential(torch.nn.Linear(DIMS, 128), torch.nn.ReLU(), torch.nn.Linear(128, CLASSES))
+    model = torch.nn.Sequential(torch.nn.Linear(DIMS, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, CLASSES))
     ddp = DDP(model)
     hook_state = pt.WeightedAverageState()
     ddp.register_comm_hook(hook_state, pt.weighted_average_hook)

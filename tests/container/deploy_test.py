@@ -31,7 +31,7 @@ where podman, runc or debootstrap is missing or not root.
 
 Usage: deploy_test.py BUILD_DIR SOURCE_DIR. Env: TEST_TMPDIR (ctest), PACER_CONTAINER_DEADLINE_S,
 PACER_CONTAINER_BASE_TAR (a file: the base's root tarball is kept there and reused while it
-exists, instead of a debootstrap per run).
+exists, instead of a debootstrap per run), PACER_CONTAINER_TLS=0 (plaintext on loopback).
 """
 
 import collections
@@ -49,8 +49,14 @@ import time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 DEADLINE = time.monotonic() + float(os.environ.get("PACER_CONTAINER_DEADLINE_S", "840"))
-RECORDS, EPOCHS, SHARD, BATCH = 16384, 2, 256, 32
+# About 45 s of training for four ranks on a loaded 2-core machine: time for the contention, the
+# plan and a pacerd restart before the data ends. A wide hidden layer makes compute, which the
+# contention slows, the larger part of a step (with train.py's default width Gloo and Python
+# overhead dominate and a slowed rank hardly shows).
+RECORDS, EPOCHS, SHARD, BATCH, HIDDEN = 98304, 2, 512, 32, 4096
 SLOW_WORKER, FACTOR = "w3", 3
+# PACER_CONTAINER_TLS=0: plaintext on loopback instead of TLS (to tell a TLS problem from others).
+TLS = os.environ.get("PACER_CONTAINER_TLS", "1") != "0"
 TAG = "localhost/pacer-test"
 PASSED = []
 
@@ -352,7 +358,7 @@ class Deployment:
                 f"{TAG}/pacerd:{self.version}",
                 "--data-dir=/var/lib/pacer/data", f"--listen={self.addr}", "--metrics-listen=127.0.0.1:0",
                 "--job-token-file=/etc/pacer/tokens/job.token", "--admin-token-file=/etc/pacer/tokens/admin.token",
-                "--tls-cert=/etc/pacer/tls/tls.crt", "--tls-key=/etc/pacer/tls/tls.key",
+                *(["--tls-cert=/etc/pacer/tls/tls.crt", "--tls-key=/etc/pacer/tls/tls.key"] if TLS else []),
                 "--policy=/opt/pacer/share/pacer/policies/demo-dedicated.yaml", "--job-mode=sync",
                 "--heartbeat-interval-ms=250", "--reconcile-interval-ms=500")
         t0 = time.monotonic()
@@ -361,15 +367,17 @@ class Deployment:
             if self.pm("inspect", "--format", "{{.State.Running}}", "pacerd").stdout.strip() != "true":
                 fail("pacerd's container stopped:\n" + self.pm("logs", "pacerd", check=False).stderr[-3000:])
             p = self.pm("exec", "pacerd", "/opt/pacer/bin/pacer-probe", f"--addr={self.addr}",
-                        "--tls-ca=/etc/pacer/tls/ca.crt", "--server-name=pacerd", check=False)
+                        *(["--tls-ca=/etc/pacer/tls/ca.crt", "--server-name=pacerd"] if TLS else ["--plaintext"]),
+                        check=False)
             return p.returncode == 0
         wait_for("pacerd serving (pacer-probe)", serving, 120, interval=0.3)
         return time.monotonic() - t0
 
     def ctl(self, *cmd, check=True):
         p = self.pm("exec", "pacerd", "/opt/pacer/bin/pacerctl", f"--addr={self.addr}",
-                    "--token-file=/etc/pacer/tokens/admin.token", "--tls-ca=/etc/pacer/tls/ca.crt",
-                    "--tls-server-name=pacerd", "-o", "json", *cmd, check=False, timeout=left(60))
+                    "--token-file=/etc/pacer/tokens/admin.token",
+                    *(["--tls-ca=/etc/pacer/tls/ca.crt", "--tls-server-name=pacerd"] if TLS else []),
+                    "-o", "json", *cmd, check=False, timeout=left(60))
         if p.returncode != 0:
             if check:
                 fail(f"pacerctl {' '.join(cmd)} exited {p.returncode}: {p.stdout[-1000:]}{p.stderr[-1000:]}")
@@ -389,14 +397,15 @@ class Deployment:
                 "-e", "OMP_NUM_THREADS=1",
                 "-v", f"{self.secrets['trainer']}:/etc/pacer/job:ro", "-v", f"{self.out}:/out",
                 f"{TAG}/torch-ddp-example:{self.version}",
-                "/opt/pacer/bin/pacer-agent", f"--addr={self.addr}", "--tls-ca=/etc/pacer/job/ca.crt",
-                "--tls-server-name=pacerd", "--token-file=/etc/pacer/job/job.token", f"--node={name}",
+                "/opt/pacer/bin/pacer-agent", f"--addr={self.addr}",
+                *(["--tls-ca=/etc/pacer/job/ca.crt", "--tls-server-name=pacerd"] if TLS else []),
+                "--token-file=/etc/pacer/job/job.token", f"--node={name}",
                 "--job=torch-ddp", "--workers=2", "--nnodes=2", f"--node-rank={node_rank}",
                 "--master-addr=127.0.0.1", f"--master-port={self.master_port}", "--no-nvml",
                 "--heartbeat-backoff-max-ms=1000", "--max-restarts=0", "--",
                 "python3", "/opt/train/train.py", "--rank", "{rank}", "--world-size", "4",
                 "--init-method", "env://", "--register", "--records", str(RECORDS), "--epochs", str(EPOCHS),
-                "--shard-size", str(SHARD), "--batch", str(BATCH),
+                "--shard-size", str(SHARD), "--batch", str(BATCH), "--hidden", str(HIDDEN),
                 "--ledger", "/out/ledger-{worker_id}.jsonl", "--result-file", "/out/result-{worker_id}.json")
         return name
 
@@ -407,9 +416,10 @@ class Deployment:
         return int(self.pm("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
 
     def ledger_plans(self):
-        """worker -> (highest plan version seen, its local batch) from the ledgers so far."""
+        """worker -> {plan version: local batch} from the ledgers so far (versions > 0)."""
         out = {}
         for w in range(4):
+            plans = out.setdefault(f"w{w}", {})
             try:
                 with open(os.path.join(self.out, f"ledger-w{w}.jsonl")) as f:
                     for line in f:
@@ -417,8 +427,8 @@ class Deployment:
                             e = json.loads(line)
                         except ValueError:
                             continue  # a line being written
-                        if e.get("plan", 0) >= out.get(f"w{w}", (0, 0))[0] and e.get("plan", 0) > 0:
-                            out[f"w{w}"] = (e["plan"], e["batch"])
+                        if e.get("plan", 0) > 0:
+                            plans[e["plan"]] = e["batch"]
             except OSError:
                 pass
         return out
@@ -441,7 +451,7 @@ def deploy(pm, t, version):
     pm("volume", "create", "pacer-data")
     d = Deployment(pm, t, version, secrets)
     up = d.start_pacerd()
-    log(f"pacerd serving in {up:.1f} s (TLS on {d.addr}, data on volume pacer-data)")
+    log(f"pacerd serving in {up:.1f} s ({'TLS' if TLS else 'plaintext'} on {d.addr}, data on volume pacer-data)")
     log(check_security(pm, "pacerd", expect_hidden_bin=True))
 
     t_job = time.monotonic()
@@ -468,12 +478,21 @@ def deploy(pm, t, version):
         f"({(d.records_done() or 0) * 100 // total} % of the records done)")
 
     def plan_reached():
+        """A plan version every rank has trained under, with the slowed rank's batch the smallest."""
+        if not all(d.running(n) for n in trainers):
+            fail("a trainer ended before a batch plan for the slowed rank reached every rank "
+                 f"(the job is too short): {d.ledger_plans()}")
         plans = d.ledger_plans()
-        return len(plans) == 4 and len({v for v, _ in plans.values()}) == 1 and plans
-    plans = wait_for("a batch plan in every rank's ledger", plan_reached, 240, interval=0.5)
-    log(f"batch plan v{next(iter(plans.values()))[0]} reached every rank "
-        f"{time.monotonic() - t_contention:.1f} s after the contention: local batches "
-        + ", ".join(f"{w} {b}" for w, (_, b) in sorted(plans.items())))
+        common = set.intersection(*(set(p) for p in plans.values()))
+        for v in sorted(common):
+            batches = {w: p[v] for w, p in plans.items()}
+            if batches[SLOW_WORKER] < min(b for w, b in batches.items() if w != SLOW_WORKER):
+                return v, batches
+        return None
+    version, batches = wait_for("a batch plan for the slowed rank in every rank's ledger", plan_reached, 240,
+                                interval=0.5)
+    log(f"batch plan v{version} reached every rank {time.monotonic() - t_contention:.1f} s after the "
+        "contention: local batches " + ", ".join(f"{w} {b}" for w, b in sorted(batches.items())))
 
     before = d.records_done()
     if before is None or before >= 0.9 * total:
@@ -512,10 +531,6 @@ def deploy(pm, t, version):
         fail("not every record exactly once")
     if len({r["checksum"] for r in results}) != 1:
         fail(f"parameter checksums differ: {[r['checksum'] for r in results]}")
-    slow = plans[SLOW_WORKER][1]
-    fast = [b for w, (_, b) in plans.items() if w != SLOW_WORKER]
-    if not slow < min(fast):
-        fail(f"the plan did not shrink {SLOW_WORKER}'s batch: {plans}")
     acts = d.ctl("actions").get("actions", [])
     executed = [a for a in acts if a.get("kind") == "ADJUST_BS" and a.get("outcome") == "executed"]
     log(f"pacerd's audit after the restart: {len(executed)} executed ADJUST_BS plan(s) of {len(acts)} actions")
