@@ -472,19 +472,21 @@ def deploy(pm, t, version):
     w = pm("exec", "trainer-0", "python3", "-c", "open('/opt/pacer/x', 'w')", check=False)
     if w.returncode == 0 or "Read-only file system" not in w.stderr:
         fail(f"a write to the trainer's root did not fail as read-only: {w.stderr[-500:]}")
+    before_contention = max((v for p in d.ledger_plans().values() for v in p), default=0)
     c = d.ctl("contention", SLOW_WORKER, str(FACTOR))
     t_contention = time.monotonic()
     log(f"pacerctl contention {SLOW_WORKER} {FACTOR}: {c.get('state')} "
         f"({(d.records_done() or 0) * 100 // total} % of the records done)")
 
     def plan_reached():
-        """A plan version every rank has trained under, with the slowed rank's batch the smallest."""
+        """A plan made after the contention that every rank has trained under, with the slowed
+        rank's batch the smallest."""
         if not all(d.running(n) for n in trainers):
             fail("a trainer ended before a batch plan for the slowed rank reached every rank "
                  f"(the job is too short): {d.ledger_plans()}")
         plans = d.ledger_plans()
         common = set.intersection(*(set(p) for p in plans.values()))
-        for v in sorted(common):
+        for v in sorted(v for v in common if v > before_contention):
             batches = {w: p[v] for w, p in plans.items()}
             if batches[SLOW_WORKER] < min(b for w, b in batches.items() if w != SLOW_WORKER):
                 return v, batches
