@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   po::options_description desc("Options");
   desc.add_options()
       ("addr", po::value(&o.address), "pacerd HOST:PORT (default $PACER_ADDR); empty: no pacerd")
-      ("token-file", po::value(&token_file), "job token file (default $PACER_TOKEN)")
+      ("token-file", po::value(&token_file), "file holding the job token (without it: $PACER_TOKEN, the token itself)")
       ("job", po::value(&o.job)->default_value(o.job), "job name (PACER_JOB for workers)")
       ("node", po::value(&o.node)->default_value(o.node), "node name (default $PACER_NODE or the host name)")
       ("agent-id", po::value(&o.agent_id), "agent id (default: the node name)")

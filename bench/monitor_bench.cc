@@ -1,5 +1,5 @@
 // monitor_bench: replays generated traces through the real monitor and prints how fast and how
-// quietly it classifies, and what it costs (issue 4, acceptance 2).
+// quietly it classifies, and what it costs.
 //
 //   detection   256 workers (64 nodes x 4), +-10 % step-time noise; slowdowns of 1.3x, 2x and 5x
 //               injected on 8 workers per trial (each on its own node), persistent (to the end

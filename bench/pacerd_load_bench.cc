@@ -1,5 +1,5 @@
 // pacerd_load_bench: a real pacerd under thousands of simulated workers from one process
-// (issue 17, "bounded memory at scale"; docs/benchmarks.md "pacerd under load").
+// (docs/benchmarks.md "pacerd under load").
 //
 // Each simulated worker is a small state machine on raw gRPC async stubs (no thread of its
 // own): it registers with the sharding service and the monitor, then every --heartbeat-ms
@@ -17,6 +17,12 @@
 // p99 / max as the client saw it (queueing in this process included), RPCs and errors by
 // method and code. RSS growth is measured from the end of --warmup-s (registration and the
 // first windows allocate) to the end of the level.
+//
+// With --policy FILE the controller decides: the slow workers (every 16th) shift by one every
+// --shift-s seconds, so a new batch plan is due every few seconds (the `plans` column: the
+// newest plan version a heartbeat carried); the simulated workers keep their batch. With
+// --baseline-pacerd PATH each level runs against that binary first, then against this one, so
+// one run compares the two code paths on the same machine.
 //   pacerd_load_bench [--workers 64,512,4096] [--duration-s 60] [--warmup-s 20] [--json]
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
@@ -113,6 +119,7 @@ class Histogram {
 struct Counters {
   std::atomic<uint64_t> heartbeats{0}, step_reports{0}, fetches{0}, completions{0}, leased{0},
       waits{0}, end_of_data{0}, registrations{0};
+  std::atomic<uint64_t> newest_plan{0};  // the newest batch plan version a heartbeat carried
   // Ticks whose heartbeat (or step report) was not sent because the previous one was still in
   // flight: pacerd slower than the heartbeat interval (the SDK sends one at a time too).
   std::atomic<uint64_t> heartbeats_skipped{0}, reports_skipped{0};
@@ -194,6 +201,13 @@ struct Options {
   int heartbeat_ms = 1000, steps_per_heartbeat = 5, batch = 32, threads = 2, channels = 16;
   uint64_t shard_size = 1600;  // 10 heartbeats of 5 steps x 32 samples
   std::string pacerd, address, job_token_file, out_dir;
+  // A controller that decides: pacerd's --policy, and the slow workers (every 16th) shifting by
+  // one every shift_s seconds (0: never), so that a new plan is due every few seconds.
+  std::string policy;
+  double shift_s = 0;
+  // Each level runs against this pacerd binary first, then against --pacerd (or the one next
+  // to the bench): the previous code path and this one in one run.
+  std::string baseline_pacerd;
   pid_t pacerd_pid = -1;
   bool json = false;
 };
@@ -263,7 +277,7 @@ class Worker {
   int in_flight_ = 0;
   bool stopping_ = false, registered_ = false, fetching_ = false, completing_ = false;
   bool heartbeat_in_flight_ = false, report_in_flight_ = false;  // one of each at a time, as the SDK
-  uint64_t incarnation_ = 0, request_id_ = 0, step_ = 0, reported_step_ = 0;
+  uint64_t incarnation_ = 0, request_id_ = 0, step_ = 0, reported_step_ = 0, plan_version_ = 0;
   // The lease held: [begin, end) positions, consumed so far.
   uint64_t lease_ = 0, token_ = 0, size_ = 0, consumed_ = 0;
 };
@@ -478,6 +492,7 @@ void Worker::Heartbeat() {
   req.set_worker_id(id_);
   req.set_incarnation(incarnation_);
   req.set_step(step_);
+  req.set_plan_version(plan_version_);
   if (lease_ != 0 && !completing_) {
     pacer::ProgressRequest* p = req.add_progress();
     p->set_worker_id(id_);
@@ -497,6 +512,14 @@ void Worker::Heartbeat() {
       return;
     }
     ++w->fleet_->counters.heartbeats;
+    for (const auto& cmd : call.resp.commands()) {
+      if (!cmd.has_batch_plan() || cmd.batch_plan().version() <= w->plan_version_) continue;
+      w->plan_version_ = cmd.batch_plan().version();
+      auto& newest = w->fleet_->counters.newest_plan;
+      for (uint64_t seen = newest.load(); seen < w->plan_version_ &&
+                                          !newest.compare_exchange_weak(seen, w->plan_version_);) {
+      }
+    }
     for (uint64_t id : call.resp.cancelled_leases()) {
       if (id == w->lease_) w->lease_ = 0;  // fenced elsewhere: fetch another
     }
@@ -517,8 +540,10 @@ void Worker::ReportSteps() {
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   const double step_s = o.heartbeat_ms / 1000.0 / o.steps_per_heartbeat;
-  // A modelled speed: most workers alike, every 16th 30 % slower (the monitor classifies).
-  const double compute = step_s * (index_ % 16 == 0 ? 0.9 : 0.6);
+  // A modelled speed: most workers alike, every 16th 30 % slower (the monitor classifies);
+  // with --shift-s the slow ones change every shift_s seconds.
+  const int64_t shift = o.shift_s > 0 ? static_cast<int64_t>(now_ms / (1000 * o.shift_s)) : 0;
+  const double compute = step_s * ((index_ + shift) % 16 == 0 ? 0.9 : 0.6);
   // Every step since the last report sent (at most the last 64: the monitor's de-duplication
   // window), so a skipped report's steps arrive with the next.
   const uint64_t from = std::max(reported_step_ + 1, step_ >= 64 ? step_ - 63 : 1);
@@ -649,6 +674,10 @@ bool StartPacerd(const Options& o, int workers, Child* child, std::string* err) 
   const std::string port_file = child->dir + "/port.json";
   const std::string log = child->dir + "/pacerd.log";
   const std::string bin = o.pacerd.empty() ? SelfDir() + "/pacerd" : o.pacerd;
+  if (access(bin.c_str(), X_OK) != 0) {
+    *err = "no pacerd binary at " + bin;
+    return false;
+  }
   std::vector<std::string> argv = {bin,
                                    "--data-dir", child->dir + "/data",
                                    "--listen", "127.0.0.1:0",
@@ -657,6 +686,10 @@ bool StartPacerd(const Options& o, int workers, Child* child, std::string* err) 
                                    "--port-file", port_file,
                                    "--heartbeat-interval-ms", std::to_string(o.heartbeat_ms),
                                    "--max-workers", std::to_string(std::max(workers + 16, 1024))};
+  if (!o.policy.empty()) {
+    argv.push_back("--policy");
+    argv.push_back(o.policy);
+  }
   const pid_t pid = fork();
   if (pid < 0) {
     *err = "fork failed";
@@ -749,6 +782,8 @@ struct LevelResult {
   double wait_per_cpu_s = 0, load_min = 0, load_max = 0;
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
   uint64_t heartbeats = 0, step_reports = 0, completions = 0, errors = 0, skipped = 0;
+  uint64_t newest_plan = 0;  // batch plans issued (the newest version a heartbeat carried)
+  std::string pacerd;        // "baseline" or "this" with --baseline-pacerd
 };
 
 bool RunLevel(const Options& o, int n, LevelResult* out) {
@@ -860,6 +895,7 @@ bool RunLevel(const Options& o, int n, LevelResult* out) {
   out->completions = fleet.counters.completions.load();
   out->errors = fleet.counters.Errors();
   out->skipped = fleet.counters.heartbeats_skipped.load();
+  out->newest_plan = fleet.counters.newest_plan.load();
   {
     std::lock_guard<std::mutex> l(fleet.counters.mu);
     for (const auto& [k, v] : fleet.counters.errors) std::fprintf(stderr, "  errors %s: %llu\n", k.c_str(), static_cast<unsigned long long>(v));
@@ -902,11 +938,15 @@ int main(int argc, char** argv) {
     else if ((v = val("--address"))) o.address = v;
     else if ((v = val("--job-token-file"))) o.job_token_file = v;
     else if ((v = val("--pacerd-pid"))) o.pacerd_pid = std::atoi(v);
+    else if ((v = val("--policy"))) o.policy = v;
+    else if ((v = val("--shift-s"))) o.shift_s = std::atof(v);
+    else if ((v = val("--baseline-pacerd"))) o.baseline_pacerd = v;
     else if (!std::strcmp(argv[i], "--help")) {
       std::cout << "Usage: pacerd_load_bench [--workers 64,512,4096] [--duration-s S] [--warmup-s S]\n"
                    "  [--sample-s S] [--heartbeat-ms MS] [--steps-per-heartbeat N] [--batch B]\n"
                    "  [--shard-size N] [--threads T] [--channels C] [--pacerd PATH]\n"
-                   "  [--address HOST:PORT --job-token-file F [--pacerd-pid PID]] [--json]\n";
+                   "  [--address HOST:PORT --job-token-file F [--pacerd-pid PID]] [--json]\n"
+                   "  [--policy FILE [--shift-s S]] [--baseline-pacerd PATH]\n";
       return 0;
     } else {
       std::cerr << "pacerd_load_bench: unknown option '" << argv[i] << "' (--help)\n";
@@ -927,10 +967,18 @@ int main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   std::vector<LevelResult> results;
+  std::vector<std::pair<std::string, std::string>> binaries = {{"", o.pacerd}};
+  if (!o.baseline_pacerd.empty()) binaries = {{"baseline", o.baseline_pacerd}, {"this", o.pacerd}};
   for (int n : o.workers) {
-    LevelResult r;
-    if (!RunLevel(o, n, &r)) return 1;
-    results.push_back(r);
+    for (const auto& [label, bin] : binaries) {
+      Options run = o;
+      run.pacerd = bin;
+      LevelResult r;
+      if (!label.empty() && !o.json) std::printf("== pacerd: %s\n", label.c_str());
+      if (!RunLevel(run, n, &r)) return 1;
+      r.pacerd = label;
+      results.push_back(r);
+    }
   }
   if (o.json) {
     std::printf("[");
@@ -941,7 +989,8 @@ int main(int argc, char** argv) {
                   "\"bench_cpu_s\":%.2f,\"heartbeat_p50_ms\":%.2f,\"heartbeat_p99_ms\":%.2f,"
                   "\"heartbeat_max_ms\":%.2f,\"heartbeats\":%llu,\"step_reports\":%llu,"
                   "\"completions\":%llu,\"heartbeats_skipped\":%llu,\"errors\":%llu,"
-                  "\"runqueue_wait_per_cpu_s\":%.2f,\"load_min\":%.1f,\"load_max\":%.1f}",
+                  "\"runqueue_wait_per_cpu_s\":%.2f,\"load_min\":%.1f,\"load_max\":%.1f,"
+                  "\"plans\":%llu,\"pacerd\":\"%s\"}",
                   i ? "," : "", r.workers, r.seconds, r.rss_start, r.rss_warm, r.rss_end, r.rss_max,
                   r.cpu_s, r.cpu_ms_per_worker_s, r.bench_cpu_s, r.p50_ms, r.p99_ms, r.max_ms,
                   static_cast<unsigned long long>(r.heartbeats),
@@ -949,22 +998,25 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(r.completions),
                   static_cast<unsigned long long>(r.skipped),
                   static_cast<unsigned long long>(r.errors), r.wait_per_cpu_s, r.load_min,
-                  r.load_max);
+                  r.load_max, static_cast<unsigned long long>(r.newest_plan), r.pacerd.c_str());
     }
     std::printf("]\n");
   } else {
     // wait/cpu: pacerd's run-queue wait per second of its CPU after the warm-up (above 1: it
     // waited for a CPU longer than it ran); load: the load average, lowest-highest sample.
-    std::printf("\n%8s %7s %9s %9s %9s %9s %9s %12s %8s %8s %8s %10s %8s %7s %9s %11s\n", "workers",
-                "secs", "rss0_MiB", "rssW_MiB", "rssE_MiB", "rssMax", "growth", "cpu_ms/w·s",
-                "p50_ms", "p99_ms", "max_ms", "heartbeats", "hb_skip", "errors", "wait/cpu", "load");
+    std::printf("\n%8s %8s %7s %9s %9s %9s %9s %9s %12s %8s %8s %8s %10s %8s %7s %9s %11s %6s\n",
+                "pacerd", "workers", "secs", "rss0_MiB", "rssW_MiB", "rssE_MiB", "rssMax", "growth",
+                "cpu_ms/w·s", "p50_ms", "p99_ms", "max_ms", "heartbeats", "hb_skip", "errors",
+                "wait/cpu", "load", "plans");
     for (const auto& r : results) {
-      std::printf("%8d %7.0f %9.1f %9.1f %9.1f %9.1f %+9.1f %12.4f %8.2f %8.2f %8.1f %10llu %8llu %7llu "
-                  "%9.2f %5.1f-%-5.1f\n",
-                  r.workers, r.seconds, r.rss_start, r.rss_warm, r.rss_end, r.rss_max,
+      std::printf("%8s %8d %7.0f %9.1f %9.1f %9.1f %9.1f %+9.1f %12.4f %8.2f %8.2f %8.1f %10llu %8llu %7llu "
+                  "%9.2f %5.1f-%-5.1f %6llu\n",
+                  r.pacerd.empty() ? "-" : r.pacerd.c_str(), r.workers, r.seconds, r.rss_start,
+                  r.rss_warm, r.rss_end, r.rss_max,
                   r.rss_end - r.rss_warm, r.cpu_ms_per_worker_s, r.p50_ms, r.p99_ms, r.max_ms,
                   static_cast<unsigned long long>(r.heartbeats), static_cast<unsigned long long>(r.skipped),
-                  static_cast<unsigned long long>(r.errors), r.wait_per_cpu_s, r.load_min, r.load_max);
+                  static_cast<unsigned long long>(r.errors), r.wait_per_cpu_s, r.load_min, r.load_max,
+                  static_cast<unsigned long long>(r.newest_plan));
     }
   }
   uint64_t errors = 0;

@@ -1,4 +1,4 @@
-// sdk_bench: what the worker SDK costs a training step (issue 3, acceptance 4).
+// sdk_bench: what the worker SDK costs a training step.
 //
 // One process, one run: an in-process pacerd (loopback gRPC, durable journal) and one worker
 // whose training loop "computes" for 10 ms per step (a busy loop on the steady clock). The same

@@ -41,7 +41,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "proto/pacer/bench.grpc.pb.h"
-#include "sharding_service/journal.h"
+#include "sharding_service/sharding_service.h"
 #include "sharding_service/sharding_state.h"
 
 namespace pacer::bench {
@@ -445,7 +445,7 @@ CommitLatency JournalCommitLatency(bool mark_before_ack, int threads, double sec
   const std::string dir = MakeTempDir();
   JournalOptions o{dir + "/journal", /*sync=*/true};
   o.mark_before_ack = mark_before_ack;
-  auto journal = Journal::Open(o, [](const ShardingSnapshot&) { return absl::OkStatus(); },
+  auto journal = ShardingJournal::Open(o, [](const ShardingSnapshot&) { return absl::OkStatus(); },
                                [](const Update&) { return absl::OkStatus(); });
   if (!journal.ok()) std::abort();
   std::mutex append_mu;  // appends in seq order
@@ -567,7 +567,7 @@ void PrintMarkTable(const MarkFigures& m) {
 // Writes `n` realistic updates (workers fetching, reporting progress, completing) to a journal
 // in `dir`, 16 per record, with a snapshot every `snapshot_every` updates (0 = none).
 void WriteJournal(const std::string& dir, uint64_t n, uint64_t snapshot_every) {
-  auto journal = Journal::Open({dir, /*sync=*/false}, [](const ShardingSnapshot&) { return absl::OkStatus(); },
+  auto journal = ShardingJournal::Open({dir, /*sync=*/false}, [](const ShardingSnapshot&) { return absl::OkStatus(); },
                                [](const Update&) { return absl::OkStatus(); });
   if (!journal.ok()) std::abort();
   ShardingState st;

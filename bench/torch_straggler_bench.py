@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 import torch_ledger  # noqa: E402
+from pacerd_fixture import DOCS_TRAINER, Children, Pacerd  # noqa: E402
 
 WORLD = 4
 STRAGGLER = "w1"
@@ -43,17 +43,9 @@ STRAGGLER = "w1"
 class Run:
     def __init__(self, args, policy, out):
         self.args, self.policy, self.dir = args, policy, out
-        self.data = os.path.join(out, "data")
-        self.procs = []
+        self.children = Children()
         self.samples = []
         self.contention_t = None
-
-    def spawn(self, argv, log, env=None):
-        f = open(os.path.join(self.dir, log), "ab")
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        f.close()
-        self.procs.append(p)
-        return p
 
     def ctl(self, *cmd, timeout=15):
         out = subprocess.run([os.path.join(self.args.bin, "pacerctl"), "--addr", self.addr, "--data-dir",
@@ -64,31 +56,20 @@ class Run:
 
     def start(self):
         a = self.args
-        os.makedirs(self.data)
-        port_file = os.path.join(self.dir, "port.json")
-        self.spawn([os.path.join(a.bin, "pacerd"), "--data-dir", self.data, "--listen", "127.0.0.1:0",
-                    "--metrics-listen", "", "--port-file", port_file,
-                    "--policy", os.path.join(ROOT, "policies", f"demo-{self.policy}.yaml"),
-                    "--job-mode", "sync", "--heartbeat-interval-ms", "500",
-                    "--reconcile-interval-ms", "1000"], "pacerd.log")
-        deadline = time.monotonic() + 30
-        while not os.path.exists(port_file):
-            if time.monotonic() > deadline:
-                raise RuntimeError("pacerd did not listen")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        with open(port_file) as f:
-            self.addr = "127.0.0.1:%d" % json.load(f)["port"]
+        d = Pacerd(self.dir, heartbeat_interval_ms=500, bin_dir=a.bin, children=self.children,
+                   extra_args=["--policy", os.path.join(ROOT, "policies", f"demo-{self.policy}.yaml"),
+                               "--job-mode", "sync", "--reconcile-interval-ms", "1000"])
+        self.addr, self.data = d.address, d.data_dir
         env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(a.bin), "python"), OMP_NUM_THREADS="1")
-        trainer = ["/usr/bin/python3", os.path.join(ROOT, "tests", "python", "docs_trainer.py"),
+        trainer = ["/usr/bin/python3", DOCS_TRAINER,
                    "--out", os.path.join(self.dir, "out"), "--records", str(a.records),
                    "--epochs", str(a.epochs), "--batch", str(a.batch), "--cost", str(a.cost)]
         self.t0 = time.monotonic()
-        self.agent = self.spawn([os.path.join(a.bin, "pacer-agent"), "--addr", self.addr, "--token-file",
-                                 os.path.join(self.data, "job.token"), "--node", "n0",
-                                 "--workers", str(WORLD), "--heartbeat-ms", "500", "--metrics-ms", "500",
-                                 "--max-restarts", "0", "--worker-cpu-limit", str(a.worker_cores),
-                                 "--", *trainer], "agent.log", env=env)
+        self.agent = self.children.start(
+            [os.path.join(a.bin, "pacer-agent"), "--addr", self.addr, "--token-file", d.token_file, "--node", "n0",
+             "--workers", str(WORLD), "--heartbeat-ms", "500", "--metrics-ms", "500", "--max-restarts", "0",
+             "--worker-cpu-limit", str(a.worker_cores), "--", *trainer],
+            env=env, log_path=os.path.join(self.dir, "agent.log"))
 
     def poll(self):
         ds = self.ctl("datasets").get("datasets", [])
@@ -128,13 +109,7 @@ class Run:
             json.dump({"samples": self.samples, "actions": self.actions}, f)
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
+        self.children.kill_all()
 
     def report(self):
         a = self.args
@@ -170,7 +145,7 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--records", type=int, default=60000)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch", type=int, default=64, help="each rank's starting batch (the issue's user script: 64)")
+    ap.add_argument("--batch", type=int, default=64, help="each rank's starting batch")
     ap.add_argument("--cost", type=int, default=40, help="per-sample CPU work in __getitem__")
     ap.add_argument("--factor", type=float, default=3.0)
     ap.add_argument("--worker-cores", type=float, default=0.45)

@@ -101,14 +101,13 @@ bool ExclusionsMoved(const History& history, int64_t from_ms, int64_t to_ms) {
 
 // The per-step burst rule (Controller::DecideBursts).
 bool BurstRuleIn(const PolicyConfig& config) {
-  return config.policy == "non-dedicated" && config.burst_exclusion.step_factor > 0 &&
+  return TraitsOf(config.policy).burst_rule && config.burst_exclusion.step_factor > 0 &&
          config.burst_exclusion.max_workers > 0;
 }
 
-// Batch plans checked against step statistics: the AntDT presets plan with detection
-// (ProposeBatchPlan's significance test); LB-BSP plans on raw window speeds, as published.
+// Batch plans checked against step statistics (PolicyTraits::step_statistics).
 bool StepStatisticsIn(const PolicyConfig& config) {
-  return (config.policy == "non-dedicated" || config.policy == "dedicated") &&
+  return TraitsOf(config.policy).step_statistics &&
          config.adjust_batch.enabled && config.adjust_batch.speed_significance > 0;
 }
 
@@ -414,8 +413,8 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
                                    }),
                     proposals.end());
   }
-  // Exclusions inherited from an earlier policy end with it: only these two manage them.
-  if (config_.policy != "non-dedicated" && config_.policy != "backup-workers") {
+  // Exclusions inherited from an earlier policy end with it (PolicyTraits::manages_exclusions).
+  if (!TraitsOf(config_.policy).manages_exclusions) {
     if (auto a = EndExclusions(view, history_, absl::StrCat("policy '", config_.policy, "'"))) {
       a->reason = absl::StrCat("wait for ", a->target, " again: policy '", config_.policy,
                                "' does not exclude workers");
@@ -494,28 +493,41 @@ void Controller::Execute(Action action, const ClusterView& view, const std::stri
     case ActionKind::kAdjustBatch:
       r.previous_plan = history_.plan() ? *history_.plan()
                                         : BatchPlanner::InForce(view, config_.adjust_batch);
-      history_.SetPlan(*action.plan);
       break;
     case ActionKind::kReallocate:
       r.previous_allocations = history_.allocations();
       r.previous_tail_backups = history_.tail_backups();
-      history_.SetAllocations(action.allocations);
-      if (action.tail_backups) history_.SetTailBackups(*action.tail_backups);
       break;
     case ActionKind::kExcludeWorkers:
       r.previous_excluded = history_.excluded_workers();
-      history_.SetExcluded(action.excluded_workers);
+      break;
+    default:
+      break;
+  }
+  r.action = std::move(action);
+  // The record first, then what it put in force: the exclusion names the record that decided it.
+  const uint64_t id = history_.Record(std::move(r), config_.audit.max_records);
+  const AuditRecord& written = *history_.FindRecord(id);
+  const Action& a = written.action;
+  switch (a.kind) {
+    case ActionKind::kAdjustBatch:
+      history_.SetPlan(*a.plan);
+      break;
+    case ActionKind::kReallocate:
+      history_.SetAllocations(a.allocations);
+      if (a.tail_backups) history_.SetTailBackups(*a.tail_backups);
+      break;
+    case ActionKind::kExcludeWorkers:
+      history_.SetExcluded(a.excluded_workers, id, a.reason, DecidedByStepRule(written));
       break;
     case ActionKind::kRestart:
     case ActionKind::kMigrate:
-      if (!action.node.empty()) history_.AddNodeIncident(action.node, view.now_ms);
+      if (!a.node.empty()) history_.AddNodeIncident(a.node, view.now_ms);
       break;
     case ActionKind::kRestartServer:
     case ActionKind::kRelieveServer:
       break;
   }
-  r.action = std::move(action);
-  const uint64_t id = history_.Record(std::move(r), config_.audit.max_records);
   result.audit_ids.push_back(id);
   if (view.job.mode == JobMode::kSync) {
     decided_step_[id] = view.job.current_step;

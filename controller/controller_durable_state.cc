@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/controller_store.h"
+#include "controller/history.h"
 
 namespace pacer {
 
@@ -13,30 +14,13 @@ absl::Status ControllerDurableState::Validate(const ControllerUpdate& u) const {
         absl::StrCat("controller update ", u.seq(), " is not the next one (", last_seq_ + 1, ")"));
   }
   switch (u.kind_case()) {
-    case ControllerUpdate::kRecord: {
-      if (u.record().id() == 0) return absl::InvalidArgumentError("audit record without an id");
-      auto r = AuditFromProto(u.record());
-      if (!r.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("audit record ", u.record().id(), ": ", r.status().message()));
-      }
-      return absl::OkStatus();
-    }
     case ControllerUpdate::kDispatch:
       if (u.dispatch().id() == 0) return absl::InvalidArgumentError("dispatch note without an id");
       return absl::OkStatus();
-    case ControllerUpdate::kNode:
-      if (u.node().node().empty()) return absl::InvalidArgumentError("node incidents without a node");
-      return absl::OkStatus();
-    case ControllerUpdate::kAuditTrim:
-    case ControllerUpdate::kPlan:
-    case ControllerUpdate::kAllocations:
-    case ControllerUpdate::kExclusion:
-    case ControllerUpdate::kPolicy:
-    case ControllerUpdate::kNextAuditId:
-      return absl::OkStatus();
     case ControllerUpdate::KIND_NOT_SET:
       break;
+    default:
+      return History::Validate(u);  // records and node incidents are the History's
   }
   return absl::InvalidArgumentError(
       absl::StrCat("controller update ", u.seq(), " has no kind (written by a newer pacerd?)"));

@@ -18,10 +18,11 @@
 //    file it replaced: a pacerd started again with the same --policy file keeps the applied
 //    policy; started with another (or an edited) file, it uses that file.
 //
-// Save() turns what the History says changed into ControllerUpdates (each the outcome: a
-// record as written, the plan put in force, ...), applies them to the durable state and makes
-// them durable (one group commit) before it returns; a snapshot every kSnapshotEvery updates
-// bounds the replay. Damage is refused as the sharding journal refuses it (DATA_LOSS naming the
+// The updates come from the History that emitted them (controller/history.h; each the outcome:
+// a record as written, the plan put in force, ...) and from the reconciler (dispatch notes,
+// applied policies). Append() applies them to the durable state and queues them as one group
+// commit without waiting; the reconciler waits with WaitDurable() outside its lock, before it
+// carries anything out. A snapshot every kSnapshotEvery updates bounds the replay. Damage is refused as the sharding journal refuses it (DATA_LOSS naming the
 // folder, the key or the missing updates); a store written before the journal (format v0: keys
 // "audit/<id>", "state", "policy") is imported on open, in one atomic batch.
 // Thread-compatible: the Reconciler serialises access.
@@ -49,16 +50,11 @@ struct JournalFormatOf<ControllerUpdate> {
 };
 using ControllerJournal = TypedJournal<ControllerUpdate, ControllerSnapshot>;
 
-// The exclusion `history` has in force, as the journal keeps it: the deciding audit id and
-// reason from its newest executed EXCLUDE_WORKERS record (`before`'s when that record is gone).
-ExclusionState ExclusionInForce(const History& history, const ExclusionState& before);
+// The exclusion `history` has in force named by its newest executed EXCLUDE_WORKERS record
+// (deciding audit id, reason, step rule): for a store imported from before the journal, which
+// knows who is excluded but not which decision did it. Version 0 when no such record is held.
+ExclusionState NameExclusionInForce(const History& history);
 
-// Conversions (exposed for tests).
-PlanState PlanToProto(const BatchPlan& plan);
-BatchPlan PlanFromProto(const PlanState& proto);
-AuditState AuditToProto(const AuditRecord& record);
-// INVALID_ARGUMENT for an unknown kind or outcome (a store written by a newer pacerd).
-absl::StatusOr<AuditRecord> AuditFromProto(const AuditState& proto);
 
 class ControllerStore {
  public:
@@ -68,10 +64,11 @@ class ControllerStore {
   // (a corrupt record or snapshot, a gap, fewer updates than its high-water mark says were
   // written, RocksDB damage), when an older store's record does not parse, or, with
   // `must_exist` (the data dir's IDENTITY lists the store), when it is missing.
-  // `accept_data_loss`: pacerd --accept-data-loss (JournalOptions::accept_data_loss).
-  static absl::StatusOr<std::unique_ptr<ControllerStore>> Open(const std::string& dir,
-                                                               bool must_exist = false,
-                                                               bool accept_data_loss = false);
+  // `accept_data_loss`: pacerd --accept-data-loss (JournalOptions::accept_data_loss). `fs`:
+  // RocksDB's file system (JournalOptions::fs; null: the default).
+  static absl::StatusOr<std::unique_ptr<ControllerStore>> Open(
+      const std::string& dir, bool must_exist = false, bool accept_data_loss = false,
+      std::shared_ptr<rocksdb::FileSystem> fs = nullptr);
   ~ControllerStore();
 
   struct Loaded {
@@ -84,13 +81,22 @@ class ControllerStore {
   };
   absl::StatusOr<Loaded> Load() const;
 
-  // Journals what changed (`changes`: the records it names, with their dispatch notes from
-  // `dispatch`; plan, allocations, exclusion, node incidents, trimmed records when the state
-  // changed) and returns once it is durable. After a failed write the journal is reopened
-  // first (its durable state replayed) and the difference journaled again.
-  absl::Status Save(const History& history, const History::Changes& changes,
-                    const std::map<uint64_t, std::string>& dispatch);
-  absl::Status SavePolicy(const AppliedPolicy& policy);
+  // Stamps `updates` with the next seqs, applies them to the durable state and queues them in
+  // the journal as one group; returns the last seq (0: nothing to write) without waiting, so
+  // the owner can wait with WaitDurable outside its lock. A snapshot every kSnapshotEvery
+  // updates. UNAVAILABLE while a failed write is not recovered (RecoverIfFailed); INTERNAL
+  // when an update would not apply.
+  absl::StatusOr<uint64_t> Append(std::vector<ControllerUpdate> updates);
+  // Blocks until every update up to `seq` is durable; the write's error otherwise. Thread-safe
+  // (may run beside Append).
+  absl::Status WaitDurable(uint64_t seq);
+  // Append, then WaitDurable (after recovering from a failed write).
+  absl::Status Commit(std::vector<ControllerUpdate> updates);
+  // After a failed write (health() non-OK): reopens the journal and replays what is durable
+  // into state(); true when it did -- the owner rebuilds its memory from state() (what was
+  // applied but never written was never acknowledged). false when healthy.
+  absl::StatusOr<bool> RecoverIfFailed();
+  absl::Status health() const { return journal_->health(); }
 
   const ControllerDurableState& state() const { return state_; }
   JournalRecovery recovery() const { return journal_->recovery(); }
@@ -98,16 +104,14 @@ class ControllerStore {
 
  private:
   ControllerStore() = default;
-  // Applies each update (seq assigned) to state_ and journals them as one group, then waits.
-  absl::Status Commit(std::vector<ControllerUpdate> updates);
-  absl::Status RecoverIfFailed();
 
   std::unique_ptr<ControllerJournal> journal_;
   ControllerDurableState state_;
   uint64_t snapshot_seq_ = 0;
 };
 
-// Restores `loaded` into `history` (audit, plan, allocations, nodes).
-void RestoreHistory(const ControllerStore::Loaded& loaded, History* history);
+// Rebuilds `history` from the durable state, as the updates that make it (audit, next id, plan,
+// allocations, exclusion, node incidents).
+void RestoreHistory(const ControllerDurableState& state, History* history);
 
 }  // namespace pacer

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace pacer {
 
 const char* AuditOutcomeName(AuditRecord::Outcome outcome) {
@@ -87,77 +89,195 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
       if (it->action.kind != record.action.kind || it->action.target != record.action.target)
         continue;
       if (it->outcome == record.outcome && it->veto_reason == record.veto_reason) {
-        it->last_seen_ms = record.time_ms;
-        ++it->repeats;
-        changed_records_.insert(it->id);
-        return it->id;
+        AuditRecord folded = *it;
+        folded.last_seen_ms = record.time_ms;
+        ++folded.repeats;
+        EmitRecord(folded);
+        return folded.id;
       }
       break;  // only the newest record of this kind and target may absorb it
     }
   }
-  record.id = next_id_++;
+  record.id = next_id_;
   record.action.id = record.id;
   record.last_seen_ms = record.time_ms;
-  changed_records_.insert(record.id);
-  audit_.push_back(std::move(record));
-  while (static_cast<int64_t>(audit_.size()) > max_records) audit_.pop_front();
+  const uint64_t id = record.id;
+  EmitRecord(record);
+  if (max_records >= 1 && static_cast<int64_t>(audit_.size()) > max_records) {
+    ControllerUpdate trim;  // the newest max_records stay
+    trim.mutable_audit_trim()->set_oldest_id(audit_[audit_.size() - static_cast<size_t>(max_records)].id);
+    Emit(std::move(trim));
+  }
   // Beyond the newest kFullPayloadRecords, a record that can no longer be rolled back (not
   // executed, or measured: MeasureAndRollBack copies what it restores before any Record call
   // that follows) gives its per-worker payloads back.
   for (size_t i = 0; i + kFullPayloadRecords < audit_.size(); ++i) {
-    AuditRecord& old = audit_[i];
+    const AuditRecord& old = audit_[i];
     if ((old.outcome != AuditRecord::Outcome::kExecuted || old.measured_gain) && HasPayload(old)) {
-      StripPayload(&old);
-      changed_records_.insert(old.id);
+      AuditRecord stripped = old;
+      StripPayload(&stripped);
+      EmitRecord(stripped);
     }
   }
-  state_changed_ = true;  // next_id
-  return audit_.back().id;
+  return id;
 }
 
 void History::SetMeasuredGain(uint64_t id, double gain, int64_t now_ms) {
-  if (AuditRecord* r = MutableRecord(id)) {
-    r->measured_gain = gain;
-    r->measured_at_ms = now_ms;
-    changed_records_.insert(id);
+  if (const AuditRecord* r = FindRecord(id)) {
+    AuditRecord measured = *r;
+    measured.measured_gain = gain;
+    measured.measured_at_ms = now_ms;
+    EmitRecord(measured);
   }
 }
 
 void History::MarkRolledBack(uint64_t id) {
-  if (AuditRecord* r = MutableRecord(id)) {
-    r->rolled_back = true;
-    changed_records_.insert(id);
+  if (const AuditRecord* r = FindRecord(id)) {
+    AuditRecord marked = *r;
+    marked.rolled_back = true;
+    EmitRecord(marked);
   }
 }
 
+void History::SetPlan(const BatchPlan& plan) {
+  ControllerUpdate u;
+  *u.mutable_plan()->mutable_plan() = PlanToProto(plan);
+  Emit(std::move(u));
+}
+
+void History::ClearPlan() {
+  ControllerUpdate u;
+  u.mutable_plan();  // no plan: none in force
+  Emit(std::move(u));
+}
+
+void History::SetAllocations(std::vector<WorkerAllocation> allocations) {
+  ControllerUpdate u;
+  AllocationsToProto(allocations, u.mutable_allocations()->mutable_allocations());
+  u.mutable_allocations()->set_tail_backups(tail_backups_);
+  Emit(std::move(u));
+}
+
+void History::SetTailBackups(bool on) {
+  ControllerUpdate u;
+  AllocationsToProto(allocations_, u.mutable_allocations()->mutable_allocations());
+  u.mutable_allocations()->set_tail_backups(on);
+  Emit(std::move(u));
+}
+
+void History::SetExcluded(std::vector<std::string> workers, uint64_t decided_by,
+                          const std::string& reason, bool step_rule) {
+  ControllerUpdate u;
+  ExclusionState* e = u.mutable_exclusion();
+  for (auto& w : workers) e->add_excluded(std::move(w));
+  e->set_version(decided_by);
+  e->set_reason(reason);
+  e->set_step_rule(step_rule);
+  Emit(std::move(u));
+}
+
 void History::AddNodeIncident(const std::string& node, int64_t now_ms) {
-  NodeRecord& rec = nodes_[node];
-  ++rec.incidents;
-  rec.last_ms = now_ms;
-  state_changed_ = true;
+  ControllerUpdate u;
+  auto* n = u.mutable_node();
+  n->set_node(node);
+  n->set_incidents(NodeIncidents(node) + 1);
+  n->set_last_ms(now_ms);
+  Emit(std::move(u));
 }
 
-History::Changes History::TakeChanges() {
-  Changes c;
-  c.records.assign(changed_records_.begin(), changed_records_.end());
-  c.state = state_changed_;
-  changed_records_.clear();
-  state_changed_ = false;
-  return c;
+void History::Emit(ControllerUpdate update) {
+  Apply(update);
+  if (journaled_) pending_.push_back(std::move(update));
 }
 
-void History::Restore(std::deque<AuditRecord> audit, uint64_t next_id, std::optional<BatchPlan> plan,
-                      std::vector<WorkerAllocation> allocations, bool tail_backups,
-                      std::vector<std::string> excluded, std::map<std::string, NodeRecord> nodes) {
-  audit_ = std::move(audit);
-  next_id_ = std::max<uint64_t>(next_id, audit_.empty() ? 1 : audit_.back().id + 1);
-  plan_ = std::move(plan);
-  allocations_ = std::move(allocations);
-  tail_backups_ = tail_backups;
-  excluded_ = std::move(excluded);
-  nodes_ = std::move(nodes);
-  changed_records_.clear();
-  state_changed_ = false;
+void History::EmitRecord(const AuditRecord& record) {
+  // The record is at hand decoded: applied as such, encoded only for the journal.
+  if (journaled_) *pending_.emplace_back().mutable_record() = AuditToProto(record);
+  ApplyRecord(record);
+}
+
+std::vector<ControllerUpdate> History::TakeUpdates() {
+  std::vector<ControllerUpdate> out;
+  out.swap(pending_);
+  return out;
+}
+
+absl::Status History::Validate(const ControllerUpdate& u) {
+  switch (u.kind_case()) {
+    case ControllerUpdate::kRecord: {
+      if (u.record().id() == 0) return absl::InvalidArgumentError("audit record without an id");
+      auto r = AuditFromProto(u.record());
+      if (!r.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("audit record ", u.record().id(), ": ", r.status().message()));
+      }
+      return absl::OkStatus();
+    }
+    case ControllerUpdate::kNode:
+      if (u.node().node().empty()) return absl::InvalidArgumentError("node incidents without a node");
+      return absl::OkStatus();
+    default:
+      return absl::OkStatus();
+  }
+}
+
+void History::ApplyRecord(AuditRecord record) {
+  next_id_ = std::max(next_id_, record.id + 1);
+  // Ids grow: a new record goes at the back; a changed one is found from the back.
+  for (auto it = audit_.rbegin(); it != audit_.rend() && it->id >= record.id; ++it) {
+    if (it->id == record.id) {
+      *it = std::move(record);
+      return;
+    }
+  }
+  audit_.push_back(std::move(record));
+}
+
+void History::Apply(const ControllerUpdate& u) {
+  switch (u.kind_case()) {
+    case ControllerUpdate::kRecord: {
+      auto r = AuditFromProto(u.record());
+      if (r.ok()) ApplyRecord(std::move(*r));  // Validate() refused what does not decode
+      break;
+    }
+    case ControllerUpdate::kAuditTrim:
+      while (!audit_.empty() && audit_.front().id < u.audit_trim().oldest_id()) audit_.pop_front();
+      break;
+    case ControllerUpdate::kPlan:
+      if (u.plan().has_plan()) plan_ = PlanFromProto(u.plan().plan());
+      else plan_.reset();
+      break;
+    case ControllerUpdate::kAllocations:
+      allocations_ = AllocationsFromProto(u.allocations().allocations());
+      tail_backups_ = u.allocations().tail_backups();
+      break;
+    case ControllerUpdate::kExclusion:
+      exclusion_ = u.exclusion();
+      excluded_.assign(exclusion_.excluded().begin(), exclusion_.excluded().end());
+      break;
+    case ControllerUpdate::kNode:
+      nodes_[u.node().node()] = {u.node().incidents(), u.node().last_ms()};
+      break;
+    case ControllerUpdate::kNextAuditId:
+      next_id_ = std::max(next_id_, u.next_audit_id().next_id());
+      break;
+    case ControllerUpdate::kDispatch:
+    case ControllerUpdate::kPolicy:
+    case ControllerUpdate::KIND_NOT_SET:
+      break;
+  }
+}
+
+void History::Clear() {
+  audit_.clear();
+  next_id_ = 1;
+  plan_.reset();
+  allocations_.clear();
+  tail_backups_ = false;
+  excluded_.clear();
+  exclusion_.Clear();
+  nodes_.clear();
+  pending_.clear();
 }
 
 }  // namespace pacer

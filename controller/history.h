@@ -1,10 +1,14 @@
 // History: what the controller remembers between reconciles — the audit log, the plan and
 // allocation in force, and the nodes that keep producing stragglers.
 //
-// Policies read it (const); only the Controller changes it, and only through the methods
-// below, each deterministic in its arguments (time comes from the caller), so the sequence of
-// calls can be journaled and replayed (pacerd journals what they changed as ControllerUpdates:
-// controller/controller_store.h, controller/controller_durable_state.h).
+// Policies read it (const); only the Controller changes it, through the methods below. Each
+// change is a ControllerUpdate (proto/pacer/controller_journal.proto) carrying its outcome -- a
+// record as written, the plan put in force, the exclusion with the audit id that decided it --
+// applied through the one Apply() that a replay uses too, so the History is a state machine of
+// the updates it emits. With journaled(true) (pacerd: controller/reconciler.h) the updates
+// also queue for TakeUpdates(), and the reconciler journals them (controller/controller_store.h)
+// and waits until they are durable before anything is carried out. Deterministic: time comes
+// from the caller.
 //
 // Invariants: audit ids are unique and increasing; at most `max_records` records are kept
 // (the oldest are dropped, never the ones awaiting measurement while room remains).
@@ -32,7 +36,10 @@
 
 #include "controller/action.h"
 #include "controller/batch_plan.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "controller/policy_config.h"
+#include "proto/pacer/controller_journal.pb.h"
 
 namespace pacer {
 
@@ -80,13 +87,6 @@ class History {
     int64_t incidents = 0;
     int64_t last_ms = 0;
   };
-  // What changed since the last TakeChanges() (pacerd's ControllerStore persists it).
-  struct Changes {
-    std::vector<uint64_t> records;  // ids written, folded into, measured or rolled back
-    bool state = false;             // plan, allocations, tail backups, exclusions, node incidents
-    bool empty() const { return records.empty() && !state; }
-  };
-
   // ---- Queries (policies and the safety layer) ----
   const std::deque<AuditRecord>& audit() const { return audit_; }
   const AuditRecord* FindRecord(uint64_t id) const;
@@ -99,6 +99,9 @@ class History {
   const std::vector<WorkerAllocation>& allocations() const { return allocations_; }
   bool tail_backups() const { return tail_backups_; }
   const std::vector<std::string>& excluded_workers() const { return excluded_; }
+  // The exclusion in force as journaled: who, the audit id that decided it (0: none known),
+  // why, and whether the per-step burst rule decided it.
+  const ExclusionState& exclusion() const { return exclusion_; }
 
   // A node with ≥ bad_node_threshold incidents, the last within bad_node_ttl_s.
   bool IsBadNode(const std::string& node, int64_t now_ms, const RestartConfig& cfg) const;
@@ -108,45 +111,49 @@ class History {
   uint64_t next_id() const { return next_id_; }
   const std::map<std::string, NodeRecord>& nodes() const { return nodes_; }
 
-  // ---- Durability ----
-  Changes TakeChanges();
-  // Replaces the whole history with one restored from the store (no changes pending after).
-  void Restore(std::deque<AuditRecord> audit, uint64_t next_id, std::optional<BatchPlan> plan,
-               std::vector<WorkerAllocation> allocations, bool tail_backups,
-               std::vector<std::string> excluded, std::map<std::string, NodeRecord> nodes);
+  // ---- The updates ----
+  // Queue every update from now on for TakeUpdates() (off: the simulator, tests of the pure
+  // controller -- nothing accumulates).
+  void set_journaled(bool on) { journaled_ = on; }
+  // The updates since the last call, in order, without seqs.
+  std::vector<ControllerUpdate> TakeUpdates();
+  // INVALID_ARGUMENT when `update` cannot apply: a record without an id or that does not decode
+  // (an unknown kind or outcome: written by a newer pacerd), a node update without a node.
+  static absl::Status Validate(const ControllerUpdate& update);
+  // Applies an update that passed Validate(); updates that are not the History's (dispatch
+  // notes, applied policies) change nothing. Queues nothing: replay and restore use it.
+  void Apply(const ControllerUpdate& update);
+  // Forgets everything (a restore replays updates into an empty History).
+  void Clear();
 
-  // ---- Changes (the Controller only) ----
+  // ---- Changes (the Controller; the reconciler's ClearPlan at a new run) ----
+  // Each emits its update(s) and applies them.
   // Appends a record (assigning its id) or, when it repeats the newest record of the same kind
   // and target with the same outcome and veto reason (not kExecuted), folds into it. Returns
   // the id of the record written or folded into.
   uint64_t Record(AuditRecord record, int64_t max_records);
   void SetMeasuredGain(uint64_t id, double gain, int64_t now_ms);
   void MarkRolledBack(uint64_t id);
-  void SetPlan(const BatchPlan& plan) {
-    plan_ = plan;
-    state_changed_ = true;
-  }
+  void SetPlan(const BatchPlan& plan);
   // A new run of the job (pacerd's reconciler): no plan is in force any more.
-  void ClearPlan() {
-    plan_.reset();
-    state_changed_ = true;
-  }
-  void SetAllocations(std::vector<WorkerAllocation> a) {
-    allocations_ = std::move(a);
-    state_changed_ = true;
-  }
-  void SetTailBackups(bool on) {
-    tail_backups_ = on;
-    state_changed_ = true;
-  }
-  void SetExcluded(std::vector<std::string> workers) {
-    excluded_ = std::move(workers);
-    state_changed_ = true;
-  }
+  void ClearPlan();
+  void SetAllocations(std::vector<WorkerAllocation> allocations);
+  void SetTailBackups(bool on);
+  // `decided_by`: the audit id of the executed EXCLUDE_WORKERS record that decided it, with its
+  // reason and whether the per-step burst rule decided it.
+  void SetExcluded(std::vector<std::string> workers, uint64_t decided_by = 0,
+                   const std::string& reason = "", bool step_rule = false);
   void AddNodeIncident(const std::string& node, int64_t now_ms);
 
  private:
   AuditRecord* MutableRecord(uint64_t id);
+  // Applies `update` and queues it when journaled.
+  void Emit(ControllerUpdate update);
+  // A record as written (the decoded form of a record update): replaces the one with its id or
+  // appends it (ids grow).
+  void ApplyRecord(AuditRecord record);
+  void EmitRecord(const AuditRecord& record);
+  void EmitAllocations();
 
   std::deque<AuditRecord> audit_;
   uint64_t next_id_ = 1;
@@ -154,9 +161,21 @@ class History {
   std::vector<WorkerAllocation> allocations_;
   bool tail_backups_ = false;
   std::vector<std::string> excluded_;
+  ExclusionState exclusion_;
   std::map<std::string, NodeRecord> nodes_;
-  std::set<uint64_t> changed_records_;
-  bool state_changed_ = false;
+  bool journaled_ = false;
+  std::vector<ControllerUpdate> pending_;
 };
+
+// The controller's journal form of its types (ControllerUpdate payloads), and back.
+PlanState PlanToProto(const BatchPlan& plan);
+BatchPlan PlanFromProto(const PlanState& proto);
+AuditState AuditToProto(const AuditRecord& record);
+// INVALID_ARGUMENT for an unknown kind or outcome (a store written by a newer pacerd).
+absl::StatusOr<AuditRecord> AuditFromProto(const AuditState& proto);
+void AllocationsToProto(const std::vector<WorkerAllocation>& in,
+                        google::protobuf::RepeatedPtrField<AllocationState>* out);
+std::vector<WorkerAllocation> AllocationsFromProto(
+    const google::protobuf::RepeatedPtrField<AllocationState>& in);
 
 }  // namespace pacer

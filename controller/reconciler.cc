@@ -57,14 +57,19 @@ Reconciler::Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts p
 
 void Reconciler::OnRegister(const RegisterWorkerRequest& req) {
   bool new_run = false;
+  Pending journaled;
   {
     absl::MutexLock l(&mu_);
     if (auto why = runs_.OnRegister(req.worker_id(), req.run_id(), clock_->NowMs())) {
       StartRunLocked(*why);
+      journaled = AppendLocked();
       new_run = true;
     }
   }
-  if (new_run) ForgetLastRunsSpeeds();
+  if (new_run) {
+    WaitDurable(journaled, "the new run's withdrawn plan");
+    ForgetLastRunsSpeeds();
+  }
 }
 
 void Reconciler::ForgetLastRunsSpeeds() {
@@ -99,15 +104,21 @@ void Reconciler::StartRunLocked(const std::string& why) {
 
 bool Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
   bool new_run = false, in_run = true;
+  Pending journaled;
   {
     absl::MutexLock l(&mu_);
     if (auto why = runs_.OnStep(req.worker_id(), static_cast<int64_t>(req.step()), clock_->NowMs())) {
       StartRunLocked(*why);
+      journaled = AppendLocked();
       new_run = true;
     }
     in_run = runs_.InRun(req.worker_id());
   }
-  if (new_run) ForgetLastRunsSpeeds();
+  if (new_run) {
+    // Rare (a new run of the job): this reply waits for the journal, never the lock's holders.
+    WaitDurable(journaled, "the new run's withdrawn plan");
+    ForgetLastRunsSpeeds();
+  }
   return in_run;
 }
 
@@ -195,17 +206,20 @@ absl::Status Reconciler::ReconcileNow() {
   // 1. Inputs, outside mu_ (the sharding call waits for its journal).
   ASSIGN_OR_RETURN(ViewInputs in, GatherInputs());
   std::vector<std::pair<Action, CarryContext>> to_carry;
+  Pending journaled;
   {
     absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(RecoverLocked());
     last_reconcile_ms_ = clock_->NowMs();
     // 2. The view.
     FillJobFactsLocked(&in);
     const ClusterView view = BuildClusterView(in);
-    // 3. Decide; durable before anything is carried out.
+    // 3. Decide; journaled now, durable (waited for below, outside mu_) before anything is
+    // carried out.
     std::vector<WorkerAllocation> in_force = controller_->history().allocations();
     auto result = controller_->Reconcile(view);
     if (!result.ok()) return result.status();
-    PersistLocked();
+    journaled = AppendLocked();
     for (Action& a : result->dispatch) {
       if (a.kind == ActionKind::kAdjustBatch && a.plan) {
         last_plan_version_ = std::max(last_plan_version_, a.plan->version);
@@ -218,6 +232,7 @@ absl::Status Reconciler::ReconcileNow() {
       to_carry.emplace_back(std::move(a), std::move(c));
     }
   }
+  RETURN_IF_ERROR(WaitDurable(journaled, "decisions"));
   // 4. Carry out, in order, outside mu_.
   CarryOut(to_carry);
   return absl::OkStatus();
@@ -231,8 +246,12 @@ void Reconciler::CarryOut(const std::vector<std::pair<Action, CarryContext>>& ac
     NoteDispatchLocked(a.id, note.ok() ? *note : absl::StrCat("not carried out: ", note.status().message()));
     if (!note.ok()) PACER_LOG(ERROR) << "carrying out action " << a.id << ": " << note.status();
   }
-  absl::MutexLock l(&mu_);
-  PersistLocked();
+  Pending journaled;
+  {
+    absl::MutexLock l(&mu_);
+    journaled = AppendLocked();
+  }
+  WaitDurable(journaled, "dispatch notes").IgnoreError();  // logged; the next append retries
 }
 
 void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
@@ -261,8 +280,10 @@ void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
 
 bool Reconciler::MaybeDecideBursts() {
   std::vector<std::pair<Action, CarryContext>> to_carry;
+  Pending journaled;
   {
     absl::MutexLock l(&mu_);
+    if (!RecoverLocked().ok()) return true;  // logged
     const int64_t now = clock_->NowMs();
     const int64_t every = std::max<int64_t>(1, static_cast<int64_t>(options_.heartbeat_interval_s * 1000));
     if (now - last_burst_decision_ms_ < every || !controller_->StepRuleActive(now)) return false;
@@ -272,12 +293,13 @@ bool Reconciler::MaybeDecideBursts() {
       PACER_LOG(WARNING) << "burst rule: " << result.status();
       return true;
     }
-    PersistLocked();
+    journaled = AppendLocked();
     for (Action& a : result->dispatch) {
       PACER_LOG(INFO) << "controller (step rule): " << ActionKindName(a.kind) << " — " << a.reason;
       to_carry.emplace_back(std::move(a), CarryContext{controller_->history().allocations()});
     }
   }
+  if (!WaitDurable(journaled, "burst decisions").ok()) return true;
   CarryOut(to_carry);
   return true;
 }
@@ -291,127 +313,172 @@ absl::Status Reconciler::ValidateAndNotify(const PolicyConfig& config) {
 
 void Reconciler::NoteDispatchLocked(uint64_t id, const std::string& note) {
   dispatch_notes_[id] = note;
-  unsaved_.records.push_back(id);
+  DispatchNote* n = outbox_.emplace_back().mutable_dispatch();
+  n->set_id(id);
+  n->set_note(note);
 }
 
-void Reconciler::PersistLocked() {
-  History::Changes c = controller_->mutable_history()->TakeChanges();
-  unsaved_.records.insert(unsaved_.records.end(), c.records.begin(), c.records.end());
-  unsaved_.state = unsaved_.state || c.state;
-  if (!store_ || unsaved_.empty()) {
-    if (!store_) unsaved_ = {};
-    return;
+Reconciler::Pending Reconciler::AppendLocked() {
+  std::vector<ControllerUpdate> updates = controller_->mutable_history()->TakeUpdates();
+  for (ControllerUpdate& u : outbox_) updates.push_back(std::move(u));
+  outbox_.clear();
+  if (!store_) return {};
+  // Without recovery a failed journal takes nothing: what was applied in memory is rebuilt from
+  // the journal at the next RecoverLocked() (before the next decision).
+  absl::StatusOr<uint64_t> seq = store_->Append(std::move(updates));
+  if (!seq.ok()) return {store_.get(), 0, seq.status()};
+  return {store_.get(), *seq, absl::OkStatus()};
+}
+
+absl::Status Reconciler::WaitDurable(const Pending& pending, const char* what) {
+  absl::Status s = pending.status;
+  if (s.ok() && pending.store != nullptr) s = pending.store->WaitDurable(pending.seq);
+  if (!s.ok()) {
+    PACER_LOG(ERROR) << "controller " << what
+                     << " not journaled, so not carried out (the controller's memory is "
+                        "rebuilt from its journal and it decides again): " << s;
   }
-  std::sort(unsaved_.records.begin(), unsaved_.records.end());
-  unsaved_.records.erase(std::unique(unsaved_.records.begin(), unsaved_.records.end()), unsaved_.records.end());
-  if (absl::Status s = store_->Save(controller_->history(), unsaved_, dispatch_notes_); !s.ok()) {
-    // Kept and retried at the next reconcile; the sharding journal shares the disk, so this
-    // is loud.
-    PACER_LOG(ERROR) << "controller decisions not persisted (retried at the next reconcile): " << s;
-    return;
+  return s;
+}
+
+absl::Status Reconciler::RecoverLocked() {
+  if (!store_) return absl::OkStatus();
+  absl::StatusOr<bool> recovered = store_->RecoverIfFailed();
+  if (!recovered.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "controller journal failed and does not recover, no decision is made: ", recovered.status().message()));
   }
-  unsaved_ = {};
+  if (!*recovered) return absl::OkStatus();
+  RestoreHistory(store_->state(), controller_->mutable_history());
+  controller_->mutable_history()->TakeUpdates();  // nothing to journal: it is the journal
+  dispatch_notes_ = store_->state().dispatch();
+  outbox_.clear();
+  PACER_LOG(WARNING) << "controller journal recovered after a failed write: the controller's "
+                        "memory is rebuilt from it (up to update " << store_->state().last_seq() << ")";
+  return absl::OkStatus();
 }
 
 absl::Status Reconciler::AttachStore(std::unique_ptr<ControllerStore> store,
                                      const std::string& base_policy_yaml) {
   ASSIGN_OR_RETURN(ControllerStore::Loaded loaded, store->Load());
-  absl::MutexLock l(&mu_);
-  store_ = std::move(store);
-  base_policy_digest_ = PolicyDigest(base_policy_yaml);
-  if (loaded.empty) return absl::OkStatus();
-  RestoreHistory(loaded, controller_->mutable_history());
-  dispatch_notes_ = std::move(loaded.dispatch);
-  // Versions only grow across runs: a plan withdrawn at a new run is in the audit trail.
-  for (const AuditRecord& r : controller_->history().audit()) {
-    if (r.action.plan) last_plan_version_ = std::max(last_plan_version_, r.action.plan->version);
-  }
-  if (const auto& plan = controller_->history().plan()) {
-    last_plan_version_ = std::max(last_plan_version_, plan->version);
-    parts_.sessions->SetPlan(*plan, "restored after a pacerd restart");
-  }
-  // The exclusion in force goes out again as it was decided: the deciding audit id (the newest
-  // version any worker can hold) and its reason, held until the controller has seen the job
-  // again (Controller::HoldRestoredExclusion).
-  const ExclusionState& exclusion = loaded.exclusion;
-  if (exclusion.version() > 0) {
-    parts_.sessions->SetExclusion(
-        exclusion.version(),
-        std::set<std::string>(exclusion.excluded().begin(), exclusion.excluded().end()),
-        exclusion.reason());
-    if (exclusion.excluded_size() > 0) controller_->HoldRestoredExclusion(clock_->NowMs());
-  }
-  // A store migrated from before the journal knows who but not which decision: the newest
-  // audit id is above any version a worker may hold, or equal to it with the same state.
-  bool excluded_before = !controller_->history().excluded_workers().empty();
-  for (const AuditRecord& r : controller_->history().audit()) {
-    excluded_before = excluded_before || r.action.kind == ActionKind::kExcludeWorkers;
-  }
-  if (exclusion.version() == 0 && excluded_before) {
-    if (!controller_->history().excluded_workers().empty()) {
-      controller_->HoldRestoredExclusion(clock_->NowMs());
+  Pending journaled;
+  {
+    absl::MutexLock l(&mu_);
+    store_ = std::move(store);
+    base_policy_digest_ = PolicyDigest(base_policy_yaml);
+    // Drop what was decided before (nothing, in pacerd: attached before serving); from now on
+    // every change of the History is journaled.
+    controller_->mutable_history()->TakeUpdates();
+    controller_->mutable_history()->set_journaled(true);
+    if (loaded.empty) return absl::OkStatus();
+    RestoreHistory(store_->state(), controller_->mutable_history());
+    dispatch_notes_ = std::move(loaded.dispatch);
+    // Versions only grow across runs: a plan withdrawn at a new run is in the audit trail.
+    for (const AuditRecord& r : controller_->history().audit()) {
+      if (r.action.plan) last_plan_version_ = std::max(last_plan_version_, r.action.plan->version);
     }
-    uint64_t version = 0;
-    for (const AuditRecord& r : controller_->history().audit()) version = std::max(version, r.id);
-    const auto& ex = controller_->history().excluded_workers();
-    parts_.sessions->SetExclusion(version, std::set<std::string>(ex.begin(), ex.end()),
-                                  "restored after a pacerd restart");
-  }
-  PACER_LOG(INFO) << "controller state restored: " << controller_->history().audit().size()
-                  << " audit records, plan v"
-                  << (controller_->history().plan() ? controller_->history().plan()->version : 0)
-                  << ", " << controller_->history().nodes().size() << " node(s) with incidents";
-  if (loaded.policy) {
-    if (loaded.policy->base_digest() != base_policy_digest_) {
-      PACER_LOG(WARNING) << "policy '" << loaded.policy->file_name()
-                         << "' applied before the restart is not restored: pacerd was started "
-                            "with a different --policy file since";
-    } else {
-      auto config = ParsePolicy(loaded.policy->yaml(), loaded.policy->file_name());
-      if (!config.ok()) {
-        PACER_LOG(WARNING) << "policy applied before the restart no longer loads, --policy stays: "
-                           << config.status();
-      } else if (absl::Status s = ValidateAndNotify(*config); !s.ok()) {
-        PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
-      } else if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) {
-        PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
+    if (const auto& plan = controller_->history().plan()) {
+      last_plan_version_ = std::max(last_plan_version_, plan->version);
+      parts_.sessions->SetPlan(*plan, "restored after a pacerd restart");
+    }
+    // The exclusion in force goes out again as it was decided: the deciding audit id (the newest
+    // version any worker can hold) and its reason, held until the controller has seen the job
+    // again (Controller::HoldRestoredExclusion).
+    const ExclusionState& exclusion = loaded.exclusion;
+    if (exclusion.version() > 0) {
+      parts_.sessions->SetExclusion(
+          exclusion.version(),
+          std::set<std::string>(exclusion.excluded().begin(), exclusion.excluded().end()),
+          exclusion.reason());
+      if (exclusion.excluded_size() > 0) controller_->HoldRestoredExclusion(clock_->NowMs());
+    }
+    // A store migrated from before the journal knows who but not which decision: the newest
+    // audit id is above any version a worker may hold, or equal to it with the same state.
+    bool excluded_before = !controller_->history().excluded_workers().empty();
+    for (const AuditRecord& r : controller_->history().audit()) {
+      excluded_before = excluded_before || r.action.kind == ActionKind::kExcludeWorkers;
+    }
+    if (exclusion.version() == 0 && excluded_before) {
+      if (!controller_->history().excluded_workers().empty()) {
+        controller_->HoldRestoredExclusion(clock_->NowMs());
+      }
+      // The journal names the decision from now on.
+      const ExclusionState named = NameExclusionInForce(controller_->history());
+      if (named.version() != 0) {
+        controller_->mutable_history()->SetExcluded(controller_->history().excluded_workers(),
+                                                    named.version(), named.reason(), named.step_rule());
+      }
+      uint64_t version = 0;
+      for (const AuditRecord& r : controller_->history().audit()) version = std::max(version, r.id);
+      const auto& ex = controller_->history().excluded_workers();
+      parts_.sessions->SetExclusion(version, std::set<std::string>(ex.begin(), ex.end()),
+                                    "restored after a pacerd restart");
+    }
+    PACER_LOG(INFO) << "controller state restored: " << controller_->history().audit().size()
+                    << " audit records, plan v"
+                    << (controller_->history().plan() ? controller_->history().plan()->version : 0)
+                    << ", " << controller_->history().nodes().size() << " node(s) with incidents";
+    if (loaded.policy) {
+      if (loaded.policy->base_digest() != base_policy_digest_) {
+        PACER_LOG(WARNING) << "policy '" << loaded.policy->file_name()
+                           << "' applied before the restart is not restored: pacerd was started "
+                              "with a different --policy file since";
       } else {
-        PACER_LOG(INFO) << "policy '" << config->name << "' (" << loaded.policy->file_name()
-                        << ", applied before the restart) restored";
+        auto config = ParsePolicy(loaded.policy->yaml(), loaded.policy->file_name());
+        if (!config.ok()) {
+          PACER_LOG(WARNING) << "policy applied before the restart no longer loads, --policy stays: "
+                             << config.status();
+        } else if (absl::Status s = ValidateAndNotify(*config); !s.ok()) {
+          PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
+        } else if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) {
+          PACER_LOG(WARNING) << "policy applied before the restart refused, --policy stays: " << s;
+        } else {
+          PACER_LOG(INFO) << "policy '" << config->name << "' (" << loaded.policy->file_name()
+                          << ", applied before the restart) restored";
+        }
       }
     }
+    journaled = AppendLocked();
   }
-  PersistLocked();
-  return absl::OkStatus();
+  return WaitDurable(journaled, "restored state");
 }
 
 absl::Status Reconciler::ApplyPolicy(const std::string& yaml, const std::string& file_name,
                                      ApplyPolicyResponse* resp) {
   auto config = ParsePolicy(yaml, file_name);
   if (!config.ok()) return config.status();
-  absl::MutexLock l(&mu_);
-  if (absl::Status s = ValidateAndNotify(*config); !s.ok()) return s;
-  if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) return s;
-  if (store_) {
-    AppliedPolicy applied;
-    applied.set_yaml(yaml);
-    applied.set_file_name(file_name);
-    applied.set_applied_ms(clock_->NowMs());
-    applied.set_base_digest(base_policy_digest_);
-    if (absl::Status s = store_->SavePolicy(applied); !s.ok()) {
-      PACER_LOG(ERROR) << "applied policy not persisted (a restart goes back to --policy): " << s;
-    }
+  Pending journaled;
+  {
+    absl::MutexLock l(&mu_);
+    RETURN_IF_ERROR(RecoverLocked());
+    if (absl::Status s = ValidateAndNotify(*config); !s.ok()) return s;
+    if (absl::Status s = controller_->ApplyPolicy(*config, clock_->NowMs()); !s.ok()) return s;
+    AppliedPolicy* applied = outbox_.emplace_back().mutable_policy();
+    applied->set_yaml(yaml);
+    applied->set_file_name(file_name);
+    applied->set_applied_ms(clock_->NowMs());
+    applied->set_base_digest(base_policy_digest_);
+    journaled = AppendLocked();
+    resp->set_policy_name(controller_->policy().name);
+    resp->set_policy(controller_->policy().policy);
   }
-  PersistLocked();
-  resp->set_policy_name(controller_->policy().name);
-  resp->set_policy(controller_->policy().policy);
+  if (absl::Status s = WaitDurable(journaled, "applied policy"); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("policy '", config->name,
+                                               "' is in force but not journaled (a restart goes "
+                                               "back to --policy): ", s.message()));
+  }
   PACER_LOG(INFO) << "policy applied: " << config->name << " (" << config->policy << ")";
   return absl::OkStatus();
 }
 
 void Reconciler::RecordOperatorEvent(const std::string& what) {
-  absl::MutexLock l(&mu_);
-  RecordOperatorEventLocked(what);
+  Pending journaled;
+  {
+    absl::MutexLock l(&mu_);
+    RecordOperatorEventLocked(what);
+    journaled = AppendLocked();
+  }
+  WaitDurable(journaled, "operator event").IgnoreError();  // logged
 }
 
 void Reconciler::RecordOperatorEventLocked(const std::string& what) {
@@ -421,7 +488,6 @@ void Reconciler::RecordOperatorEventLocked(const std::string& what) {
   r.outcome = AuditRecord::Outcome::kPolicy;  // not an action; listed as kind POLICY
   r.action.reason = what;
   controller_->mutable_history()->Record(std::move(r), controller_->policy().audit.max_records);
-  PersistLocked();
 }
 
 void Reconciler::ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const {

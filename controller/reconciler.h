@@ -7,8 +7,10 @@
 //                    which workers the agents are restarting;
 //  2. BuildClusterView (controller/view_builder.h, the same code the simulator runs) with the
 //                    run's job facts;
-//  3. Decide         Controller::Reconcile (policy -> safety gate -> audit), persisted before
-//                    anything is carried out, so a restarted pacerd knows every decision;
+//  3. Decide         Controller::Reconcile (policy -> safety gate -> audit): the History's
+//                    ControllerUpdates are journaled under the lock (queued) and waited for
+//                    outside it -- durable before anything is carried out, so a restarted
+//                    pacerd knows every decision, and no heartbeat waits for an fsync;
 //  4. CarryOut       (outside the lock) each executed action through the ActionSink, in order;
 //                    its note goes in the audit trail (pacerd: cmd/pacerd/pacerd_action_sink.h).
 // It runs every `interval` and early after a monitor classification event.
@@ -16,7 +18,8 @@
 // Heartbeats: OnHeartbeat() only tracks the run's step (controller/run_tracker.h); the commands
 // a reply carries are assembled by WorkerSessions (controller/worker_sessions.h).
 //
-// Thread-safe: one mutex, never held while calling the sharding service, the agents or the sink.
+// Thread-safe: one mutex, never held while calling the sharding service, the agents or the sink,
+// nor while waiting for the journal.
 #pragma once
 
 #include <atomic>
@@ -120,6 +123,13 @@ class Reconciler : public StepObserver {
   // --accept-data-loss: `pacerctl actions` lists it as a POLICY record of policy "operator".
   void RecordOperatorEvent(const std::string& what);
   void ListActions(const ListActionsRequest& req, ListActionsResponse* resp) const;
+  // The controller journal's totals and health (pacerd's journal metrics); nullopt without a
+  // store.
+  std::optional<std::pair<JournalStats, absl::Status>> JournalState() const {
+    absl::MutexLock l(&mu_);
+    if (!store_) return std::nullopt;
+    return std::make_pair(store_->stats(), store_->health());
+  }
   // A copy of the policy in force (pacerctl policy show).
   PolicyConfig Policy() const {
     absl::MutexLock l(&mu_);
@@ -150,8 +160,21 @@ class Reconciler : public StepObserver {
   void RecordOperatorEventLocked(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteDispatchLocked(uint64_t id, const std::string& note) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateAndNotify(const PolicyConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Saves what changed (no-op without a store); on failure keeps it for the next call.
-  void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Journaling (controller_store.h): what the History emitted and the outbox hold is appended
+  // under mu_ (queued, no I/O) and waited for outside it, before anything is carried out.
+  struct Pending {
+    ControllerStore* store = nullptr;  // null: no store, nothing to wait for
+    uint64_t seq = 0;
+    absl::Status status;  // the append's failure
+  };
+  Pending AppendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK once durable; the failure otherwise (logged, naming `what`).
+  absl::Status WaitDurable(const Pending& pending, const char* what) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a failed journal write: the History, dispatch notes and outbox rebuilt from what the
+  // journal holds (what was decided but not durable was never carried out). UNAVAILABLE when
+  // the journal does not recover.
+  absl::Status RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* clock_;
   const ReconcilerParts parts_;
@@ -166,7 +189,7 @@ class Reconciler : public StepObserver {
   int64_t last_reconcile_ms_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_burst_decision_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ControllerStore> store_ ABSL_GUARDED_BY(mu_);
-  History::Changes unsaved_ ABSL_GUARDED_BY(mu_);
+  std::vector<ControllerUpdate> outbox_ ABSL_GUARDED_BY(mu_);  // dispatch notes, policies
   std::string base_policy_digest_ ABSL_GUARDED_BY(mu_);
   std::function<absl::Status(const PolicyConfig&)> on_policy_ ABSL_GUARDED_BY(mu_);
 };

@@ -1018,8 +1018,8 @@ def parse_args(argv):
                         policy=os.path.join(root, "policies", "demo-non-dedicated.yaml"))
     else:
         # --quick: long enough that the plan (~4 s after the contention begins: flag, then two
-        # windows) lands before the job ends on a loaded 2-core machine; at 80 000 records the
-        # job ended first in one of this session's suite runs (no plan, demo_quick failed).
+        # windows) lands before the job ends on a loaded 2-core machine (at 80 000 records a
+        # loaded suite run could end the job before its plan, and demo_quick would fail).
         defaults = dict(records=120000 if a.quick else 160000, shard_size=2048, batch=2048, hidden=1024,
                         policy=os.path.join(root, "policies", "demo-dedicated.yaml"))
     for k in ("records", "shard_size", "batch", "hidden", "policy"):

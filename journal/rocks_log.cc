@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/rocksdb_logger.h"
+#include "common/status.h"
 
 namespace pacer {
 namespace {
@@ -164,37 +165,43 @@ absl::StatusOr<std::unique_ptr<RocksLog>> RocksLog::Open(const JournalOptions& o
 }
 
 absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, uint64_t min_seq) {
+  Opened out;
+  OpenContext ctx;
+  RETURN_IF_ERROR(ReadMarkAndFolder(&ctx, &out));
+  RETURN_IF_ERROR(OpenDatabase(&ctx, &out));
+  RETURN_IF_ERROR(CheckFormat(&ctx, &out));
+  RETURN_IF_ERROR(ReplayInto(&ctx, &out, replay));
+  RETURN_IF_ERROR(CheckAcknowledged(&ctx, &out, min_seq));
+  return out;
+}
+
+// 0. What the high-water mark says, and whether a database is there.
+absl::Status RocksLog::ReadMarkAndFolder(OpenContext* ctx, Opened* out) {
   const std::string& dir = options_.dir;
   const bool accept = options_.accept_data_loss;
-  Opened out;
-  std::vector<std::string> accepted;  // what the operator accepted, in words
-
-  // 0. What the high-water mark says, and whether a database is there.
-  std::optional<uint64_t> hwm;
   if (auto h = HighWaterMark::Read(fs_.get(), hwm_path_); !h.ok()) {
     // Damage may be accepted; a mark in a newer pacerd's format never is.
     if (!accept || h.status().code() != absl::StatusCode::kDataLoss) return h.status();
-    accepted.push_back(std::string(h.status().message()));
+    ctx->accepted.push_back(std::string(h.status().message()));
   } else if (h->has_value()) {
-    hwm = (*h)->seq;
-    out.recovery.hwm_format = (*h)->format;
-    out.recovery.hwm_torn = (*h)->torn;
+    ctx->hwm = (*h)->seq;
+    out->recovery.hwm_format = (*h)->format;
+    out->recovery.hwm_torn = (*h)->torn;
     if ((*h)->torn) {
       PACER_LOG(WARNING) << "journal: one slot of the high-water mark '" << hwm_path_
                          << "' is torn (a mark write cut short, never acknowledged); the other holds "
                          << (*h)->seq;
     }
   }
-  out.recovery.hwm_seq = hwm.value_or(0);
-  const bool exists =
-      fs_->FileExists(dir + "/CURRENT", rocksdb::IOOptions(), nullptr).ok();
-  if (!exists) {
+  out->recovery.hwm_seq = ctx->hwm.value_or(0);
+  ctx->exists = fs_->FileExists(dir + "/CURRENT", rocksdb::IOOptions(), nullptr).ok();
+  if (!ctx->exists) {
     const bool had_files = HasFiles(fs_.get(), dir);
     std::string why;
     if (options_.must_exist) why = "the data dir's IDENTITY says it was created";
-    if (hwm && *hwm > 0) {
+    if (ctx->hwm && *ctx->hwm > 0) {
       why = absl::StrCat(why.empty() ? "" : why + ", and ", "'", hwm_path_, "' says updates up to ",
-                         *hwm, " were acknowledged");
+                         *ctx->hwm, " were acknowledged");
     }
     if (had_files && why.empty()) why = "the folder holds files (" + ListFiles(fs_.get(), dir) + ")";
     if (!why.empty()) {
@@ -205,7 +212,7 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
                           (fs_->FileExists(dir, rocksdb::IOOptions(), nullptr).ok() ? "empty"
                                                                                      : "missing");
       if (!accept) return absl::DataLossError("journal: " + what + ", but " + why + kAcceptHint);
-      accepted.push_back(what + " (" + why + "): started empty");
+      ctx->accepted.push_back(what + " (" + why + "): started empty");
       if (had_files) {  // keep the evidence; start in a fresh folder
         const std::string aside = absl::StrCat(dir, ".lost-", std::chrono::duration_cast<std::chrono::milliseconds>(
                                                                   std::chrono::system_clock::now().time_since_epoch())
@@ -216,10 +223,15 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  // 1. RocksDB, refusing WAL damage rather than rolling back to a point in time.
+// 1. RocksDB, refusing WAL damage rather than rolling back to a point in time.
+absl::Status RocksLog::OpenDatabase(OpenContext* ctx, Opened* out) {
+  const std::string& dir = options_.dir;
+  const bool accept = options_.accept_data_loss;
   rocksdb::Options db_options;
-  db_options.create_if_missing = !exists;
+  db_options.create_if_missing = !ctx->exists;
   db_options.paranoid_checks = true;
   // A torn *tail* is dropped, corruption anywhere else is an error
   // (kTolerateCorruptedTailRecords): a record cut short at the end of the WAL is a write that
@@ -241,14 +253,14 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   db_options.max_background_jobs = 2;
   db_options.write_buffer_size = 16 << 20;
   if (env_) db_options.env = env_.get();
-  if (!exists) {  // (RocksDB would log an ERROR about the missing folder before creating it)
+  if (!ctx->exists) {  // (RocksDB would log an ERROR about the missing folder before creating it)
     (void)fs_->CreateDirIfMissing(Parent(dir), rocksdb::IOOptions(), nullptr);
     (void)fs_->CreateDirIfMissing(dir, rocksdb::IOOptions(), nullptr);
   }
   rocksdb::DB* raw = nullptr;
   rocksdb::Status st = rocksdb::DB::Open(db_options, dir, &raw);
   if (!st.ok()) {
-    if (exists && (st.IsCorruption() || st.IsPathNotFound() || st.IsInvalidArgument() ||
+    if (ctx->exists && (st.IsCorruption() || st.IsPathNotFound() || st.IsInvalidArgument() ||
                    st.ToString().find("No such file") != std::string::npos)) {
       return absl::DataLossError("journal: the RocksDB database in '" + dir +
                                  "' is damaged or incomplete (" + st.ToString() + "; files: " +
@@ -259,17 +271,22 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
     }
     return FromRocks(st, "journal: cannot open RocksDB in '" + dir + "'");
   }
-  out.db.reset(raw);
-  out.recovery.created = !exists;
+  out->db.reset(raw);
+  out->recovery.created = !ctx->exists;
+  return absl::OkStatus();
+}
 
-  // 2. The format (or an older store, imported).
+// 2. The format (or an older store, imported).
+absl::Status RocksLog::CheckFormat(OpenContext* ctx, Opened* out) {
+  const std::string& dir = options_.dir;
+  const bool accept = options_.accept_data_loss;
   const JournalFormat& formats = options_.format;
   std::string format;
-  st = out.db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
+  rocksdb::Status st = out->db->Get(rocksdb::ReadOptions(), kFormatKey, &format);
   // A folder without a format key and without a high-water mark (every log writes its mark when
   // it is created) is from before the log: an older store, imported when the owner knows it.
-  if (st.IsNotFound() && exists && !hwm && options_.import_legacy) {
-    auto legacy = options_.import_legacy(*out.db);
+  if (st.IsNotFound() && ctx->exists && !ctx->hwm && options_.import_legacy) {
+    auto legacy = options_.import_legacy(*out->db);
     if (!legacy.ok()) {
       return absl::Status(legacy.status().code(),
                           absl::StrCat("journal: the older store in '", dir, "' cannot be imported: ",
@@ -290,7 +307,7 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
       batch.Put(kImportedKey, (*legacy)->what);
       rocksdb::WriteOptions wo;
       wo.sync = true;
-      st = out.db->Write(wo, &batch);
+      st = out->db->Write(wo, &batch);
       if (!st.ok()) return FromRocks(st, "journal: cannot write the imported store in '" + dir + "'");
       PACER_LOG(WARNING) << "journal: '" << dir << "' imported from " << (*legacy)->what
                          << " into " << formats.written;
@@ -298,7 +315,7 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
       st = rocksdb::Status::OK();
     }
   }
-  if (st.IsNotFound() && exists && !accept) {
+  if (st.IsNotFound() && ctx->exists && !accept) {
     return absl::DataLossError("journal: the RocksDB database in '" + dir +
                                "' has lost its contents (no format key; files: " +
                                ListFiles(fs_.get(), dir) + ")" + kAcceptHint);
@@ -308,12 +325,12 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   if (st.IsNotFound()) {
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    st = out.db->Put(wo, kFormatKey, formats.written);
+    st = out->db->Put(wo, kFormatKey, formats.written);
     if (!st.ok()) return FromRocks(st, "journal: cannot write format key");
   } else if (!st.ok()) {
     return FromRocks(st, "journal: cannot read format key");
   } else if (readable && format != formats.written) {
-    out.upgrade_format = true;  // written anew with the first group this binary writes
+    out->upgrade_format = true;  // written anew with the first group this binary writes
   } else if (format != formats.written) {
     std::vector<std::string> known = formats.readable;
     known.push_back(formats.written);
@@ -321,21 +338,25 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
         "journal in '", dir, "' has format '", format, "'; this pacerd reads '",
         absl::StrJoin(known, "', '"), "' (was it written by a newer pacerd?)"));
   }
-  out.recovery.format = exists ? format : "";
+  out->recovery.format = ctx->exists ? format : "";
   std::string imported;
-  if (exists && out.db->Get(rocksdb::ReadOptions(), kImportedKey, &imported).ok()) {
-    out.recovery.imported = imported;
+  if (ctx->exists && out->db->Get(rocksdb::ReadOptions(), kImportedKey, &imported).ok()) {
+    out->recovery.imported = imported;
   }
+  return absl::OkStatus();
+}
 
-  // 3. Replay: the pinned entries, the newest snapshot, then the tail of records of
-  // consecutive updates.
+// 3. Replay: the pinned entries, the newest snapshot, then the tail of records of consecutive
+// updates.
+absl::Status RocksLog::ReplayInto(OpenContext* ctx, Opened* out, const Replay& replay) {
+  const std::string& dir = options_.dir;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
   {
-    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
+    std::unique_ptr<rocksdb::Iterator> it(out->db->NewIterator(ro));
     for (it->Seek("p"); it->Valid() && it->key().size() > 1 && it->key()[0] == 'p'; it->Next()) {
       const std::string key(it->key().data() + 1, it->key().size() - 1);
-      out.pinned.insert(key);
+      out->pinned.insert(key);
       if (!replay.on_pinned) continue;
       if (auto s = replay.on_pinned(key, it->value().ToString()); !s.ok()) {
         return absl::DataLossError(absl::StrCat("journal: pinned entry '", key, "' in '", dir,
@@ -346,7 +367,7 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   }
   uint64_t snapshot_seq = 0;
   {
-    std::unique_ptr<rocksdb::Iterator> it(out.db->NewIterator(ro));
+    std::unique_ptr<rocksdb::Iterator> it(out->db->NewIterator(ro));
     it->SeekForPrev(Key('s', ~uint64_t{0}));
     if (it->Valid() && it->key().size() == 9 && it->key()[0] == 's') {
       snapshot_seq = SeqOf(it->key());
@@ -364,54 +385,59 @@ absl::StatusOr<RocksLog::Opened> RocksLog::OpenAndReplay(const Replay& replay, u
   }
   uint64_t expected = snapshot_seq + 1;
   {
-    absl::Status s = ReadRecords(*out.db, expected, /*exact=*/true, [&](uint64_t seq, const std::string& bytes) {
+    absl::Status s = ReadRecords(*out->db, expected, /*exact=*/true, [&](uint64_t seq, const std::string& bytes) {
       if (absl::Status a = replay.on_update(seq, bytes); !a.ok()) return a;
       expected = seq + 1;
       return absl::OkStatus();
     });
     if (!s.ok()) return s;
   }
-  out.last_seq = expected - 1;
-  out.snapshot_seq = snapshot_seq;
-  out.recovery.recovered_seq = out.last_seq;
+  out->last_seq = expected - 1;
+  out->snapshot_seq = snapshot_seq;
+  out->recovery.recovered_seq = out->last_seq;
+  return absl::OkStatus();
+}
 
-  // 4. Never less than acknowledged.
-  const uint64_t floor = std::max<uint64_t>(hwm.value_or(0), min_seq);
-  if (out.last_seq < floor) {
+// 4. Never less than acknowledged; then the mark follows what was recovered.
+absl::Status RocksLog::CheckAcknowledged(OpenContext* ctx, Opened* out, uint64_t min_seq) {
+  const std::string& dir = options_.dir;
+  const bool accept = options_.accept_data_loss;
+  const uint64_t floor = std::max<uint64_t>(ctx->hwm.value_or(0), min_seq);
+  if (out->last_seq < floor) {
     const std::string what = absl::StrCat(
-        "journal: '", dir, "' recovered updates up to ", out.last_seq, " but ",
-        min_seq > hwm.value_or(0) ? std::string("this process") : "'" + hwm_path_ + "'",
-        " records that updates up to ", floor, " were acknowledged: ", floor - out.last_seq,
+        "journal: '", dir, "' recovered updates up to ", out->last_seq, " but ",
+        min_seq > ctx->hwm.value_or(0) ? std::string("this process") : "'" + hwm_path_ + "'",
+        " records that updates up to ", floor, " were acknowledged: ", floor - out->last_seq,
         " acknowledged updates are missing (files: ", ListFiles(fs_.get(), dir), ")");
     if (!accept) return absl::DataLossError(what + kAcceptHint);
-    accepted.push_back(what);
+    ctx->accepted.push_back(what);
   }
-  if (!hwm && options_.must_exist && exists && out.recovery.imported.empty()) {
+  if (!ctx->hwm && options_.must_exist && ctx->exists && out->recovery.imported.empty()) {
     const std::string what = "the high-water mark '" + hwm_path_ + "' is missing";
     if (!accept) {
       return absl::DataLossError("journal: " + what +
                                  ", but the data dir's IDENTITY says the journal was created" +
                                  kAcceptHint);
     }
-    accepted.push_back(what);
+    ctx->accepted.push_back(what);
   }
-  out.recovery.adopted = !hwm && exists && accepted.empty();
-  out.recovery.accepted_loss = absl::StrJoin(accepted, "; ");
+  out->recovery.adopted = !ctx->hwm && ctx->exists && ctx->accepted.empty();
+  out->recovery.accepted_loss = absl::StrJoin(ctx->accepted, "; ");
   // The mark follows what was recovered (down, when a loss was accepted), written whole: a v1
   // mark becomes v2 here.
-  auto mark = HighWaterMark::Create(fs_.get(), hwm_path_, out.last_seq);
+  auto mark = HighWaterMark::Create(fs_.get(), hwm_path_, out->last_seq);
   if (!mark.ok()) return mark.status();
-  out.hwm = std::move(*mark);
-  if (out.recovery.hwm_format == kHwmFormatV1) {
+  out->hwm = std::move(*mark);
+  if (out->recovery.hwm_format == kHwmFormatV1) {
     PACER_LOG(INFO) << "journal: the high-water mark '" << hwm_path_ << "' upgraded from "
                     << kHwmFormatV1 << " to " << kHwmFormatV2;
   }
-  if (!out.recovery.imported.empty()) {  // the mark holds the import now
+  if (!out->recovery.imported.empty()) {  // the mark holds the import now
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    if (auto s = FromRocks(out.db->Delete(wo, kImportedKey), "journal: cannot finish the import in '" + dir + "'"); !s.ok()) return s;
+    if (auto s = FromRocks(out->db->Delete(wo, kImportedKey), "journal: cannot finish the import in '" + dir + "'"); !s.ok()) return s;
   }
-  return out;
+  return absl::OkStatus();
 }
 
 void RocksLog::Install(Opened opened) {

@@ -74,6 +74,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <optional>
 #include <vector>
 
 #include "journal/durable_log.h"
@@ -115,6 +116,18 @@ class RocksLog final : public DurableLog {
   // when recovering after a failed write, against `min_seq`, the seq this process knows
   // durable). Writes the mark.
   absl::StatusOr<Opened> OpenAndReplay(const Replay& replay, uint64_t min_seq);
+  // OpenAndReplay's steps, in order (each may refuse the open; what an accepted loss gave up is
+  // collected in the context).
+  struct OpenContext {
+    std::optional<uint64_t> hwm;        // the high-water mark found
+    bool exists = false;                // a database was there
+    std::vector<std::string> accepted;  // what the operator accepted, in words
+  };
+  absl::Status ReadMarkAndFolder(OpenContext* ctx, Opened* out);
+  absl::Status OpenDatabase(OpenContext* ctx, Opened* out);
+  absl::Status CheckFormat(OpenContext* ctx, Opened* out);
+  absl::Status ReplayInto(OpenContext* ctx, Opened* out, const Replay& replay);
+  absl::Status CheckAcknowledged(OpenContext* ctx, Opened* out, uint64_t min_seq);
   // The records from the one holding update `from` (exact: starting at `from`) to the end,
   // each update >= from into `fn`; a gap or a corrupt record is DATA_LOSS.
   absl::Status ReadRecords(rocksdb::DB& db, uint64_t from, bool exact, const EntryFn& fn) const;

@@ -1,7 +1,7 @@
 // TypedJournal<UpdateT, SnapshotT>: a state machine's view of the one journal (DurableLog,
 // journal/durable_log.h) — its own protobuf update and snapshot types in, bytes stored.
 //
-// Both state machines use it: the sharding core (`Journal` = TypedJournal<Update,
+// Both state machines use it: the sharding core (`ShardingJournal` = TypedJournal<Update,
 // ShardingSnapshot>, sharding_service/journal.h) and the controller (ControllerJournal,
 // controller/controller_store.h). It serializes on the caller's thread (outside the log's
 // lock; a snapshot is serialized by the log's writer) and, on replay, parses each entry and

@@ -21,7 +21,7 @@
 //  * a worker's reports beyond max_reports_per_worker_per_window are a flood;
 //  * a latency sample needs its reporter (a registered worker), which has one vote per server
 //    and window (ServerLatencyTracker) and adds at most max_servers_per_reporter server rows.
-// Shared tables and who fills them (issue 25): a node row that only worker registrations name
+// Shared tables and who fills them: a node row that only worker registrations name
 // (no agent reported its metrics) is freed once no worker is registered on it, and a worker
 // moving to a new node name takes its own row along, so each worker holds at most one such row
 // whatever the count of names it tries; rows agents reported stay. Freed rows are reused.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the demo N times (default 3) and prints one Markdown table row per run: the figures
-# docs/demo.md and the closing notes quote. Extra arguments go to demo/pacer_demo.py
+# docs/demo.md quotes. Extra arguments go to demo/pacer_demo.py
 # (`--mode ps`: the parameter-server demo, with its own columns).
 #   scripts/demo-runs.sh [N] [demo args...]
 set -euo pipefail

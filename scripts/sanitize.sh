@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds with clang-14 and a sanitizer, then runs the unit and integration tests under it.
+# Builds with clang-14 and a sanitizer, then runs the unit, scenario and process tests under it.
 #   scripts/sanitize.sh address   # ASan + UBSan, into build-asan
 #   scripts/sanitize.sh thread    # TSan (suppressions: tests/tsan.supp), into build-tsan
 set -euo pipefail
@@ -13,4 +13,4 @@ export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_de
 export ASAN_OPTIONS="detect_leaks=1"
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp"
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
-cd "$dir" && ctest --output-on-failure -j 2 -L "unit|integration"
+cd "$dir" && ctest --output-on-failure -j 2 -L "unit|scenario|process"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up a Debian 12 machine (idempotently), builds, and runs every test (ctest; labels unit,
-# integration, chaos). Usage: scripts/test.sh [ctest args...], e.g. scripts/test.sh -L unit
+# Sets up a Debian 12 machine (idempotently), builds, and runs every test: ctest, every label
+# (unit, scenario, process, chaos, demo, fuzz; README.md, "Tests").
+# Usage: scripts/test.sh [ctest args...], e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --torch --chromium

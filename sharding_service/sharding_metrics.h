@@ -43,14 +43,6 @@
     "Registered workers by state: active (heard within the lease timeout), silent (not "    \
     "heard since, leases expiring), lost (silent past the worker timeout)",                  \
     "state")                                                                                   \
-  X(journal_fsyncs, Counter, "pacer_sharding_journal_fsyncs_total",                            \
-    "Journal write batches (one fsync each with sync on)")                                    \
-  X(journal_bytes, Counter, "pacer_sharding_journal_bytes_total", "Bytes written to the journal") \
-  X(snapshots, Counter, "pacer_sharding_snapshots_total", "Snapshots written")                  \
-  X(journal_failed_writes, Counter, "pacer_sharding_journal_failed_writes_total",               \
-    "Journal write batches that failed (each makes the journal unhealthy)")                   \
-  X(journal_fsync_seconds, Histogram, "pacer_sharding_journal_fsync_seconds",                  \
-    "Latency of one journal write batch, its fsync included (group commit)")                  \
   X(recovery_seconds, Gauge, "pacer_sharding_recovery_seconds",                                \
     "Time the last start spent recovering state")
 

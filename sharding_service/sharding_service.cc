@@ -54,12 +54,11 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   JournalOptions jo = options.journal;
   jo.dir = options.data_dir;
   jo.sync = options.sync;
-  auto journal = Journal::Open(jo, replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
+  auto journal = ShardingJournal::Open(jo, replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
   if (!journal.ok()) return journal.status();
   svc->journal_ = std::move(*journal);
   absl::MutexLock l(&svc->mu_);
   svc->state_ = std::move(replay.state);
-  svc->state_.TakeCancelledLeases();  // history: nobody to notify
   svc->last_snapshot_seq_ = svc->state_.last_seq() - replay.replayed;
   svc->stats_.recovery_seconds = watch.ElapsedSeconds();
   svc->stats_.recovered_updates = replay.replayed;
@@ -80,21 +79,21 @@ absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> ShardingServiceImpl::Open(
   return svc;
 }
 
-Journal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
+ShardingJournal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
   return [this](const ShardingSnapshot& snap) -> absl::Status {
     ASSIGN_OR_RETURN(state, ShardingState::FromSnapshot(snap, specs));
     return absl::OkStatus();
   };
 }
 
-Journal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
+ShardingJournal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
   return [this](const Update& u) {
     ++replayed;
     return state.Apply(u);
   };
 }
 
-Journal::PinnedFn ShardingServiceImpl::StateReplay::OnPinned() {
+ShardingJournal::PinnedFn ShardingServiceImpl::StateReplay::OnPinned() {
   return [this](const std::string& key, const std::string& bytes) {
     return ShardingState::AddPinnedSpec(key, bytes, &specs);
   };
@@ -105,25 +104,24 @@ absl::Status ShardingServiceImpl::Ready() const {
 }
 
 absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
-  update.set_seq(state_.last_seq() + 1);
-  update.set_time_ms(clock_->NowMs());
   const ShardingState::LeaseRec* ending =
       update.has_end_lease() && update.end_lease().reason() == LEASE_COMPLETED
           ? state_.FindLease(update.end_lease().lease_id())
           : nullptr;
   const int64_t ending_created_ms = ending ? ending->created_ms : 0;
-  if (absl::Status s = state_.Apply(update); !s.ok()) {
+  absl::StatusOr<ApplyEffects> effects = state_.Commit(&update, clock_->NowMs());
+  if (!effects.ok()) {
     // Validation let through an update that does not apply: a bug, not bad input. Nothing
     // changed (Apply checks before it mutates), so report it and carry on.
-    PACER_LOG(ERROR) << "update rejected after validation: " << s << " ("
+    PACER_LOG(ERROR) << "update rejected after validation: " << effects.status() << " ("
                      << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
-    return absl::InternalError(absl::StrCat("internal error: ", s.message()));
+    return absl::InternalError(absl::StrCat("internal error: ", effects.status().message()));
   }
   if (ending) shard_times_.Add(static_cast<double>(update.time_ms() - ending_created_ms) / 1000.0);
   pending_.push_back(update);  // appended when the request lets go of mu_ (AppendPending)
   stats_.updates++;
   metrics_.updates.Get().Increment();
-  DrainCancelled();
+  Notify(effects->cancelled_leases);
   // A delete forces a snapshot: the journal writes a spec's pinned entry once per key and
   // deletes it when no snapshot lists it, so the name's old spec must leave the disk before a
   // re-registration with a new spec is pinned under the same key.
@@ -176,8 +174,8 @@ void ShardingServiceImpl::Touch(const std::string& worker) {
   last_seen_ms_[worker] = clock_->NowMs();
 }
 
-void ShardingServiceImpl::DrainCancelled() {
-  for (auto& [worker, lease] : state_.TakeCancelledLeases()) {
+void ShardingServiceImpl::Notify(const std::vector<std::pair<std::string, uint64_t>>& cancelled) {
+  for (const auto& [worker, lease] : cancelled) {
     auto& v = cancelled_[worker];
     if (v.size() < kMaxCancelledPerWorker) v.push_back(lease);
   }
@@ -256,38 +254,6 @@ void ShardingServiceImpl::UpdateGauges() {
   metrics_.workers.With({"active"}).Set(active);
   metrics_.workers.With({"silent"}).Set(silent);
   metrics_.workers.With({"lost"}).Set(lost);
-  const JournalStats js = journal_->stats();
-  // Counters follow the journal's own totals (a counter never goes down: a journal reopened
-  // after a failure starts its totals again, and then only its new work is added).
-  auto follow = [](prometheus::Counter& c, uint64_t now, uint64_t& seen) {
-    c.Increment(static_cast<double>(now >= seen ? now - seen : now));
-    seen = now;
-  };
-  const bool reopened = js.batches < counted_journal_.batches;
-  follow(metrics_.journal_fsyncs.Get(), js.batches, counted_journal_.batches);
-  follow(metrics_.journal_bytes.Get(), js.bytes, counted_journal_.bytes);
-  follow(metrics_.snapshots.Get(), js.snapshots, counted_journal_.snapshots);
-  follow(metrics_.journal_failed_writes.Get(), js.failed_writes, counted_journal_.failed_writes);
-  if (!js.write_latency_counts.empty()) {
-    std::vector<uint64_t>& seen = counted_journal_.write_latency_counts;
-    if (reopened || seen.size() != js.write_latency_counts.size()) {
-      seen.assign(js.write_latency_counts.size(), 0);
-      counted_journal_.write_latency_sum_s = 0;
-    }
-    std::vector<double> increments(seen.size());
-    bool any = false;
-    for (size_t i = 0; i < seen.size(); ++i) {
-      const uint64_t now_count = js.write_latency_counts[i];
-      increments[i] = static_cast<double>(now_count >= seen[i] ? now_count - seen[i] : now_count);
-      any = any || increments[i] > 0;
-      seen[i] = now_count;
-    }
-    if (any) {
-      metrics_.journal_fsync_seconds.Get().ObserveMultiple(
-          increments, std::max(0.0, js.write_latency_sum_s - counted_journal_.write_latency_sum_s));
-    }
-    counted_journal_.write_latency_sum_s = js.write_latency_sum_s;
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -361,9 +327,9 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
     resp->set_incarnation(w->incarnation);
     resp->set_previous_incarnation(previous);
     if (previous != 0) {
-      for (const auto& [id, e] : w->ended) {
-        if (e.incarnation() == previous) *resp->add_previous_leases() = e;
-      }
+      // Every remembered lease of the earlier incarnations (the new one has none yet): the
+      // incarnation just replaced may never have resolved what the one before it left open.
+      for (const auto& [id, e] : w->ended) *resp->add_previous_leases() = e;
     }
     resp->set_lease_timeout_ms(options_.lease_timeout_ms);
     resp->set_heartbeat_interval_ms(options_.heartbeat_interval_ms);
@@ -399,14 +365,14 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
     leased(*again);
     return state_.last_seq();
   }
-  ASSIGN_OR_RETURN(FetchPlan plan, state_.PlanFetch(worker, dataset));
-  if (plan.kind == FetchPlan::kWait) {
+  ASSIGN_OR_RETURN(FetchDecision decision, state_.DecideFetch(worker, dataset, request_id));
+  if (decision.kind == FetchPlan::kWait) {
     resp->set_outcome(FetchShardResponse::WAIT);
     resp->set_retry_after_ms(kWaitRetryMs);
-    resp->set_reason(plan.reason);
+    resp->set_reason(decision.reason);
     return state_.last_seq();
   }
-  if (plan.kind == FetchPlan::kEndOfData) {
+  if (decision.kind == FetchPlan::kEndOfData) {
     resp->set_outcome(FetchShardResponse::END_OF_DATA);
     const auto* ds = state_.FindDataset(dataset);
     resp->set_records_quarantined(ds->records_quarantined_total);
@@ -421,9 +387,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
     return absl::ResourceExhaustedError(absl::StrCat(
         "at most ", kMaxLiveLeases, " leases may be held at once over the job; complete or release some"));
   }
-  Update u;
-  *u.mutable_create_lease() = state_.DecideLease(plan, worker, dataset, request_id);
-  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
+  ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(*decision.update)));
   const auto* lease = state_.FindLease(state_.last_lease_id());
   leased(*lease);
   metrics_.leases_granted.With({lease->dataset}).Increment();
@@ -880,6 +844,33 @@ ShardingServiceStats ShardingServiceImpl::stats() const {
 ShardingSnapshot ShardingServiceImpl::SnapshotForTest() const {
   absl::MutexLock l(&mu_);
   return state_.ToSnapshot();
+}
+
+// ---- Resuming after a failed journal write (a full disk): the one place that swaps the whole
+// state ----
+
+absl::Status ShardingServiceImpl::RecoverJournal() {
+  absl::MutexLock l(&mu_);
+  if (journal_->health().ok()) return absl::OkStatus();
+  // Under mu_ nothing is appended, so the journal can drop its queue and reopen. What the
+  // memory holds beyond the durable seq was applied but never acknowledged: rebuilt by replay,
+  // exactly as at a restart.
+  StateReplay replay;
+  absl::Status s = journal_->Recover(replay.OnSnapshot(), replay.OnUpdate(), replay.OnPinned());
+  if (!s.ok()) return s;
+  ShardingState& state = replay.state;
+  const uint64_t replayed = replay.replayed;
+  const uint64_t dropped = state_.last_seq() - std::min(state_.last_seq(), state.last_seq());
+  state_ = std::move(state);
+  last_snapshot_seq_ = state_.last_seq() - replayed;
+  cancelled_.clear();  // may name leases whose ending was never written
+  pending_.clear();    // (empty: every request appends before it lets go of mu_)
+  const int64_t now = clock_->NowMs();
+  for (const auto& [id, w] : state_.workers()) last_seen_ms_[id] = now;  // a grace, as at a restart
+  UpdateGauges();
+  PACER_LOG(WARNING) << "sharding: journal recovered at seq " << state_.last_seq() << "; "
+                     << dropped << " unacknowledged update(s) applied in memory were discarded";
+  return absl::OkStatus();
 }
 
 }  // namespace pacer

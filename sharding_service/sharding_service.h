@@ -4,7 +4,7 @@
 // request it: authenticates nothing (the adapter did), validates against the state under mu_,
 // turns the request into an Update, applies it and queues it in the journal (still under mu_,
 // so journal order == apply order), releases mu_, and replies once the update is durable
-// (Journal::WhenDurable). Requests that change nothing still wait for the latest update to be
+// (ShardingJournal::WhenDurable). Requests that change nothing still wait for the latest update to be
 // durable, so no reply reveals state a crash could take back.
 //
 // Soft state kept here, not journaled: when each worker was last heard from. A worker silent
@@ -34,10 +34,37 @@
 #include "common/recent_durations.h"
 #include "sharding_service/sharding_metrics.h"
 #include "proto/pacer/sharding.pb.h"
-#include "sharding_service/journal.h"
+#include "journal/typed_journal.h"
 #include "sharding_service/sharding_state.h"
 
 namespace pacer {
+
+// The sharding core's journal: its updates (Update) and snapshots (ShardingSnapshot) through
+// the one generic journal of pacerd's state machines (journal/durable_log.h: the interface, its
+// group-commit protocol and recovery guarantees; journal/typed_journal.h: the typed view;
+// journal/rocks_log.h: the RocksDB implementation). The controller journals through the same
+// classes (controller/controller_store.h).
+// Formats ("m:format"; the layout: journal/rocks_log.h):
+//   v2, v3: the journal before pinned entries (a v3 binary must not read a v4 dir, whose
+//           snapshots name specs it cannot find);
+//   v4:     pinned dataset specs ("specs apart");
+//   v5:     as v4, with DeleteDatasetUpdate / ResetDatasetUpdate (a v4 build would not know them).
+// v2..v4 dirs are read and upgraded to v5 with the first group this binary writes.
+inline constexpr char kJournalFormatV2[] = "pacer-journal-v2";
+inline constexpr char kJournalFormatV3[] = "pacer-journal-v3";
+inline constexpr char kJournalFormatV4[] = "pacer-journal-v4";
+inline constexpr char kJournalFormatV5[] = "pacer-journal-v5";  // written
+
+inline JournalFormat ShardingJournalFormat() {
+  return {kJournalFormatV5, {kJournalFormatV2, kJournalFormatV3, kJournalFormatV4}};
+}
+
+template <>
+struct JournalFormatOf<Update> {
+  static JournalFormat Get() { return ShardingJournalFormat(); }
+};
+
+using ShardingJournal = TypedJournal<Update, ShardingSnapshot>;
 
 struct ShardingServiceOptions {
   std::string data_dir;                 // RocksDB journal lives here
@@ -162,9 +189,9 @@ class ShardingServiceImpl {
     ShardingState state;
     ShardingState::SpecsByKey specs;
     uint64_t replayed = 0;
-    Journal::SnapshotFn OnSnapshot();
-    Journal::UpdateFn OnUpdate();
-    Journal::PinnedFn OnPinned();
+    ShardingJournal::SnapshotFn OnSnapshot();
+    ShardingJournal::UpdateFn OnUpdate();
+    ShardingJournal::PinnedFn OnPinned();
   };
   // Applies `update` (stamped with seq and time) and queues it. Returns the seq to wait for.
   absl::StatusOr<uint64_t> Commit(Update update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,7 +199,9 @@ class ShardingServiceImpl {
   // Hands the updates Commit() applied during this request to the journal, in one append.
   void AppendPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(const std::string& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DrainCancelled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues each cancelled lease for its holder's next heartbeat reply.
+  void Notify(const std::vector<std::pair<std::string, uint64_t>>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The shape of every request: runs `body` under mu_ (validate, Commit), then `on_success`
   // outside it, then replies once the returned seq is durable.
   void Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
@@ -204,7 +233,7 @@ class ShardingServiceImpl {
   const Clock* clock_;
   std::unique_ptr<MetricsRegistry> own_metrics_;
   ShardingMetrics metrics_;
-  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<ShardingJournal> journal_;
   HeartbeatCommandSource* heartbeat_commands_ = nullptr;
   RegisterHook register_hook_;
   AuditHook audit_hook_;
@@ -218,7 +247,6 @@ class ShardingServiceImpl {
   // What the per-dataset counters already hold, by dataset (also every dataset ever exported).
   std::map<std::string, uint64_t> counted_done_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> counted_requeues_ ABSL_GUARDED_BY(mu_);
-  JournalStats counted_journal_ ABSL_GUARDED_BY(mu_);  // what the counters above already hold
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
   RecentDurations shard_times_ ABSL_GUARDED_BY(mu_);  // completed leases, seconds
 };

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "sharding_service/permutation.h"
 
 namespace pacer {
@@ -77,7 +78,31 @@ absl::Status ShardingState::CheckLease(const std::string& worker, uint64_t incar
 // ---------------------------------------------------------------------------------------------
 // Apply.
 
+absl::StatusOr<ApplyEffects> ShardingState::Commit(Update* update, int64_t now_ms) {
+  update->set_seq(last_seq_ + 1);
+  update->set_time_ms(now_ms);
+  RETURN_IF_ERROR(Apply(*update));
+  ApplyEffects effects;
+  effects.cancelled_leases.swap(cancelled_);
+  return effects;
+}
+
+absl::StatusOr<FetchDecision> ShardingState::DecideFetch(const std::string& worker,
+                                                         const std::string& dataset,
+                                                         uint64_t request_id) const {
+  ASSIGN_OR_RETURN(FetchPlan plan, PlanFetch(worker, dataset));
+  FetchDecision d;
+  d.kind = plan.kind;
+  d.reason = plan.reason;
+  if (plan.kind == FetchPlan::kLease || plan.kind == FetchPlan::kBackup) {
+    d.update.emplace();
+    *d.update->mutable_create_lease() = DecideLease(plan, worker, dataset, request_id);
+  }
+  return d;
+}
+
 absl::Status ShardingState::Apply(const Update& update) {
+  cancelled_.clear();  // only the last update's (Commit hands them on)
   absl::Status s;
   const int64_t t = update.time_ms();
   switch (update.kind_case()) {
@@ -173,15 +198,14 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   if (inserted) {
     w.id = u.worker_id();
   } else {
-    // A new process took this worker's place: the previous incarnation is gone. Its ended
-    // leases are kept (the registration reply lists them); older incarnations' are dropped.
+    // A new process took this worker's place: the previous incarnation is gone. Its leases
+    // end; every ended lease stays remembered, whichever incarnation held it (the registration
+    // reply lists them): a process can register and die before it resolves anything, and the
+    // next one must still learn what its predecessors' last reports counted. What is kept stays
+    // within the bound of "Memory" (sharding_state.h): RememberEnded trims, epochs forget.
     const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
     for (uint64_t id : held) {
       EndLease(id, LEASE_WORKER_LOST, "worker re-registered", t, /*requeue=*/true);
-    }
-    const uint64_t previous = w.incarnation;
-    for (auto eit = w.ended.begin(); eit != w.ended.end();) {
-      eit = eit->second.incarnation() < previous ? EraseEnded(w, eit) : std::next(eit);
     }
   }
   w.node = u.node();
@@ -439,9 +463,16 @@ void ShardingState::ForgetOldEnded(const Dataset& ds) {
   if (ds.is_stream()) return;
   // Keep the open epochs and the one before the oldest of them.
   const uint32_t oldest_open = ds.open.empty() ? ds.next_epoch : ds.open.front().epoch;
+  // Each worker's newest EndedFloor(w) stay whatever their epoch: a worker killed while a
+  // report was in flight learns its outcome at its next registration, which may come after
+  // the rest of the job closed that lease's epoch and the next.
   const uint32_t keep_from = oldest_open == 0 ? 0 : oldest_open - 1;
   for (auto& [id, w] : workers_) {
-    for (auto it = w.ended.begin(); it != w.ended.end();) {
+    const size_t floor = EndedFloor(w);
+    if (w.ended.size() <= floor) continue;
+    // Only the oldest size - floor may go (the smallest ids, as TrimEnded).
+    size_t older = w.ended.size() - floor;
+    for (auto it = w.ended.begin(); older > 0; --older) {
       if (it->second.dataset() == ds.spec->name() && it->second.epoch() < keep_from) {
         it = EraseEnded(w, it);
       } else {

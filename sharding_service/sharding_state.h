@@ -17,18 +17,27 @@
 // Memory is O(datasets + leases + workers + requeued ranges + checkpoints + ended leases kept for
 // truthful retries), independent of the number of records: pending work is ranges, never one
 // object per shard. Ended leases (EndedLease records, ~190 bytes each with their map node) are
-// kept per worker for the dataset's open epochs and the epoch just before them, and within that:
+// kept per worker whichever of the worker's incarnations held them (a registration forgets
+// none: the process that registered may die before it resolves what the incarnation before it
+// left open), and:
 //  * each worker keeps its newest EndedFloor(w) = max(kMinEndedPerWorker, 2 x its max_leases)
-//    (16 by default) whatever else the job holds: the leases its retries can still be about —
-//    a client retries only calls in flight, on leases it held, and holds at most max_leases;
-//  * beyond those floors the whole job keeps at most kMaxEndedBeyondFloor (16 384) more; when
-//    an ending lease would exceed that, the ending worker's own oldest beyond its floor go;
+//    (16 by default) whatever else the job holds and whatever their epoch: the leases its
+//    retries and its next registration can still be about — a client retries only calls in
+//    flight, on leases it held, and holds at most max_leases; a worker killed with a report in
+//    flight may register again only after the rest of the job closed that epoch and the next;
+//  * beyond those floors only leases of the dataset's open epochs and the epoch just before
+//    them are kept (an epoch's close forgets older ones), and the whole job keeps at most
+//    kMaxEndedBeyondFloor (16 384) of them; when an ending lease would exceed that, the ending
+//    worker's own oldest beyond its floor go;
 //  * and no worker keeps more than kMaxEndedPerWorker (4 096).
 // So ended records <= sum over workers of EndedFloor(w) + kMaxEndedBeyondFloor, i.e. at most
 // 16 x W + 16 384 with default allocations (81 920 records, ~15 MiB, at 4 096 workers; a lone
 // worker keeps its last 4 096). A retry about a forgotten lease is answered "outcome unknown"
 // (FAILED_PRECONDITION), never falsely OK. The rule depends only on the updates applied, so a
-// replay forgets exactly the same records.
+// replay forgets exactly the same records. (Builds before this rule also forgot, at each
+// registration, the leases of the incarnations before the replaced one, and at an epoch's close
+// a worker's floor too; their journals and snapshots replay here unchanged, only remembering
+// more where they still can: every record kept is true, so answers stay truthful.)
 //
 // Journal formats (what an Update means):
 //  * v5 (this code): as v3, plus DeleteDatasetUpdate and ResetDatasetUpdate (an operator
@@ -122,6 +131,21 @@ struct FetchPlan {
   uint32_t attempts = 0;
   // kBackup: the lease whose suffix is leased again.
   uint64_t backup_of = 0;
+};
+
+// What a FetchShard decides: wait, end of data, or the update that grants a lease -- the one
+// the service journals and applies, as any update (ShardingState::Commit).
+struct FetchDecision {
+  FetchPlan::Kind kind = FetchPlan::kWait;
+  std::string reason;            // kWait
+  std::optional<Update> update;  // kLease, kBackup: the CreateLeaseUpdate with its outcome
+};
+
+// What applying one update did besides changing the state: the leases it ended whose holders
+// must hear of it in their next heartbeat (a backup pair's loser, a lost worker's leases, an
+// epoch or dataset reset or deleted).
+struct ApplyEffects {
+  std::vector<std::pair<std::string, uint64_t>> cancelled_leases;  // (worker, lease id)
 };
 
 class ShardingState {
@@ -218,14 +242,23 @@ class ShardingState {
   // changing anything if the update does not fit the state (the service validates first, so on
   // the live path this never fails; on replay it means a corrupt journal).
   absl::Status Apply(const Update& update);
+  // The one request -> update path's last step, for the service, the simulator's in-process
+  // control plane and the tests alike: `update` becomes the next update (seq) at `now_ms` and
+  // is applied; its effects are returned. Replay uses Apply (the effects are history then).
+  absl::StatusOr<ApplyEffects> Commit(Update* update, int64_t now_ms);
 
   // ---- Validation helpers for the service (pure reads) ----
   // Checks a dataset spec and returns it with defaults filled in.
   static absl::StatusOr<DatasetSpec> NormalizeSpec(const DatasetSpec& spec);
   static absl::Status ValidateCheckpointTag(const std::string& tag);
   static absl::Status ValidateAllocation(const SetAllocationUpdate& allocation);
-  // What a fetch would get; FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if
-  // the dataset or worker is unknown.
+  // What a FetchShard by `worker` decides now, with the update to journal when it leases.
+  // FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if the dataset or worker is
+  // unknown.
+  absl::StatusOr<FetchDecision> DecideFetch(const std::string& worker, const std::string& dataset,
+                                            uint64_t request_id) const;
+  // Its two halves: what a fetch would get, and the CreateLeaseUpdate that grants a plan (the
+  // v2 replay re-runs the planner alone).
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
   // The CreateLeaseUpdate (v3, with its outcome) that grants `plan` (kLease or kBackup).
   CreateLeaseUpdate DecideLease(const FetchPlan& plan, const std::string& worker,
@@ -256,8 +289,6 @@ class ShardingState {
   size_t ended_records() const { return ended_total_; }
   size_t ended_beyond_floor() const { return ended_beyond_floor_; }
   uint64_t last_lease_id() const { return next_lease_id_ - 1; }
-  // Leases ended since the last call (drained by the service to notify workers).
-  std::vector<std::pair<std::string, uint64_t>> TakeCancelledLeases();
 
   // Fills a Lease message for an active lease (record ids included).
   Lease DescribeLease(const LeaseRec& lease) const;
@@ -344,7 +375,7 @@ class ShardingState {
   size_t ended_total_ = 0;         // sum of every worker's ended.size()
   size_t ended_beyond_floor_ = 0;  // sum of max(0, ended.size() - EndedFloor(w))
   // Not part of the snapshot: a notification queue for the live service only.
-  std::vector<std::pair<std::string, uint64_t>> cancelled_;
+  std::vector<std::pair<std::string, uint64_t>> cancelled_;  // by the update being applied
 };
 
 const char* LeaseEndReasonName(LeaseEndReason reason);

@@ -33,14 +33,16 @@ std::string ShardingState::ExplainUnknownLease(const std::string& worker,
   if (lease_id == 0 || lease_id >= next_lease_id_) {
     return absl::StrCat("lease ", lease_id, " was never granted");
   }
-  // Ended leases are kept for the open epochs and the one before, each worker's newest
-  // EndedFloor and, as far as the job's budget allows, more (sharding_state.h, "Memory");
+  // Ended leases are kept: each worker's newest EndedFloor whatever their epoch and, for the
+  // open epochs and the one before, as far as the job's budget allows, more (sharding_state.h,
+  // "Memory");
   // anything older (or another worker's lease) is not known to this worker any more, so whether
   // it was counted is unknown.
   const WorkerRec* w = FindWorker(worker);
   return absl::StrCat(
       "lease ", lease_id, " is not an active or remembered lease of worker '", worker,
-      "' (leases of epochs finished before the previous one are forgotten, and so are all but a "
+      "' (beyond a worker's newest ", w ? EndedFloor(*w) : kMinEndedPerWorker,
+      ", leases of epochs finished before the previous one are forgotten, and so are all but a "
       "worker's newest ", w ? EndedFloor(*w) : kMinEndedPerWorker, " once the job remembers ",
       kMaxEndedBeyondFloor, " more, and all but its newest ", kMaxEndedPerWorker,
       "); its outcome is unknown: too old to know");
@@ -118,10 +120,5 @@ DatasetInfo ShardingState::DescribeDataset(const Dataset& ds, bool include_files
 }
 
 
-std::vector<std::pair<std::string, uint64_t>> ShardingState::TakeCancelledLeases() {
-  std::vector<std::pair<std::string, uint64_t>> out;
-  out.swap(cancelled_);
-  return out;
-}
 
 }  // namespace pacer

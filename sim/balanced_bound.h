@@ -1,5 +1,5 @@
 // The balanced bound: the job time if every step were perfectly balanced over the speeds the
-// scenario gives (issue 6). Throughput at time t:
+// scenario gives. Throughput at time t:
 //   sync:  B / (B / Σ v_i(t) + sync_cost_s)        (one step of B samples, balanced, + sync)
 //   async: Σ b / (b / v_i(t) + sync_cost_s / f(t))  (b = B / n; f = worst PS server factor)
 // with v_i(t) from SpeedState on the home placement: no restarts, no failures, no noise.

@@ -1,4 +1,4 @@
-// ControlPlane: everything a simulated job talks to, behind one interface (issue 17).
+// ControlPlane: everything a simulated job talks to, behind one interface.
 //
 // The job model (sim/job_simulation.cc) plays the workers, their node agents and the parameter
 // servers. What a real job talks to -- the sharding service, the monitor, the controller -- is a

@@ -30,12 +30,12 @@ void InProcessControlPlane::SetTime(double t) {
 }
 
 absl::Status InProcessControlPlane::Apply(Update u) {
-  u.set_seq(state_.last_seq() + 1);
-  u.set_time_ms(clock_.NowMs());
   ++updates_;
-  absl::Status s = state_.Apply(u);
-  if (!s.ok()) return absl::InternalError(absl::StrCat("sharding state refused an update: ", s.message()));
-  return s;
+  absl::StatusOr<ApplyEffects> effects = state_.Commit(&u, clock_.NowMs());
+  if (!effects.ok()) {
+    return absl::InternalError(absl::StrCat("sharding state refused an update: ", effects.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status InProcessControlPlane::Start(const DatasetSpec& spec) {
@@ -64,12 +64,11 @@ absl::Status InProcessControlPlane::WorkerDown(const std::string& id) {
 }
 
 absl::StatusOr<std::optional<LeaseGrant>> InProcessControlPlane::Fetch(const std::string& id, uint64_t) {
-  absl::StatusOr<FetchPlan> plan = state_.PlanFetch(id, job_.dataset);
-  if (!plan.ok()) return absl::InternalError(absl::StrCat("PlanFetch: ", plan.status().message()));
-  if (plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) return std::nullopt;
-  Update u;  // decided here, as the service decides (an update records the outcome)
-  *u.mutable_create_lease() = state_.DecideLease(*plan, id, job_.dataset, /*request_id=*/0);
-  if (absl::Status s = Apply(std::move(u)); !s.ok()) return s;
+  // Decided as the service decides: the update records the outcome.
+  absl::StatusOr<FetchDecision> decision = state_.DecideFetch(id, job_.dataset, /*request_id=*/0);
+  if (!decision.ok()) return absl::InternalError(absl::StrCat("DecideFetch: ", decision.status().message()));
+  if (!decision->update) return std::nullopt;  // WAIT or END_OF_DATA
+  if (absl::Status s = Apply(std::move(*decision->update)); !s.ok()) return s;
   const ShardingState::LeaseRec* l = state_.FindLease(state_.last_lease_id());
   LeaseGrant g;
   g.id = l->id;

@@ -3,7 +3,7 @@
 // services, journal or RPC, so that pacer-sim runs 4 096 workers.
 //
 // What it does for each call is what pacerd's services do for the request it stands for:
-// a fetch is decided by PlanFetch / DecideLease and applied as one CreateLeaseUpdate, an
+// a fetch is decided by DecideFetch and applied as one CreateLeaseUpdate, an
 // acknowledgement is a ProgressUpdate or an EndLeaseUpdate checked against the lease's fencing
 // token, a step report is the monitor's IngestStep, a reconcile builds the view with
 // controller/view_builder.h and runs Controller::Reconcile. Every update carries the clock's

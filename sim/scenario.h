@@ -1,7 +1,7 @@
 // Scenario: one simulated training job and what happens to its cluster, as read from a
-// sim/scenarios/*.yaml file (docs/design.md §7, issue 6).
+// sim/scenarios/*.yaml file (docs/design.md §7).
 //
-// Shape (keys beyond the issue's are marked "ext"; every key is checked, an unknown one is an
+// Shape (keys beyond the base format of docs/design.md §7 are marked "ext"; every key is checked, an unknown one is an
 // error naming file, line and field):
 //   name: mixed-hardware
 //   description: free text                                   (ext)

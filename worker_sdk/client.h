@@ -1,7 +1,7 @@
 // Client: a worker's connection to its job's pacerd (docs/design.md §1, §6).
 //
 // Connect() registers the worker with the sharding service (a new incarnation; the reply lists
-// the leases the previous incarnation held, with their final done prefix) and with the
+// the remembered leases its earlier incarnations held, with their final done prefix) and with the
 // monitor, then starts one background *reporter* thread. Every heartbeat interval (from the
 // registration reply unless overridden) the reporter sends, in this order:
 //   1. one Sharding Heartbeat carrying every queued progress report (absolute done prefixes,

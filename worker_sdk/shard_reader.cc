@@ -210,7 +210,8 @@ void ShardReader::DropCancelled() {
 }
 
 absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uint64_t>* ids,
-                                                       Blocking blocking) {
+                                                       Blocking blocking,
+                                                       std::vector<uint32_t>* epochs) {
   DropCancelled();
   size_t got = 0;
   while (got < n) {
@@ -256,6 +257,7 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       const Range& r = o.lease.records(static_cast<int>(o.range));
       const uint64_t take = std::min<uint64_t>(n - got, (r.end() - r.begin()) - o.offset);
       for (uint64_t i = 0; i < take; ++i) ids->push_back(r.begin() + o.offset + i);
+      if (epochs != nullptr) epochs->insert(epochs->end(), take, o.lease.epoch());
       got += take;
       records_read_ += take;
       o.handed += take;

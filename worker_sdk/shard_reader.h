@@ -94,9 +94,12 @@ class ShardReader : public ReportListener {
   // or kEndOfData. kUntilData waits only while it has nothing to return (a batch is short when
   // the leased records in hand run out: the next lease may need these consumed first);
   // kUntilPrefetched waits for the prefetcher until the service says WAIT. Errors: the service refused permanently (unknown dataset, failed dataset,
-  // lost worker).
+  // lost worker). With `epochs`, appends the epoch of each id appended to `ids` (the epoch of
+  // its lease: without an epoch barrier one call may cross from one epoch into the next, so an
+  // id can come twice, once per epoch).
   absl::StatusOr<Outcome> Next(size_t n, std::vector<uint64_t>* ids,
-                               Blocking blocking = Blocking::kUntilData);
+                               Blocking blocking = Blocking::kUntilData,
+                               std::vector<uint32_t>* epochs = nullptr);
   // Queues progress for every record handed out so far (see the protocol above).
   void MarkConsumed();
   // Queues progress for the records handed out at positions below `position`, where the n-th

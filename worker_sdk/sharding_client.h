@@ -76,8 +76,8 @@ class ShardingClient {
   static absl::StatusOr<std::unique_ptr<ShardingClient>> Connect(ShardingClientOptions options);
 
   // Registers a new incarnation (after the service declared this worker lost, or to start
-  // over): the previous incarnation's leases end, and registration() lists their final done
-  // prefixes.
+  // over): the previous incarnation's leases end, and registration() lists the final done
+  // prefixes of every remembered lease of the earlier incarnations.
   absl::Status Reregister();
   // True for the FAILED_PRECONDITION a lost or replaced incarnation gets.
   static bool IsIncarnationGone(const absl::Status& status);

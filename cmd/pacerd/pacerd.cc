@@ -25,68 +25,88 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->clock_ = clock;
   ASSIGN_OR_RETURN(HostPort listen, ParseHostPort(options.listen));
   d->host_ = listen.host;
+  ASSIGN_OR_RETURN(DataDir dir, d->OpenDataDir());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                   MakeServerCredentials(TlsOptionsOf(options), listen.host, "pacerd"));
+  ASSIGN_OR_RETURN(Policy policy, d->OpenComponents(dir));
+  RETURN_IF_ERROR(d->BuildControlLoop(policy.config, options));
+  RETURN_IF_ERROR(d->OpenControllerStore(&dir, policy.text));
+  RETURN_IF_ERROR(d->RecordIdentityAndLosses(&dir));
+  d->WireWorkerSessions();
+  PACER_LOG(INFO) << "policy '" << policy.config.name << "' (" << policy.config.policy << ")"
+                  << (policy.config.dry_run ? " in dry-run" : "");
+  RETURN_IF_ERROR(d->Serve(listen, creds));
+  d->CheckJournal();
+  if (options.housekeeping) d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
+  return d;
+}
 
-  std::error_code ec;
-  std::filesystem::create_directories(options.data_dir, ec);
-  if (ec) {
-    return absl::UnavailableError("cannot create data dir '" + options.data_dir +
-                                  "': " + ec.message());
-  }
-  d->job_token_ = options.job_token;
-  if (d->job_token_.empty()) {
-    ASSIGN_OR_RETURN(d->job_token_, LoadToken(options.data_dir + "/job.token", true));
-  }
-  d->admin_token_ = options.admin_token;
-  if (d->admin_token_.empty()) {
-    ASSIGN_OR_RETURN(d->admin_token_, LoadToken(options.data_dir + "/admin.token", true));
-  }
-  d->auth_ = std::make_unique<Authenticator>(d->job_token_, d->admin_token_);
-  // Which stores this data dir must hold (none yet: a fresh dir, or one from before identities).
-  auto identity = ReadDataDirIdentity(options.data_dir);
-  if (!identity.ok() && !options.accept_data_loss) return identity.status();
-  std::vector<std::string> accepted;  // losses the operator accepted, in words
-  if (!identity.ok()) {
-    accepted.push_back(std::string(identity.status().message()) + ": written anew");
-    identity = std::optional<DataDirIdentity>();
-  }
-  const bool has_identity = identity->has_value();
-  auto listed = [&](const char* store) { return has_identity && (*identity)->Has(store); };
-
-  // TLS from files gRPC re-reads every tls_reload_s (rotation without a restart); plaintext
-  // only on loopback unless --allow-insecure (common/tls.h).
+// TLS from files gRPC re-reads every tls_reload_s (rotation without a restart); plaintext only
+// on loopback unless --allow-insecure (common/tls.h).
+TlsServerOptions Pacerd::TlsOptionsOf(const PacerdOptions& options) {
   TlsServerOptions tls;
   tls.cert_file = options.tls_cert;
   tls.key_file = options.tls_key;
   tls.client_ca_file = options.tls_client_ca;
   tls.allow_insecure = options.allow_insecure;
   tls.reload_interval_s = options.tls_reload_s;
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
-                   MakeServerCredentials(tls, listen.host, "pacerd"));
+  return tls;
+}
 
-  d->pacerd_metrics_ = std::make_unique<PacerdMetrics>(&d->metrics_, RealClock::Get()->NowSeconds());
+absl::StatusOr<Pacerd::DataDir> Pacerd::OpenDataDir() {
+  const PacerdOptions& options = options_;
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::UnavailableError("cannot create data dir '" + options.data_dir +
+                                  "': " + ec.message());
+  }
+  job_token_ = options.job_token;
+  if (job_token_.empty()) {
+    ASSIGN_OR_RETURN(job_token_, LoadToken(options.data_dir + "/job.token", true));
+  }
+  admin_token_ = options.admin_token;
+  if (admin_token_.empty()) {
+    ASSIGN_OR_RETURN(admin_token_, LoadToken(options.data_dir + "/admin.token", true));
+  }
+  auth_ = std::make_unique<Authenticator>(job_token_, admin_token_);
+  // Which stores this data dir must hold (none yet: a fresh dir, or one from before identities).
+  DataDir dir;
+  auto identity = ReadDataDirIdentity(options.data_dir);
+  if (!identity.ok() && !options.accept_data_loss) return identity.status();
+  if (!identity.ok()) {
+    dir.accepted.push_back(std::string(identity.status().message()) + ": written anew");
+  } else {
+    dir.identity = std::move(*identity);
+  }
+  return dir;
+}
+
+absl::StatusOr<Pacerd::Policy> Pacerd::OpenComponents(const DataDir& dir) {
+  PacerdOptions& options = options_;
+  pacerd_metrics_ = std::make_unique<PacerdMetrics>(&metrics_, RealClock::Get()->NowSeconds());
   if (!options.metrics_listen.empty()) {
-    ASSIGN_OR_RETURN(d->metrics_port_, d->metrics_.Serve(options.metrics_listen));
+    ASSIGN_OR_RETURN(metrics_port_, metrics_.Serve(options.metrics_listen));
   }
-  options.sharding.data_dir = options.data_dir + "/journal";
-  options.sharding.journal.must_exist = listed("journal");
-  options.sharding.journal.accept_data_loss = options.accept_data_loss;
-  ASSIGN_OR_RETURN(d->sharding_, ShardingServiceImpl::Open(options.sharding, clock, &d->metrics_));
-  PolicyConfig policy;  // default: "none"
-  std::string policy_text;  // identifies the --policy file for the controller store
+  ShardingServiceOptions sharding = options.sharding;
+  sharding.data_dir = options.data_dir + "/journal";
+  sharding.journal.must_exist = dir.Lists("journal");
+  sharding.journal.accept_data_loss = options.accept_data_loss;
+  ASSIGN_OR_RETURN(sharding_, ShardingServiceImpl::Open(sharding, clock_, &metrics_));
+  Policy policy;  // default: "none"
   if (!options.policy_file.empty()) {
-    ASSIGN_OR_RETURN(policy, LoadPolicyFile(options.policy_file));
+    ASSIGN_OR_RETURN(policy.config, LoadPolicyFile(options.policy_file));
     std::ifstream in(options.policy_file);
-    policy_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    policy.text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.detection, options.monitor);
-  ASSIGN_OR_RETURN(d->monitor_, MonitorServiceImpl::Create(monitor_options, clock, &d->metrics_));
-  d->agents_ = std::make_unique<AgentRegistry>(options.agents, clock, &d->metrics_);
+  const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.config.detection, options.monitor);
+  ASSIGN_OR_RETURN(monitor_, MonitorServiceImpl::Create(monitor_options, clock_, &metrics_));
+  agents_ = std::make_unique<AgentRegistry>(options.agents, clock_, &metrics_);
   // What the identity rules read of a worker (common/identity_rules.h): its registration, its agent.
-  d->directory_ = std::make_unique<PacerdWorkerDirectory>(d->sharding_.get(), d->agents_.get());
-  d->sharding_grpc_ =
-      std::make_unique<GrpcShardingService>(d->sharding_.get(), d->auth_.get(), d->directory_.get());
-  d->monitor_grpc_ = std::make_unique<GrpcMonitorService>(d->monitor_.get(), d->auth_.get(), d->directory_.get());
-  d->agents_->SetNodeMetricsSink([m = d->monitor_.get()](const NodeMetrics& nm) {
+  directory_ = std::make_unique<PacerdWorkerDirectory>(sharding_.get(), agents_.get());
+  sharding_grpc_ = std::make_unique<GrpcShardingService>(sharding_.get(), auth_.get(), directory_.get());
+  monitor_grpc_ = std::make_unique<GrpcMonitorService>(monitor_.get(), auth_.get(), directory_.get());
+  agents_->SetNodeMetricsSink([m = monitor_.get()](const NodeMetrics& nm) {
     ReportNodeRequest req;
     *req.mutable_metrics() = nm;
     ReportNodeResponse resp;
@@ -94,126 +114,132 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
       PACER_LOG(WARNING) << "node metrics from agent: " << s;
     }
   });
-  d->agents_grpc_ = std::make_unique<GrpcAgentService>(d->agents_.get(), d->auth_.get(), d->directory_.get());
-  d->contention_grpc_ =
-      std::make_unique<ContentionSwitchService>(d->agents_.get(), d->auth_.get());
+  agents_grpc_ = std::make_unique<GrpcAgentService>(agents_.get(), auth_.get(), directory_.get());
+  contention_grpc_ = std::make_unique<ContentionSwitchService>(agents_.get(), auth_.get());
+  rendezvous_ = std::make_unique<RendezvousServiceImpl>(options.rendezvous, &metrics_);
+  rendezvous_grpc_ = std::make_unique<GrpcRendezvousService>(rendezvous_.get(), auth_.get(), directory_.get());
+  journal_metrics_ = std::make_unique<JournalMetrics>(&metrics_);
+  sharding_journal_ = std::make_unique<JournalObserver>(journal_metrics_.get(), "sharding");
+  controller_journal_ = std::make_unique<JournalObserver>(journal_metrics_.get(), "controller");
+  return policy;
+}
+
+absl::Status Pacerd::BuildControlLoop(const PolicyConfig& policy, const PacerdOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Controller> controller, Controller::Create(policy));
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
-  d->sessions_ = std::make_unique<WorkerSessions>();
-  d->sink_ = std::make_unique<PacerdActionSink>(d->sessions_.get(), d->sharding_.get(), d->agents_.get(),
-                                                options.also_carry);
+  sessions_ = std::make_unique<WorkerSessions>();
+  sink_ = std::make_unique<PacerdActionSink>(sessions_.get(), sharding_.get(), agents_.get(),
+                                             options.also_carry);
   ReconcilerParts parts;
-  parts.monitor = d->monitor_.get();
-  parts.sharding = d->sharding_.get();
-  parts.sessions = d->sessions_.get();
-  parts.agents = d->agents_.get();
-  parts.sink = d->sink_.get();
-  d->reconciler_ = std::make_unique<Reconciler>(std::move(controller), parts, clock, ro);
-  d->controller_grpc_ = std::make_unique<GrpcControllerService>(d->reconciler_.get(), d->auth_.get());
-  d->operator_grpc_ = std::make_unique<OperatorService>(d->agents_.get(), d->monitor_.get(),
-                                                       d->sharding_.get(), d->reconciler_.get(),
-                                                       d->auth_.get(), clock);
+  parts.monitor = monitor_.get();
+  parts.sharding = sharding_.get();
+  parts.sessions = sessions_.get();
+  parts.agents = agents_.get();
+  parts.sink = sink_.get();
+  reconciler_ = std::make_unique<Reconciler>(std::move(controller), parts, clock_, ro);
+  controller_grpc_ = std::make_unique<GrpcControllerService>(reconciler_.get(), auth_.get());
+  operator_grpc_ = std::make_unique<OperatorService>(agents_.get(), monitor_.get(), sharding_.get(),
+                                                     reconciler_.get(), auth_.get(), clock_);
   // Hot reload reaches the monitor: thresholds and K-of-W from the next window; a policy that
   // changes window_s is refused (it needs a restart with that --policy file).
-  d->reconciler_->SetPolicyListener([m = d->monitor_.get(), base = options.monitor](const PolicyConfig& p) {
+  reconciler_->SetPolicyListener([m = monitor_.get(), base = options.monitor](const PolicyConfig& p) {
     return m->UpdateDetection(MonitorOptionsFromPolicy(p.detection, base));
   });
-  {
-    const std::string controller_dir = options.data_dir + "/controller";
-    // The controller's journal accepts what it can recover past itself (as the sharding
-    // journal does); damage it cannot open even so is set aside and the store starts empty.
-    auto store = ControllerStore::Open(controller_dir, listed("controller"), options.accept_data_loss);
-    if (!store.ok() && options.accept_data_loss &&
-        store.status().code() == absl::StatusCode::kDataLoss) {
-      // Accepted: the old folder is kept aside, the store starts empty.
-      accepted.push_back(std::string(store.status().message()) + ": started empty");
-      std::error_code ec;
-      if (std::filesystem::exists(controller_dir, ec)) {
-        std::filesystem::rename(controller_dir,
-                                controller_dir + ".lost-" + std::to_string(RealClock::Get()->NowMs()), ec);
-      }
-      store = ControllerStore::Open(controller_dir, false, /*accept_data_loss=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status Pacerd::OpenControllerStore(DataDir* dir, const std::string& policy_text) {
+  const PacerdOptions& options = options_;
+  const std::string controller_dir = options.data_dir + "/controller";
+  // The controller's journal accepts what it can recover past itself (as the sharding journal
+  // does); damage it cannot open even so is set aside and the store starts empty. Both journals
+  // share one file system (options.sharding.journal.fs; tests inject faults).
+  const auto& fs = options.sharding.journal.fs;
+  auto store = ControllerStore::Open(controller_dir, dir->Lists("controller"), options.accept_data_loss, fs);
+  if (!store.ok() && options.accept_data_loss && store.status().code() == absl::StatusCode::kDataLoss) {
+    // Accepted: the old folder is kept aside, the store starts empty.
+    dir->accepted.push_back(std::string(store.status().message()) + ": started empty");
+    std::error_code ec;
+    if (std::filesystem::exists(controller_dir, ec)) {
+      std::filesystem::rename(controller_dir,
+                              controller_dir + ".lost-" + std::to_string(RealClock::Get()->NowMs()), ec);
     }
-    if (!store.ok()) return store.status();
-    if (const std::string lost = (*store)->recovery().accepted_loss; !lost.empty()) {
-      accepted.push_back("controller store: " + lost);
-    }
-    RETURN_IF_ERROR(d->reconciler_->AttachStore(std::move(*store), policy_text));
+    store = ControllerStore::Open(controller_dir, false, /*accept_data_loss=*/true, fs);
   }
+  if (!store.ok()) return store.status();
+  if (const std::string lost = (*store)->recovery().accepted_loss; !lost.empty()) {
+    dir->accepted.push_back("controller store: " + lost);
+  }
+  return reconciler_->AttachStore(std::move(*store), policy_text);
+}
+
+absl::Status Pacerd::RecordIdentityAndLosses(DataDir* dir) {
+  const PacerdOptions& options = options_;
   // Both stores are open: a data dir without an identity gets one now (adopted when it held a
   // journal already), so from now on a missing store is refused instead of recreated empty.
-  const JournalRecovery recovered = d->sharding_->journal_recovery();
-  if (!has_identity) {
+  const JournalRecovery recovered = sharding_->journal_recovery();
+  if (!dir->identity.has_value()) {
     RETURN_IF_ERROR(WriteDataDirIdentity(
-        options.data_dir,
-        NewDataDirIdentity(RealClock::Get()->NowMs(), {"journal", "controller"})));
+        options.data_dir, NewDataDirIdentity(RealClock::Get()->NowMs(), {"journal", "controller"})));
     if (!recovered.created) {
       PACER_LOG(INFO) << "data dir '" << options.data_dir << "' adopted: IDENTITY written, journal "
                       << "high-water mark set to the recovered update " << recovered.recovered_seq;
     }
   }
+  std::vector<std::string>& accepted = dir->accepted;
   if (!recovered.accepted_loss.empty()) accepted.insert(accepted.begin(), recovered.accepted_loss);
-  d->journal_healthy_ = &d->pacerd_metrics_->own().journal_healthy.Get();
-  d->journal_recoveries_ = &d->pacerd_metrics_->own().journal_recoveries.Get();
-  prometheus::Counter& losses = d->pacerd_metrics_->own().data_loss_accepted.Get();
-  if (!accepted.empty()) {
-    std::string what;
-    for (const auto& a : accepted) what += (what.empty() ? "" : "; ") + a;
-    const std::string line = "pacerd started with --accept-data-loss and accepted: " + what;
-    PACER_LOG(WARNING) << "DATA LOSS ACCEPTED: " << line;
-    if (absl::Status s = RecordAcceptedDataLoss(options.data_dir,
-                                                std::to_string(RealClock::Get()->NowMs()) + " " + line);
-        !s.ok()) {
-      PACER_LOG(ERROR) << "the accepted data loss could not be recorded in the data dir: " << s;
+  if (accepted.empty()) {
+    if (options.accept_data_loss) {
+      PACER_LOG(WARNING) << "--accept-data-loss given, but nothing was lost: the data dir is intact";
     }
-    d->reconciler_->RecordOperatorEvent(line);
-    losses.Increment();
-  } else if (options.accept_data_loss) {
-    PACER_LOG(WARNING) << "--accept-data-loss given, but nothing was lost: the data dir is intact";
+    return absl::OkStatus();
   }
-  Reconciler* reconciler = d->reconciler_.get();
-  d->rendezvous_ = std::make_unique<RendezvousServiceImpl>(d->options_.rendezvous, &d->metrics_);
-  d->rendezvous_grpc_ =
-      std::make_unique<GrpcRendezvousService>(d->rendezvous_.get(), d->auth_.get(), d->directory_.get());
-  d->replies_ = std::make_unique<HeartbeatReplyBuilder>(reconciler, d->sessions_.get(),
-                                                        d->rendezvous_.get());
-  d->sharding_->SetHeartbeatCommands(d->replies_.get());
+  std::string what;
+  for (const auto& a : accepted) what += (what.empty() ? "" : "; ") + a;
+  const std::string line = "pacerd started with --accept-data-loss and accepted: " + what;
+  PACER_LOG(WARNING) << "DATA LOSS ACCEPTED: " << line;
+  if (absl::Status s = RecordAcceptedDataLoss(options.data_dir,
+                                              std::to_string(RealClock::Get()->NowMs()) + " " + line);
+      !s.ok()) {
+    PACER_LOG(ERROR) << "the accepted data loss could not be recorded in the data dir: " << s;
+  }
+  reconciler_->RecordOperatorEvent(line);
+  pacerd_metrics_->own().data_loss_accepted.Get().Increment();
+  return absl::OkStatus();
+}
+
+void Pacerd::WireWorkerSessions() {
+  Reconciler* reconciler = reconciler_.get();
+  replies_ = std::make_unique<HeartbeatReplyBuilder>(reconciler, sessions_.get(), rendezvous_.get());
+  sharding_->SetHeartbeatCommands(replies_.get());
   // A worker process that starts may begin a new run of the job (controller/run_tracker.h).
-  d->sharding_->SetRegisterHook([reconciler](const RegisterWorkerRequest& req,
-                                             const RegisterWorkerResponse&) {
+  sharding_->SetRegisterHook([reconciler](const RegisterWorkerRequest& req, const RegisterWorkerResponse&) {
     reconciler->OnRegister(req);
   });
   // Operator acts on the sharding state (pacerctl datasets delete|reset) go in the audit trail.
-  d->sharding_->SetAuditHook([reconciler](const std::string& what) {
-    reconciler->RecordOperatorEvent(what);
-  });
+  sharding_->SetAuditHook([reconciler](const std::string& what) { reconciler->RecordOperatorEvent(what); });
   // Accepted step reports feed the controller's per-step burst rule.
-  d->monitor_->SetStepObserver(reconciler);
-  d->monitor_->SetEventListener(
-      [reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
-  PACER_LOG(INFO) << "policy '" << policy.name << "' (" << policy.policy << ")"
-                  << (policy.dry_run ? " in dry-run" : "");
+  monitor_->SetStepObserver(reconciler);
+  monitor_->SetEventListener([reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
+}
 
+absl::Status Pacerd::Serve(const HostPort& listen, const std::shared_ptr<grpc::ServerCredentials>& creds) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen.ToString(), creds, &d->port_);
-  builder.RegisterService(d->sharding_grpc_.get());
-  builder.RegisterService(d->monitor_grpc_.get());
-  builder.RegisterService(d->controller_grpc_.get());
-  builder.RegisterService(d->agents_grpc_.get());
-  builder.RegisterService(d->contention_grpc_.get());
-  builder.RegisterService(d->operator_grpc_.get());
-  builder.RegisterService(d->rendezvous_grpc_.get());
+  builder.AddListeningPort(listen.ToString(), creds, &port_);
+  builder.RegisterService(sharding_grpc_.get());
+  builder.RegisterService(monitor_grpc_.get());
+  builder.RegisterService(controller_grpc_.get());
+  builder.RegisterService(agents_grpc_.get());
+  builder.RegisterService(contention_grpc_.get());
+  builder.RegisterService(operator_grpc_.get());
+  builder.RegisterService(rendezvous_grpc_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.experimental().SetInterceptorCreators(UnparsableRequestInterceptors());
-  d->server_ = builder.BuildAndStart();
-  if (!d->server_ || d->port_ == 0) {
-    return absl::UnavailableError("cannot listen on '" + options.listen + "'");
-  }
-  d->CheckJournal();
-  if (options.housekeeping) d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
-  return d;
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) return absl::UnavailableError("cannot listen on '" + options_.listen + "'");
+  return absl::OkStatus();
 }
 
 Pacerd::~Pacerd() { Shutdown(); }
@@ -293,7 +319,6 @@ void Pacerd::CheckJournal() {
     if (now - last_journal_retry_ms_ >= options_.journal_retry_ms) {
       last_journal_retry_ms_ = now;
       if (absl::Status s = sharding_->RecoverJournal(); s.ok()) {
-        journal_recoveries_->Increment();
         PACER_LOG(WARNING) << "journal reopened: updates are accepted again";
       } else if (s.code() == absl::StatusCode::kDataLoss) {
         PACER_LOG(ERROR) << "journal cannot be reopened: " << s;
@@ -306,7 +331,8 @@ void Pacerd::CheckJournal() {
     PACER_LOG(ERROR) << "updates refused until the journal recovers: " << health.message();
   }
   journal_was_healthy_ = healthy;
-  journal_healthy_->Set(healthy ? 1 : 0);
+  sharding_journal_->Observe(sharding_->stats().journal, health);
+  if (auto controller = reconciler_->JournalState()) controller_journal_->Observe(controller->first, controller->second);
   if (server_ && server_->GetHealthCheckService()) {
     server_->GetHealthCheckService()->SetServingStatus(healthy);
     server_->GetHealthCheckService()->SetServingStatus("pacer.ShardingService", healthy);

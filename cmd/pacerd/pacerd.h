@@ -15,13 +15,16 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
+#include "cmd/pacerd/data_dir_identity.h"
 #include "cmd/pacerd/heartbeat_reply.h"
 #include "cmd/pacerd/pacerd_action_sink.h"
 #include "cmd/pacerd/pacerd_metrics.h"
@@ -30,8 +33,11 @@
 #include "common/auth.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/net.h"
+#include "common/tls.h"
 #include "controller/grpc_controller_service.h"
 #include "controller/reconciler.h"
+#include "journal/journal_metrics.h"
 #include "monitor/grpc_monitor_service.h"
 #include "monitor/monitor_service.h"
 #include "rendezvous/grpc_rendezvous_service.h"
@@ -83,9 +89,10 @@ class Pacerd {
   void Shutdown();
   void Wait();  // until Shutdown()
   // A housekeeping step (tests without the thread call it too): publishes the journal's health
-  // on gRPC health (grpc.health.v1: NOT_SERVING while updates are refused) and metrics
-  // (pacer_sharding_journal_healthy), and reopens a failed journal at most every
-  // journal_retry_ms, so a full disk resumes by itself once space returns.
+  // on gRPC health (grpc.health.v1: NOT_SERVING while updates are refused) and both journals'
+  // metrics (pacer_journal_*{journal="sharding"|"controller"}), and reopens a failed sharding
+  // journal at most every journal_retry_ms, so a full disk resumes by itself once space returns
+  // (the controller reopens its own before its next decision: controller/reconciler.h).
   void CheckJournal();
   // One round of housekeeping, what the thread runs every period: CheckJournal, the expiry of
   // silent workers' leases (returns how many expired), the leases of workers their agents gave
@@ -110,6 +117,32 @@ class Pacerd {
  private:
   Pacerd() = default;
   void Housekeeping();
+
+  // Start's stages, in order.
+  struct DataDir {
+    std::optional<DataDirIdentity> identity;  // none: a fresh dir, or one from before identities
+    std::vector<std::string> accepted;        // losses the operator accepted, in words
+    bool Lists(const char* store) const { return identity && identity->Has(store); }
+  };
+  struct Policy {
+    PolicyConfig config;  // default: "none"
+    std::string text;     // the --policy file's text (identifies it for the controller store)
+  };
+  static TlsServerOptions TlsOptionsOf(const PacerdOptions& options);
+  // The data dir, the tokens and the data dir's identity.
+  absl::StatusOr<DataDir> OpenDataDir();
+  // Metrics, the sharding service (its journal replayed), the policy, the monitor, the agent
+  // registry, rendezvous and their gRPC services.
+  absl::StatusOr<Policy> OpenComponents(const DataDir& dir);
+  // The controller, the worker sessions, the action sink and the reconciler.
+  absl::Status BuildControlLoop(const PolicyConfig& policy, const PacerdOptions& options);
+  // The controller's journal, restored into the reconciler.
+  absl::Status OpenControllerStore(DataDir* dir, const std::string& policy_text);
+  // IDENTITY for a data dir without one; the losses accepted, recorded and audited.
+  absl::Status RecordIdentityAndLosses(DataDir* dir);
+  // Heartbeat replies, registrations, audit and step observers wired to the control loop.
+  void WireWorkerSessions();
+  absl::Status Serve(const HostPort& listen, const std::shared_ptr<grpc::ServerCredentials>& creds);
 
   PacerdOptions options_;
   const Clock* clock_ = nullptr;
@@ -141,8 +174,9 @@ class Pacerd {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::thread housekeeping_;
-  prometheus::Gauge* journal_healthy_ = nullptr;
-  prometheus::Counter* journal_recoveries_ = nullptr;
+  // The journals' series (journal/journal_metrics.h): the sharding core's and the controller's.
+  std::unique_ptr<JournalMetrics> journal_metrics_;
+  std::unique_ptr<JournalObserver> sharding_journal_, controller_journal_;
   std::mutex journal_check_mu_;  // CheckJournal() may run on the thread and in a test
   int64_t last_journal_retry_ms_ = 0;
   bool journal_was_healthy_ = true;

@@ -17,7 +17,6 @@ PacerdMetrics::PacerdMetrics(MetricsRegistry* r, double unix_s)
     : own_(r), agents_(r), controller_(r) {
   own_.start_time.Get().Set(unix_s);
   own_.build_info.With({PacerVersion()}).Set(1);
-  own_.journal_healthy.Get().Set(1);
   for (const char* outcome : {"queued", "done", "refused"}) agents_.commands.With({outcome});
   for (const char* state : {"connected", "leaving", "lost"}) agents_.agents.With({state}).Set(0);
   for (const char* state : kWorkerStates) agents_.workers.With({state}).Set(0);

@@ -1,4 +1,4 @@
-// PacerdMetrics: pacerd's own series (process, journal health, accepted data loss), declared
+// PacerdMetrics: pacerd's own series (process, accepted data loss), declared
 // once in PACER_PACERD_METRICS, and the housekeeping step that refreshes the gauges no request
 // updates: the agents' (agent/agent_metrics.h) and the controller's
 // (controller/controller_metrics.h). docs/metrics.md is generated from these lists.
@@ -23,11 +23,6 @@
     "When this pacerd process started (Unix time): changes() of it counts restarts")          \
   X(build_info, Gauge, "pacer_build_info",                                                     \
     "Always 1; the version label is what --version prints", "version")                        \
-  X(journal_healthy, Gauge, "pacer_sharding_journal_healthy",                                  \
-    "1 while the journal accepts updates; 0 while they are refused after a failed write (a "  \
-    "full disk) until it reopens")                                                             \
-  X(journal_recoveries, Counter, "pacer_sharding_journal_recoveries_total",                    \
-    "Journal reopened after a failed write")                                                   \
   X(data_loss_accepted, Counter, "pacer_data_loss_accepted_total",                             \
     "Starts that accepted a data loss (--accept-data-loss)")
 

@@ -34,9 +34,24 @@ std::vector<Action> DecideBackupWorkers(const ClusterView&, const History&, cons
 std::vector<Action> DecideLbBsp(const ClusterView&, const History&, const PolicyConfig&);
 std::vector<Action> DecideTimeoutRelaunch(const ClusterView&, const History&, const PolicyConfig&);
 
+// What the Controller does around a registered policy's decisions.
+struct PolicyTraits {
+  // The per-step burst rule runs beside it (Controller::DecideBursts; the policy file's
+  // burst_exclusion must enable it too).
+  bool burst_rule = false;
+  // Its batch plans are checked against step statistics (ProposeBatchPlan's significance test;
+  // LB-BSP plans on raw window speeds, as published).
+  bool step_statistics = false;
+  // It excludes workers itself; under any other policy an exclusion inherited from an earlier
+  // one ends.
+  bool manages_exclusions = false;
+};
+
 // The decision function registered under `name` (the policy file's `policy` field).
 // NOT_FOUND listing the known names otherwise.
 absl::StatusOr<DecideFn> FindPolicy(std::string_view name);
+// Its traits; a name not registered has none.
+PolicyTraits TraitsOf(std::string_view name);
 std::vector<std::string> PolicyNames();
 
 }  // namespace pacer

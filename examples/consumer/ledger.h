@@ -10,8 +10,9 @@
 // (`start`, records someone else counted) and whether it is a tail backup; readers ignore keys
 // they do not know, and a line without them is read as before (start 0, no pair).
 // A worker killed between I and A does not know whether its report landed; when it restarts,
-// its registration lists its previous leases with their final done prefix, and it appends the
-// A line from that (Resolve).
+// its registration lists the remembered leases of its earlier incarnations with their final
+// done prefix (also when a process registered in between and died before resolving), and it
+// appends the A line from that (Resolve).
 //
 // What a lease counted is the records of its positions [begin + start, begin + max(A)). A tail
 // backup K re-leases the unconsumed suffix [b', end) of another worker's lease P (same epoch,

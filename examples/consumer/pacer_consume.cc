@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   po::options_description desc("Options");
   desc.add_options()
       ("addr", po::value(&opts.address), "pacerd address (default $PACER_ADDR or 127.0.0.1:7070)")
-      ("token-file", po::value(&token_file), "job token file (default $PACER_TOKEN)")
+      ("token-file", po::value(&token_file), "file holding the job token (without it: $PACER_TOKEN, the token itself)")
       ("worker-id", po::value(&opts.worker_id), "worker id (default $PACER_WORKER_ID)")
       ("node", po::value(&opts.node), "node name")
       ("dataset", po::value(&dataset)->default_value(dataset), "dataset to consume")

@@ -1,8 +1,9 @@
 // ReaderLedger: a trainer's exactly-once ledger (ledger.h) wired to its Client and ShardReader.
-// Attach() opens the ledger, resolves the reports a previous incarnation left unacknowledged
+// Attach() opens the ledger, resolves the reports earlier incarnations left unacknowledged
 // (from the registration's previous leases), and sets the reader's hooks so that every lease
 // read from and every report about to be queued is written down; as a ReportListener it writes
-// every acknowledgement. The example trainers (pacer-train-mlp, pacer-train-ctr) use it.
+// every acknowledgement. The example trainers (pacer-train-mlp, pacer-train-ctr) attach it through
+// StartTrainer (trainer_start.h).
 #pragma once
 
 #include <memory>
@@ -24,7 +25,7 @@ class ReaderLedger final : public ReportListener {
   ReaderLedger(const ReaderLedger&) = delete;
   ReaderLedger& operator=(const ReaderLedger&) = delete;
 
-  // Reports of the previous incarnation resolved at Attach.
+  // Reports of earlier incarnations resolved at Attach.
   int resolved() const { return resolved_; }
 
   void OnAcknowledged(uint64_t lease_id, uint64_t records_done) override { writer_.Ack(lease_id, records_done); }

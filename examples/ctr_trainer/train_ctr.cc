@@ -33,7 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/log.h"
-#include "examples/consumer/reader_ledger.h"
+#include "examples/consumer/trainer_start.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "worker_sdk/client.h"
 #include "worker_sdk/ps/ps_client.h"
@@ -194,31 +194,11 @@ int main(int argc, char** argv) {
   const size_t dense_size = DenseSize(hidden);
   copts.initial_micro_batch = batch;
 
-  auto client_or = Client::Connect(copts);
-  if (!client_or.ok()) Fail("connect", client_or.status());
-  Client& client = **client_or;
-  std::unique_ptr<ReaderLedger> ledger;
-  ShardReaderOptions ropts;
-  ropts.dataset = dataset;
-  if (!ledger_path.empty()) {
-    auto l = ReaderLedger::Attach(ledger_path, &client, &ropts);
-    if (!l.ok()) Fail("ledger", l.status());
-    ledger = std::move(*l);
-    if (ledger->resolved() > 0) {
-      PACER_LOG(INFO) << "resolved " << ledger->resolved() << " unacknowledged reports";
-    }
-  }
-  if (register_records > 0) {
-    DatasetSpec spec;
-    spec.set_name(dataset);
-    spec.set_num_records(register_records);
-    spec.set_shard_size(shard_size);
-    spec.set_num_epochs(epochs);
-    spec.set_shuffle(SHUFFLE_SHARDS);
-    spec.set_seed(23);
-    auto created = client.sharding().RegisterDataset(spec);
-    if (!created.ok()) Fail("register dataset", created.status());
-  }
+  auto started = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
+                                      .register_records = register_records, .shard_size = shard_size,
+                                      .epochs = epochs, .shuffle_seed = 23});
+  if (!started.ok()) ExitWithError("pacer-train-ctr", std::string(started.status().message()), 1);
+  Client& client = *started->client;
 
   PsClientOptions popts;
   popts.servers = absl::StrSplit(ps_list, ',', absl::SkipEmpty());
@@ -253,7 +233,7 @@ int main(int argc, char** argv) {
       grpc::CreateCustomChannel(client.options().address, client.options().credentials, monitor_args);
   auto monitor = Monitor::NewStub(monitor_channel);
 
-  auto reader_or = ShardReader::Create(&client, ropts);
+  auto reader_or = ShardReader::Create(&client, started->reader_options);
   if (!reader_or.ok()) Fail("reader", reader_or.status());
   ShardReader& reader = **reader_or;
   StepTimer timer(&client);

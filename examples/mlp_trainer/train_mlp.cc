@@ -30,7 +30,7 @@
 
 #include "common/flags.h"
 #include "common/log.h"
-#include "examples/consumer/reader_ledger.h"
+#include "examples/consumer/trainer_start.h"
 #include "examples/mlp_trainer/mlp.h"
 #include "examples/mlp_trainer/synthetic_task.h"
 #include "worker_sdk/client.h"
@@ -117,33 +117,12 @@ int main(int argc, char** argv) {
   // This trainer carries out EXCLUDE_WORKERS (the excluded branch of the loop below).
   copts.honors_exclusion = collective_kind == "gloo" && world > 1;
 
-  auto client_or = Client::Connect(copts);
-  if (!client_or.ok()) Fail("connect", client_or.status());
-  Client& client = **client_or;
-
-  std::unique_ptr<ReaderLedger> ledger;
-  ShardReaderOptions ropts;
-  ropts.dataset = dataset;
-  if (!ledger_path.empty()) {
-    auto l = ReaderLedger::Attach(ledger_path, &client, &ropts);
-    if (!l.ok()) Fail("ledger", l.status());
-    ledger = std::move(*l);
-    if (ledger->resolved() > 0) {
-      PACER_LOG(INFO) << "resolved " << ledger->resolved() << " unacknowledged reports";
-    }
-  }
-  if (register_records > 0) {
-    DatasetSpec spec;
-    spec.set_name(dataset);
-    spec.set_num_records(register_records);
-    spec.set_shard_size(shard_size);
-    spec.set_num_epochs(epochs);
-    spec.set_shuffle(SHUFFLE_SHARDS);
-    spec.set_seed(17);
-    auto created = client.sharding().RegisterDataset(spec);
-    if (!created.ok()) Fail("register dataset", created.status());
-  }
-  auto reader_or = ShardReader::Create(&client, ropts);
+  auto started = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
+                                      .register_records = register_records, .shard_size = shard_size,
+                                      .epochs = epochs, .shuffle_seed = 17});
+  if (!started.ok()) ExitWithError("pacer-train-mlp", std::string(started.status().message()), 1);
+  Client& client = *started->client;
+  auto reader_or = ShardReader::Create(&client, started->reader_options);
   if (!reader_or.ok()) Fail("reader", reader_or.status());
   ShardReader& reader = **reader_or;
 

@@ -1,4 +1,4 @@
-// pacer-agent as torchrun (label integration, issue 13): the worker environment torchrun sets
+// pacer-agent as torchrun: the worker environment torchrun sets
 // (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*), and the group
 // restart: a crash of one rank stops the others and starts the whole local group again with
 // the restart count incremented and a fresh MASTER_PORT, up to --max-restarts. Real agent and

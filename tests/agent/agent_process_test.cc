@@ -1,4 +1,4 @@
-// Multi-process tests of pacer-agent (label integration): the real agent binary supervises real
+// Multi-process tests of pacer-agent: the real agent binary supervises real
 // worker processes (agent_test_worker) and talks to an AgentRegistry hosted in this process on a
 // loopback port chosen by the OS. Timing is asserted only where it is the property under test
 // (backoff delays, contention); everything else waits on conditions with deadlines.
@@ -190,7 +190,7 @@ TEST_F(AgentTest, SigkillOfTheAgentLeavesNoWorkerBehind) {
 }
 
 TEST_F(AgentTest, KeepsWorkersRunningWhilePacerdIsDownAndReRegisters) {
-  // 30 s down, as the issue asks: many failed heartbeats (200 ms interval, backoff capped at
+  // 30 s down: many failed heartbeats (200 ms interval, backoff capped at
   // 500 ms) and a worker crash in the outage.
   constexpr auto kOutage = 30s;
   auto server = std::make_unique<AgentServer>();

@@ -11,23 +11,26 @@ exits 0, and so does the agent. Exits 77 (skipped) without torch. Every wait has
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+from pacerd_fixture import Children, temp_dir, wait_for  # noqa: E402
 
 
-def wait_for(cond, timeout, what, agent, log):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_on_agent(cond, timeout, what, agent, log):
+    """wait_for(cond) that gives up as soon as the agent exited without cond; fails with the
+    agent's log."""
+    def check():
         if cond():
-            return
-        if agent.poll() is not None and not cond():
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; agent log:\n" + open(log).read())
+            return True
+        if agent.poll() is not None:
+            raise AssertionError(f"the agent exited ({agent.returncode}) before {what}")
+        return False
+    try:
+        wait_for(check, timeout, what, period_s=0.1)
+    except (AssertionError, TimeoutError) as e:
+        raise AssertionError(f"{e}; agent log:\n" + open(log).read())
 
 
 def main():
@@ -38,8 +41,11 @@ def main():
     except ImportError as e:
         print(f"skipped: torch with Gloo is not importable ({e})")
         return 77
-    agent_bin = sys.argv[1]
-    tmp = tempfile.mkdtemp(prefix="torchrun_compat_", dir=os.environ.get("TEST_TMPDIR"))
+    with temp_dir(prefix="torchrun_compat_") as tmp, Children() as children:
+        return run(sys.argv[1], tmp, children)
+
+
+def run(agent_bin, tmp, children):
     out = os.path.join(tmp, "out")
     os.makedirs(out)
     log = os.path.join(tmp, "agent.log")
@@ -49,38 +55,33 @@ def main():
     cmd = [agent_bin, "--addr", "", "--node", "n0", "--job", "torchjob", "--workers", "3",
            "--backoff-initial-ms", "100", "--stop-grace-ms", "5000", "--no-nvml", "--",
            sys.executable, "-u", os.path.join(HERE, "torchrun_worker.py"), out]
-    with open(log, "w") as lf:
-        agent = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        def result(rank, restart):
-            p = os.path.join(out, f"rank{rank}.{restart}.json")
-            return json.load(open(p)) if os.path.exists(p) else None
+    agent = children.start(cmd, env=env, log_path=log)
 
-        wait_for(lambda: all(result(r, 0) for r in range(3)), 240, "the first all-reduce", agent, log)
-        first = [result(r, 0) for r in range(3)]
-        for r, res in enumerate(first):
-            assert res["world"] == 3 and res["sum"] == 6.0 and res["local_rank"] == r, res
-        assert len({res["master_port"] for res in first}) == 1, first
-        os.kill(first[1]["pid"], signal.SIGKILL)
+    def result(rank, restart):
+        p = os.path.join(out, f"rank{rank}.{restart}.json")
+        return json.load(open(p)) if os.path.exists(p) else None
 
-        wait_for(lambda: agent.poll() is not None, 300, "the agent to finish", agent, log)
-        assert agent.returncode == 0, f"agent exited {agent.returncode}:\n" + open(log).read()
-        second = [result(r, 1) for r in range(3)]
-        assert all(second), f"not every rank ran again: {second}\n" + open(log).read()
-        for r, res in enumerate(second):
-            assert res["world"] == 3 and res["sum"] == 6.0 and res["restart"] == 1, res
-            assert res["pid"] != first[r]["pid"], (first[r], res)
-        assert len({res["master_port"] for res in second}) == 1, second
-        assert second[0]["master_port"] != first[0]["master_port"], (first, second)
-        assert not any(result(r, 2) for r in range(3)), "a third start"
-        text = open(log).read()
-        assert "restarting the group of 3 worker(s), restart 1/3" in text, text
-        print(f"ok: ports {first[0]['master_port']} -> {second[0]['master_port']}, all-reduce 6.0 in both starts")
-        return 0
-    finally:
-        if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
+    wait_on_agent(lambda: all(result(r, 0) for r in range(3)), 240, "the first all-reduce", agent, log)
+    first = [result(r, 0) for r in range(3)]
+    for r, res in enumerate(first):
+        assert res["world"] == 3 and res["sum"] == 6.0 and res["local_rank"] == r, res
+    assert len({res["master_port"] for res in first}) == 1, first
+    os.kill(first[1]["pid"], signal.SIGKILL)
+
+    wait_on_agent(lambda: agent.poll() is not None, 300, "the agent to finish", agent, log)
+    assert agent.returncode == 0, f"agent exited {agent.returncode}:\n" + open(log).read()
+    second = [result(r, 1) for r in range(3)]
+    assert all(second), f"not every rank ran again: {second}\n" + open(log).read()
+    for r, res in enumerate(second):
+        assert res["world"] == 3 and res["sum"] == 6.0 and res["restart"] == 1, res
+        assert res["pid"] != first[r]["pid"], (first[r], res)
+    assert len({res["master_port"] for res in second}) == 1, second
+    assert second[0]["master_port"] != first[0]["master_port"], (first, second)
+    assert not any(result(r, 2) for r in range(3)), "a third start"
+    text = open(log).read()
+    assert "restarting the group of 3 worker(s), restart 1/3" in text, text
+    print(f"ok: ports {first[0]['master_port']} -> {second[0]['master_port']}, all-reduce 6.0 in both starts")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// Corruption matrix (acceptance 1 of issue 12): a data dir written by two pacerd sessions (the
+// Corruption matrix: a data dir written by two pacerd runs (the
 // second one's recovery moved the first one's WAL into an SST) is damaged in each way below
 // while pacerd is stopped, and pacerd (in process, the same Start() main.cc runs) is started on
 // it. Each case must either refuse to start with DATA_LOSS (or FAILED_PRECONDITION) naming a
@@ -152,7 +152,7 @@ TEST(CorruptionMatrixTest, DamageIsRefusedNamingTheFileOrEveryAcknowledgedUpdate
     h.Stop();
   }
   {
-    const absl::Status d = StartOn(h, base);  // its recovery flushed session 1 into an SST
+    const absl::Status d = StartOn(h, base);  // its recovery flushed run 1's WAL into an SST
     ASSERT_TRUE(d.ok()) << d;
     Consume(*h->sharding(), "w", 30);
     expected = h->sharding()->SnapshotForTest();

@@ -1,4 +1,4 @@
-// Disk full (acceptance 5 of issue 12): pacerd (in process) runs on a small tmpfs data dir; a
+// Disk full: pacerd (in process) runs on a small tmpfs data dir; a
 // ballast file fills it; updates then fail cleanly — UNAVAILABLE saying the disk is full, the
 // process stays up (no abort), the journal-health metric says 0 — and once the tmpfs is grown
 // (mount -o remount,size=...) the housekeeping step reopens the journal and consumption resumes.
@@ -182,7 +182,7 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
   }
   ASSERT_FALSE(h->sharding()->journal_health().ok()) << "the disk never stayed full";
   std::cout << "reopened " << reopened << " time(s) on space freed by the failed database" << std::endl;
-  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_healthy"), 0);
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_journal_healthy{journal=\"sharding\"}"), 0);
   EXPECT_EQ(HealthStatus(h->address()), 2) << "NOT_SERVING";
   absl::Status refused = step();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
@@ -194,9 +194,9 @@ TEST(DiskFullTest, UpdatesAreRefusedCleanlyThenResumeWhenSpaceReturnsNothingAckn
     h.Housekeep();
     return h->sharding()->journal_health().ok();
   }, std::chrono::seconds(20))) << h->sharding()->journal_health();
-  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_healthy"), 1);
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_journal_healthy{journal=\"sharding\"}"), 1);
   EXPECT_EQ(HealthStatus(h->address()), 1) << "SERVING again";
-  EXPECT_EQ(Metric(h.pacerd(), "pacer_sharding_journal_recoveries_total"), reopened + 1);
+  EXPECT_EQ(Metric(h.pacerd(), "pacer_journal_recoveries_total{journal=\"sharding\"}"), reopened + 1);
   for (int i = 0; i < 50; ++i) ASSERT_TRUE(step().ok());
 
   ListDatasetsRequest lr;

@@ -1,4 +1,4 @@
-// Lost replies by crash (label chaos; issue 12, acceptance 3 (b)): the pacerd binary runs as a
+// Lost replies by crash: the pacerd binary runs as a
 // child process and is SIGKILLed again and again while four SDK trainers (Client + ShardReader
 // + ledger, in this process) consume two epochs, then restarted on the same data dir and port.
 // Each kill lands while a trainer's leasing call (a fetch, or a completion that leases the next

@@ -1,4 +1,4 @@
-// Power-loss crash loop (label chaos; acceptance 2 of issue 12): 4 consumer threads consume 2
+// Power-loss crash loop: 4 consumer threads consume 2
 // epochs through ShardingServiceImpl while, ≥ 50 times, the machine "loses power": the
 // injected file system (tests/testing/fault_injection_fs.h) refuses every write from one moment
 // on (calls in flight fail or complete, as on a real machine), the service is destroyed

@@ -5,7 +5,7 @@
 
 #include "controller/policies/policy.h"
 #include "controller/relaunch_cost_model.h"
-#include "tests/controller/view_builder.h"
+#include "tests/controller/test_views.h"
 
 namespace pacer {
 namespace {

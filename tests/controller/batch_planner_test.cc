@@ -7,7 +7,7 @@
 #include <map>
 #include <random>
 
-#include "tests/controller/view_builder.h"
+#include "tests/controller/test_views.h"
 
 namespace pacer {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "common/clock.h"
 #include "controller/controller.h"
-#include "tests/controller/view_builder.h"
+#include "tests/controller/test_views.h"
 
 namespace pacer {
 namespace {

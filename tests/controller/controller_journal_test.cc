@@ -171,17 +171,18 @@ TEST(ControllerDurableStateTest, ValidateRefusesWhatCannotApply) {
   EXPECT_EQ(s.last_seq(), 0u) << "validation changes nothing";
 }
 
-TEST(ControllerDurableStateTest, TheExclusionInForceNamesItsDecision) {
+TEST(ControllerDurableStateTest, AnExclusionFromBeforeTheJournalIsNamedByItsNewestDecision) {
   History h;
   h.Record(Exclusion(10, {"w1"}, /*step_rule=*/true), 100);
-  h.SetExcluded({"w1"});
-  ExclusionState e = ExclusionInForce(h, ExclusionState());
+  h.SetExcluded({"w1"});  // as a store from before the journal restores it: no decision named
+  EXPECT_EQ(h.exclusion().version(), 0u);
+  ExclusionState e = NameExclusionInForce(h);
   EXPECT_EQ(e.version(), 1u);
   EXPECT_EQ(e.reason(), "burst: w1 at 10");
   EXPECT_TRUE(e.step_rule());
   h.Record(Exclusion(20, {}, /*step_rule=*/false), 100);
   h.SetExcluded({});
-  e = ExclusionInForce(h, e);
+  e = NameExclusionInForce(h);
   EXPECT_EQ(e.version(), 2u);
   EXPECT_FALSE(e.step_rule());
   EXPECT_EQ(e.excluded_size(), 0);
@@ -189,10 +190,13 @@ TEST(ControllerDurableStateTest, TheExclusionInForceNamesItsDecision) {
 
 // ---- Replay ----
 
-// Random controller decisions, saved as pacerd saves them; returns the history.
+// Random controller decisions, journaled as pacerd journals them (the History's updates, then
+// the dispatch notes); returns the history.
 void RandomDecisions(std::mt19937& rng, int n, History* h, std::map<uint64_t, std::string>* dispatch,
                      ControllerStore* store) {
+  h->set_journaled(true);
   for (int i = 0; i < n; ++i) {
+    std::vector<ControllerUpdate> notes;
     const int64_t t = 1000 * (i + 1);
     switch (rng() % 7) {
       case 0: {
@@ -203,15 +207,21 @@ void RandomDecisions(std::mt19937& rng, int n, History* h, std::map<uint64_t, st
       case 1: {
         std::vector<std::string> who;
         if (rng() % 2) who.push_back("w" + std::to_string(rng() % 4));
-        h->Record(Exclusion(t, who, rng() % 2), 12);
-        h->SetExcluded(who);
+        const bool step_rule = rng() % 2;
+        const uint64_t id = h->Record(Exclusion(t, who, step_rule), 12);
+        h->SetExcluded(who, id, h->FindRecord(id)->action.reason, step_rule);
         break;
       }
       case 2:
         if (!h->audit().empty()) h->SetMeasuredGain(h->audit().back().id, 0.01 * (rng() % 50), t);
         break;
       case 3:
-        if (!h->audit().empty()) (*dispatch)[h->audit().back().id] = "sent " + std::to_string(t);
+        if (!h->audit().empty()) {
+          (*dispatch)[h->audit().back().id] = "sent " + std::to_string(t);
+          DispatchNote* note = notes.emplace_back().mutable_dispatch();
+          note->set_id(h->audit().back().id);
+          note->set_note("sent " + std::to_string(t));
+        }
         break;
       case 4:
         h->AddNodeIncident("n" + std::to_string(rng() % 3), t);
@@ -225,10 +235,9 @@ void RandomDecisions(std::mt19937& rng, int n, History* h, std::map<uint64_t, st
         else if (!h->audit().empty()) h->MarkRolledBack(h->audit().front().id);
         break;
     }
-    History::Changes c = h->TakeChanges();
-    // The reconciler names the records whose dispatch notes it wrote.
-    for (const auto& [id, note] : *dispatch) c.records.push_back(id);
-    ASSERT_TRUE(store->Save(*h, c, *dispatch).ok());
+    std::vector<ControllerUpdate> updates = h->TakeUpdates();
+    for (auto& n : notes) updates.push_back(std::move(n));
+    ASSERT_TRUE(store->Commit(std::move(updates)).ok());
   }
 }
 
@@ -258,25 +267,25 @@ TEST(ControllerJournalReplayTest, SnapshotPlusJournalRebuildsTheLiveStateForRand
     auto loaded = (*reopened)->Load();
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     History restored;
-    RestoreHistory(*loaded, &restored);
+    RestoreHistory((*reopened)->state(), &restored);
     ASSERT_EQ(restored.audit().size(), h.audit().size());
     for (size_t i = 0; i < h.audit().size(); ++i) {
       EXPECT_TRUE(Same(restored.audit()[i], h.audit()[i])) << "record " << h.audit()[i].id;
     }
     EXPECT_EQ(restored.excluded_workers(), h.excluded_workers());
+    EXPECT_TRUE(Same(restored.exclusion(), h.exclusion()));
+    EXPECT_EQ(restored.tail_backups(), h.tail_backups());
+    EXPECT_EQ(restored.allocations().size(), h.allocations().size());
     EXPECT_EQ(restored.next_id(), h.next_id());
     EXPECT_EQ(restored.plan().has_value(), h.plan().has_value());
     EXPECT_EQ(restored.nodes().size(), h.nodes().size());
     for (const auto& r : h.audit()) {
       if (dispatch.count(r.id)) EXPECT_EQ(loaded->dispatch.at(r.id), dispatch.at(r.id));
     }
-    // Nothing changed: a save with no difference writes nothing.
-    const uint64_t at = (*reopened)->state().last_seq();
-    History::Changes all;
-    all.state = true;
-    for (const auto& r : h.audit()) all.records.push_back(r.id);
-    ASSERT_TRUE((*reopened)->Save(h, all, dispatch).ok());
-    EXPECT_EQ((*reopened)->state().last_seq(), at) << "updates only for what differs";
+    // Restoring applies; it queues nothing to journal again.
+    restored.set_journaled(true);
+    RestoreHistory((*reopened)->state(), &restored);
+    EXPECT_TRUE(restored.TakeUpdates().empty());
   }
 }
 
@@ -388,7 +397,7 @@ TEST(ControllerJournalDamageTest, ALostTailIsDataLossCountingTheMissingUpdates) 
   EXPECT_FALSE((*accepted)->recovery().accepted_loss.empty());
 }
 
-// Issue 25, finding 10, for the controller's journal (the same RocksLog, with its own mark,
+// A WAL cut back after a kill, for the controller's journal (the same RocksLog, with its own mark,
 // controller.hwm): killed, then the live WAL's last 100 bytes cut. Before, the mark lagged the
 // acknowledged seq and the journal opened without a word at a lower seq (journal_integrity_test
 // has the same case for the sharding journal).
@@ -430,7 +439,7 @@ TEST(ControllerJournalDamageTest, AWalCutBackAfterAKillIsRefusedCountingTheMissi
   ASSERT_FALSE(refused.ok()) << "opened at update " << last << " although " << kAcknowledged
                              << " were acknowledged";
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
-  ASSERT_LT(last, kAcknowledged) << "the cut took nothing: the case is not finding 10";
+  ASSERT_LT(last, kAcknowledged) << "the cut took nothing: no acknowledged update was cut";
   const std::string message(refused.status().message());
   EXPECT_NE(message.find(o.dir + ".hwm"), std::string::npos) << message;
   EXPECT_NE(message.find(std::to_string(kAcknowledged - last) + " acknowledged updates are missing"),
@@ -491,17 +500,17 @@ class StoreV0Writer {
     std::snprintf(buf, sizeof buf, "audit/%020" PRIu64, id);
     return buf;
   }
-  void Save(const History& history, const History::Changes& changes,
-            const std::map<uint64_t, std::string>& dispatch) {
+  // Writes every record and the state, as a save that changed all of them.
+  void Save(const History& history, const std::map<uint64_t, std::string>& dispatch) {
     rocksdb::WriteBatch batch;
-    for (uint64_t id : changes.records) {
-      const AuditRecord* r = history.FindRecord(id);
-      if (r == nullptr) continue;
+    for (const AuditRecord& record : history.audit()) {
+      const uint64_t id = record.id;
+      const AuditRecord* r = &record;
       AuditState p = AuditToProto(*r);
       if (auto d = dispatch.find(id); d != dispatch.end()) p.set_dispatch(d->second);
       batch.Put(AuditKey(id), p.SerializeAsString());
     }
-    if (changes.state) {
+    {
       ControllerState s;
       s.set_next_audit_id(history.next_id());
       if (history.plan()) *s.mutable_plan() = PlanToProto(*history.plan());
@@ -550,7 +559,7 @@ TEST(ControllerStoreMigrationTest, AStoreWrittenBeforeTheJournalIsMigratedOnOpen
     h.SetExcluded({"w3"});
     h.AddNodeIncident("n1", 710);
     dispatch[ex] = "sent in heartbeat replies: excluded w3";
-    old.Save(h, h.TakeChanges(), dispatch);
+    old.Save(h, dispatch);
     AppliedPolicy p;
     p.set_yaml("version: 1\n");
     p.set_file_name("p.yaml");
@@ -568,7 +577,7 @@ TEST(ControllerStoreMigrationTest, AStoreWrittenBeforeTheJournalIsMigratedOnOpen
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_FALSE(loaded->empty);
     History restored;
-    RestoreHistory(*loaded, &restored);
+    RestoreHistory((*store)->state(), &restored);
     ASSERT_EQ(restored.audit().size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
       EXPECT_TRUE(Same(restored.audit()[i], h.audit()[i])) << "record " << h.audit()[i].id;
@@ -581,9 +590,14 @@ TEST(ControllerStoreMigrationTest, AStoreWrittenBeforeTheJournalIsMigratedOnOpen
     EXPECT_EQ(loaded->dispatch.at(h.audit().back().id), "sent in heartbeat replies: excluded w3");
     ASSERT_TRUE(loaded->policy.has_value());
     EXPECT_EQ(loaded->policy->file_name(), "p.yaml");
-    // The first save after the migration names the decision behind the exclusion.
-    h.SetTailBackups(true);
-    ASSERT_TRUE((*store)->Save(h, h.TakeChanges(), dispatch).ok());
+    // The old store knew who, not which decision; the reconciler names it from the newest
+    // executed EXCLUDE_WORKERS record and journals it (Reconciler::AttachStore).
+    EXPECT_EQ((*store)->state().exclusion().version(), 0u);
+    const ExclusionState named = NameExclusionInForce(restored);
+    restored.set_journaled(true);
+    restored.SetExcluded(restored.excluded_workers(), named.version(), named.reason(), named.step_rule());
+    restored.SetTailBackups(true);  // and journals on as any store
+    ASSERT_TRUE((*store)->Commit(restored.TakeUpdates()).ok());
     EXPECT_EQ((*store)->state().exclusion().version(), h.audit().back().id);
     EXPECT_TRUE((*store)->state().exclusion().step_rule());
   }

@@ -99,6 +99,7 @@ TEST(ControllerStoreTest, AuditRecordRoundTrips) {
 TEST(ControllerStoreTest, SavesChangesAndRestoresThemAfterReopen) {
   testing::TempDir dir;
   History h;
+  h.set_journaled(true);
   {
     auto store = ControllerStore::Open(dir.Sub("c"));
     ASSERT_TRUE(store.ok()) << store.status();
@@ -110,16 +111,21 @@ TEST(ControllerStoreTest, SavesChangesAndRestoresThemAfterReopen) {
     h.AddNodeIncident("n1", 400);
     h.AddNodeIncident("n1", 450);
     h.SetMeasuredGain(h.audit().back().id, 0.3, 500);
-    std::map<uint64_t, std::string> dispatch = {{h.audit().back().id, "plan sent"}};
-    History::Changes c = h.TakeChanges();
-    EXPECT_EQ(c.records.size(), 5u) << "every record written, even those dropped since";
-    ASSERT_TRUE((*store)->Save(h, c, dispatch).ok());
-    EXPECT_TRUE(h.TakeChanges().empty());
-    AppliedPolicy p;
-    p.set_yaml("version: 1\n");
-    p.set_file_name("p.yaml");
-    p.set_base_digest("abc");
-    ASSERT_TRUE((*store)->SavePolicy(p).ok());
+    std::vector<ControllerUpdate> updates = h.TakeUpdates();
+    int records = 0;
+    for (const auto& u : updates) records += u.has_record();
+    EXPECT_GE(records, 5) << "every record written, even those dropped since";
+    DispatchNote* note = updates.emplace_back().mutable_dispatch();
+    note->set_id(h.audit().back().id);
+    note->set_note("plan sent");
+    ASSERT_TRUE((*store)->Commit(std::move(updates)).ok());
+    EXPECT_TRUE(h.TakeUpdates().empty());
+    std::vector<ControllerUpdate> policy(1);
+    AppliedPolicy* p = policy[0].mutable_policy();
+    p->set_yaml("version: 1\n");
+    p->set_file_name("p.yaml");
+    p->set_base_digest("abc");
+    ASSERT_TRUE((*store)->Commit(std::move(policy)).ok());
   }
   auto store = ControllerStore::Open(dir.Sub("c"));
   ASSERT_TRUE(store.ok()) << store.status();
@@ -128,7 +134,7 @@ TEST(ControllerStoreTest, SavesChangesAndRestoresThemAfterReopen) {
   EXPECT_FALSE(loaded->empty);
   ASSERT_EQ(loaded->audit.size(), 3u) << "only the records the history keeps";
   History restored;
-  RestoreHistory(*loaded, &restored);
+  RestoreHistory((*store)->state(), &restored);
   ASSERT_EQ(restored.audit().size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(restored.audit()[i].id, h.audit()[i].id);
@@ -154,9 +160,10 @@ TEST(ControllerStoreTest, RecordsTheHistoryDropsAreDeleted) {
   auto store = ControllerStore::Open(dir.Sub("c"));
   ASSERT_TRUE(store.ok());
   History h;
+  h.set_journaled(true);
   for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < 2; ++i) h.Record(SampleRecord(100 * (2 * round + i)), /*max_records=*/3);
-    ASSERT_TRUE((*store)->Save(h, h.TakeChanges(), {}).ok());
+    ASSERT_TRUE((*store)->Commit(h.TakeUpdates()).ok());
   }
   auto loaded = (*store)->Load();
   ASSERT_TRUE(loaded.ok());

@@ -5,7 +5,7 @@
 // compute = wall − its wait (what the SDK reports); a window closed → one reconcile, the view
 // built as pacerd and the simulator build it (controller/view_builder.h), plans switch at their effective step.
 //
-// What matters (issue 13): detection from 2 workers up, the plan in the right direction, at
+// What matters: detection from 2 workers up, the plan in the right direction, at
 // most a few plans after convergence for a steady straggler, never a plan for fewer workers
 // than are alive, and throughput close to the balanced bound once planned.
 #include <gtest/gtest.h>
@@ -234,7 +234,7 @@ TEST(PlanStabilityTest, SteadyThreeXStragglerAtMostThreePlansAfterTheFirst) {
   }
 }
 
-// The user's busy machine (issue 13: 11 plans in a minute, w1's share 0.085 → 0.164 → 0.132 →
+// A busy machine (without the plan-stability rules: 11 plans in a minute, w1's share 0.085 → 0.164 → 0.132 →
 // 0.107 …): noisy steps, a fixed cost per step (a small batch is slower per sample), and a
 // slowdown that wanders ±25 % from second to second. After the first plan at most 3 more.
 TEST(PlanStabilityTest, BusyMachineWanderingStragglerAtMostThreePlansAfterTheFirst) {

@@ -1,4 +1,4 @@
-// Judging an action by steps, not seconds (issue 17): a sync job with 46 s steps and one replica
+// Judging an action by steps, not seconds: a sync job with 46 s steps and one replica
 // at 0.48x. The plan that balances it must not be rolled back because 60 s passed before it
 // produced two steps, and its gain is measured as the step rate under it — not as the last
 // window's throughput, which in a job with 46 s steps holds one step, or none.
@@ -6,7 +6,7 @@
 
 #include "common/clock.h"
 #include "controller/controller.h"
-#include "tests/controller/view_builder.h"
+#include "tests/controller/test_views.h"
 
 namespace pacer {
 namespace {

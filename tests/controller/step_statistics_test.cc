@@ -10,7 +10,7 @@
 
 #include "controller/controller.h"
 #include "controller/policies/action_rules.h"
-#include "tests/controller/view_builder.h"
+#include "tests/controller/test_views.h"
 
 namespace pacer {
 namespace {

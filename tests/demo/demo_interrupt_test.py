@@ -15,24 +15,21 @@ import random
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from procs import procs_naming
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from pacerd_fixture import Children, temp_dir, wait_for  # noqa: E402
 
 
 def run_procs(path):
     return procs_naming(path, "demo_interrupt_test")
 
 
-def wait_for(pred, timeout_s, period_s=0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(period_s)
-    return pred()
+def tail(path, chars=2000):
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
 
 
 def agent_pids(out):
@@ -44,13 +41,23 @@ def agent_pids(out):
 
 
 def one_round(demo, bin_dir, delay_s, tmp, n):
+    with Children() as children:
+        return interrupt(children, demo, bin_dir, delay_s, tmp, n)
+
+
+def interrupt(children, demo, bin_dir, delay_s, tmp, n):
     out = os.path.join(tmp, f"out{n}")
-    p = subprocess.Popen([sys.executable, demo, "--quick", "--live", "off", "--bin", bin_dir,
-                          "--out", out], start_new_session=True, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
-    started = wait_for(lambda: glob.glob(os.path.join(out, "run-*", "port.json")) or p.poll() is not None, 60)
+    log = os.path.join(tmp, f"demo{n}.log")
+    p = children.start([sys.executable, demo, "--quick", "--live", "off", "--bin", bin_dir, "--out", out],
+                       log_path=log)
+    try:
+        wait_for(lambda: glob.glob(os.path.join(out, "run-*", "port.json")) or p.poll() is not None, 60,
+                 "the demo to start pacerd", period_s=0.05)
+    except TimeoutError as e:
+        print(f"FAIL round {n}: {e}: {tail(log)}")
+        return False
     if p.poll() is not None:
-        print(f"FAIL round {n}: the demo exited before starting ({p.returncode}): {p.stderr.read()[-2000:]}")
+        print(f"FAIL round {n}: the demo exited before starting ({p.returncode}): {tail(log)}")
         return False
     # Wait the random delay while remembering which agents ran (for the cgroup check).
     agents = set()
@@ -72,7 +79,7 @@ def one_round(demo, bin_dir, delay_s, tmp, n):
         return False
     ok = True
     if p.returncode != 130:
-        print(f"FAIL round {n}: exit code {p.returncode}, want 130\n{p.stderr.read()[-2000:]}")
+        print(f"FAIL round {n}: exit code {p.returncode}, want 130\n{tail(log)}")
         ok = False
     left = run_procs(out)
     if left:
@@ -93,7 +100,7 @@ def main():
     rng = random.Random(seed)
     print(f"seed {seed} (PACER_TEST_SEED={seed} replays it)")
     ok = True
-    with tempfile.TemporaryDirectory(prefix="pacer-demo-int-") as tmp:
+    with temp_dir(prefix="pacer-demo-int-") as tmp:
         ok &= one_round(demo, bin_dir, rng.uniform(0.0, 3.0), tmp, 1)
         ok &= one_round(demo, bin_dir, rng.uniform(5.0, 25.0), tmp, 2)
     print("PASS" if ok else "FAILED")

@@ -1,5 +1,5 @@
-// pacer_rpc_fuzz: structure-aware fuzzing of pacerd over gRPC, with credentials (issue 25,
-// "Never abort on input"; docs/security.md, "Fuzzing").
+// pacer_rpc_fuzz: structure-aware fuzzing of pacerd over gRPC, with credentials: pacerd
+// never aborts on input (docs/security.md, "Fuzzing").
 //
 // One pacerd runs in this process (temp data dir, port 0, small quotas, a simulated clock and
 // housekeeping only when an input asks for it). Each input is a FuzzInput (rpc_fuzz.proto): a

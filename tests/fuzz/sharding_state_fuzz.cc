@@ -1,7 +1,7 @@
 // sharding_state_fuzz: structure-aware fuzzing of ShardingState, the pure core of pacerd's
 // sharding service (docs/security.md, "Fuzzing"). An input is a StateFuzzInput
 // (sharding_state_fuzz.proto): raw updates, dataset specs registered as the service does
-// (NormalizeSpec, then Apply) and fetches planned as it does (PlanFetch, DecideLease, Apply),
+// (NormalizeSpec, then Apply) and fetches decided as it does (DecideFetch, Commit),
 // mutated by ProtoMutator. Checked:
 //   - nothing crashes, whatever the update (ASan / UBSan in the libFuzzer build);
 //   - an update the service decided after validation applies (tf.data's rule, docs/style.md:
@@ -61,12 +61,9 @@ void Run(const StateFuzzInput& input) {
   std::vector<Update> log;
   int64_t now_ms = 1'700'000'000'000;
   auto apply = [&](Update u) {
-    u.set_seq(st.last_seq() + 1);
-    u.set_time_ms(now_ms);
-    absl::Status s = st.Apply(u);
-    st.TakeCancelledLeases();
-    if (s.ok()) log.push_back(std::move(u));
-    return s;
+    absl::StatusOr<ApplyEffects> effects = st.Commit(&u, now_ms);
+    if (effects.ok()) log.push_back(std::move(u));
+    return effects.status();
   };
   const int n = std::min(input.steps_size(), kMaxSteps);
   for (int i = 0; i < n; ++i) {
@@ -85,11 +82,11 @@ void Run(const StateFuzzInput& input) {
       }
       case StateStep::kFetch: {
         const StateFetch& f = step.fetch();
-        auto plan = st.PlanFetch(f.worker(), f.dataset());
-        if (!plan.ok() || plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) break;
-        Update u;
-        *u.mutable_create_lease() = st.DecideLease(*plan, f.worker(), f.dataset(), f.request_id());
-        if (absl::Status s = apply(u); !s.ok()) Fail("a lease DecideLease decided did not apply: " + s.ToString());
+        auto decision = st.DecideFetch(f.worker(), f.dataset(), f.request_id());
+        if (!decision.ok() || !decision->update) break;
+        if (absl::Status s = apply(*decision->update); !s.ok()) {
+          Fail("a lease DecideFetch decided did not apply: " + s.ToString());
+        }
         break;
       }
       case StateStep::kAdvanceMs:
@@ -107,7 +104,6 @@ void Run(const StateFuzzInput& input) {
   ShardingState replayed;
   for (const Update& u : log) {
     if (absl::Status s = replayed.Apply(u); !s.ok()) Fail("replay refused update " + std::to_string(u.seq()) + ": " + s.ToString());
-    replayed.TakeCancelledLeases();
   }
   if (Serialize(replayed) != live) Fail("the replayed state differs from the live one");
   auto restored = ShardingState::FromSnapshot(st.ToSnapshot());

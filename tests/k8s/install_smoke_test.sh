@@ -35,6 +35,7 @@ cmake --install "$BUILD" --prefix "$PREFIX" >"$T/install.log" 2>&1 || fail "cmak
 for b in pacerd pacer-agent pacerctl pacer-probe; do [ -x "$PREFIX/bin/$b" ] || fail "$b not installed"; done
 PYDIR=$PREFIX/lib/python3/dist-packages
 [ -f "$PYDIR/pacer/__init__.py" ] || fail "the pacer Python module is not installed"
+[ -f "$PYDIR/pacer/torch/__init__.py" ] || fail "the pacer.torch package is not installed"
 
 # 2. Runtime libraries: the --runtime list, nothing more.
 runtime=$(bash -c 'source <(sed -n "/^runtime_pkgs=(/,/)/p" "$1"); echo "${runtime_pkgs[@]}"' _ "$SRC/scripts/install-deps.sh")

@@ -16,6 +16,7 @@
 #include "cmd/pacerd/pacerd_metrics.h"
 #include "common/metrics.h"
 #include "controller/controller_metrics.h"
+#include "journal/journal_metrics.h"
 #include "monitor/monitor_metrics.h"
 #include "rendezvous/rendezvous_metrics.h"
 #include "sharding_service/sharding_metrics.h"
@@ -32,6 +33,7 @@ std::vector<Catalogue> AllCatalogues() {
   return {
       {"pacerd", "cmd/pacerd/pacerd_metrics.h", PacerdMetricSeries::Defs()},
       {"sharding", "sharding_service/sharding_metrics.h", ShardingMetrics::Defs()},
+      {"journals", "journal/journal_metrics.h", JournalMetrics::Defs()},
       {"monitor", "monitor/monitor_metrics.h", MonitorMetricSeries::Defs()},
       {"controller", "controller/controller_metrics.h", ControllerMetricSeries::Defs()},
       {"agents", "agent/agent_metrics.h", AgentMetrics::Defs()},

@@ -17,7 +17,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pacerctl_support import Checks, Procs, start_pacerd, wait_for  # noqa: E402
+from pacerctl_support import Checks, start_pacerd  # noqa: E402  (puts tests/python on sys.path)
+from pacerd_fixture import Children, wait_for  # noqa: E402
 
 
 def check_report(c, out, label, check_py, tmp):
@@ -53,7 +54,7 @@ def check_report(c, out, label, check_py, tmp):
 def main():
     bin_dir, src, check_py = (os.path.abspath(a) for a in sys.argv[1:4])
     c = Checks()
-    procs = Procs()
+    procs = Children()
     with tempfile.TemporaryDirectory(prefix="pacerctl-report-", dir=os.environ.get("TEST_TMPDIR")) as tmp:
         try:
             _, addr, data = start_pacerd(procs, bin_dir, tmp, os.path.join(src, "policies", "demo-none.yaml"))
@@ -61,11 +62,11 @@ def main():
             workers = []
             for w in range(3):
                 env = dict(os.environ, PACER_ADDR=addr, PACER_WORKER_ID=f"w{w}")
-                workers.append(procs.spawn([
+                workers.append(procs.start([
                     os.path.join(bin_dir, "pacer-train-mlp"), "--token-file", token, "--collective", "none",
                     "--register-records", "60000", "--shard-size", "1000", "--batch", "32", "--hidden", "8",
                     "--eval-records", "100", "--step-ms", "30" if w == 1 else "8"],
-                    os.path.join(tmp, f"w{w}.log"), env=env))
+                    env=env, log_path=os.path.join(tmp, f"w{w}.log")))
             ctl = [os.path.join(bin_dir, "pacerctl"), "--addr", addr, "--data-dir", data]
 
             def w1_flagged():

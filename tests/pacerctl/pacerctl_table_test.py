@@ -22,7 +22,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pacerctl_support import Checks, Procs, start_pacerd, wait_for  # noqa: E402
+from pacerctl_support import Checks, start_pacerd  # noqa: E402  (puts tests/python on sys.path)
+from pacerd_fixture import Children, wait_for  # noqa: E402
 
 try:
     import yaml
@@ -52,7 +53,7 @@ def main():
     bin_dir, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     ctl = os.path.join(bin_dir, "pacerctl")
     c = Checks()
-    procs = Procs()
+    procs = Children()
     tmp_root = os.environ.get("TEST_TMPDIR")
     with tempfile.TemporaryDirectory(prefix="pacerctl-table-", dir=tmp_root) as tmp:
         try:
@@ -93,10 +94,10 @@ def run(c, procs, bin_dir, src, ctl, tmp):
     trainer = [os.path.join(bin_dir, "pacer-train-mlp"), "--collective", "none",
                "--register-records", "2000000", "--shard-size", "2000", "--batch", "32",
                "--hidden", "8", "--step-ms", "5", "--eval-records", "100"]
-    procs.spawn([os.path.join(bin_dir, "pacer-agent"), "--addr", addr, "--token-file",
+    procs.start([os.path.join(bin_dir, "pacer-agent"), "--addr", addr, "--token-file",
                  os.path.join(data, "job.token"), "--node", "n0", "--workers", "2",
                  "--world-size", "2", "--heartbeat-ms", "300", "--metrics-ms", "300",
-                 "--restart-scope", "worker", "--", *trainer], os.path.join(tmp, "agent.log"))
+                 "--restart-scope", "worker", "--", *trainer], log_path=os.path.join(tmp, "agent.log"))
 
     def workers_reporting():
         p = pctl(*base, "workers", "-o", "json")

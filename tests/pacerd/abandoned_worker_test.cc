@@ -1,7 +1,6 @@
 // A worker its agent gave up on (crashed past its restart limit, reported FAILED) is lost at
 // once, its leases back in the queue, instead of holding its records until the lease timeout
-// (30 s by default) — what held the PS demo's last 4 % for 20 s when a worker died in CI
-// (stop 22). Every record is still counted done exactly once, and a worker its agent reports
+// (30 s by default; a worker that died in the PS demo held its last 4 % for 20 s that way). Every record is still counted done exactly once, and a worker its agent reports
 // FAILED that is still heard from (a process of it alive elsewhere) keeps its leases.
 // In process on a simulated clock (tests/testing/pacerd_harness.h: real gRPC on loopback, real
 // RocksDB, production's housekeeping step), the agent's heartbeats through its registry.

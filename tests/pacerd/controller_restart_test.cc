@@ -1,4 +1,4 @@
-// The controller's durable state across pacerd restarts (issue 17: controller state as journaled
+// The controller's durable state across pacerd restarts (the controller state as journaled
 // updates, controller/controller_store.h), in process on a simulated clock
 // (tests/testing/pacerd_harness.h: real gRPC, real RocksDB, production's housekeeping step).
 //  - An exclusion the per-step burst rule made survives a restart while the burst lasts: the
@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "tests/testing/fault_injection_fs.h"
 #include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
@@ -182,6 +183,53 @@ TEST(ControllerRestartTest, ADamagedControllerJournalIsRefusedAtStart) {
   EXPECT_NE(s.message().find(dir), std::string::npos) << s;
   EXPECT_NE(s.message().find("corrupt"), std::string::npos) << s;
   EXPECT_FALSE(h.ok());
+}
+
+// A controller decision is carried out only once it is durable. While the journals' file
+// system refuses writes (a full disk) the controller's journal write fails: the plan it decided
+// reaches no worker, and its memory is rebuilt from its journal. Once writes succeed again it
+// decides again; the plan it carries out is the one a restarted pacerd restores.
+TEST(ControllerRestartTest, ADecisionIsCarriedOutOnlyOnceItIsDurable) {
+  auto faults = std::make_shared<testing::FaultInjectionFs>();
+  testing::HarnessOptions ho;
+  ho.policy = "dedicated-1s";
+  ho.adjust = [faults](PacerdOptions& o) {
+    o.journal_retry_ms = 0;
+    o.sharding.journal.fs = faults;
+  };
+  testing::PacerdHarness h(ho);
+  ASSERT_TRUE(h.ok());
+  testing::ScriptedJob job(h, {});
+  ASSERT_TRUE(job.Connect().ok());
+  ASSERT_TRUE(job.Run(2'000).ok());
+  ASSERT_FALSE(h->reconciler()->PlanFor("w0").has_value());
+  faults->SetFault(testing::FaultInjectionFs::Fault::kNoSpace);
+  job.SetSpeed("w3", 0.5);  // a persistent straggler: the policy plans after two windows
+  for (int s = 0; s < 12; ++s) (void)job.Run(1'000);  // heartbeats may fail: nothing is written
+  EXPECT_GT(faults->refused(), 0u);
+  EXPECT_FALSE(h->reconciler()->PlanFor("w0").has_value())
+      << "a plan was carried out whose decision is not durable";
+  for (auto& w : job.workers()) EXPECT_EQ(w->plan_version(), 0u) << w->id();
+
+  faults->SetFault(testing::FaultInjectionFs::Fault::kNone);
+  for (int s = 0; s < 20 && !h->reconciler()->PlanFor("w0"); ++s) (void)job.Run(1'000);
+  auto plan = h->reconciler()->PlanFor("w0");
+  ASSERT_TRUE(plan.has_value()) << "no plan once the journal takes writes again";
+  const uint64_t version = plan->version();
+  ASSERT_TRUE(job.Run(2'000).ok());
+  for (auto& w : job.workers()) EXPECT_EQ(w->plan_version(), version) << w->id();
+
+  h.Restart();
+  ASSERT_TRUE(h.ok());
+  plan = h->reconciler()->PlanFor("w0");
+  ASSERT_TRUE(plan.has_value()) << "the plan carried out is not restored";
+  EXPECT_EQ(plan->version(), version);
+  ListActionsResponse actions;
+  h->reconciler()->ListActions(ListActionsRequest(), &actions);
+  for (const ActionRecord& a : actions.actions()) {
+    if (a.kind() != "ADJUST_BS" || a.outcome() != "executed") continue;
+    EXPECT_FALSE(a.dispatch().empty()) << "executed but never carried out: action " << a.id();
+  }
 }
 
 }  // namespace

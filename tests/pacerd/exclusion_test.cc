@@ -11,26 +11,22 @@
 //    exclusion in force ends when such a worker joins.
 //  - The exclusion in force survives a pacerd restart and is re-sent under a version no worker
 //    can hold with a different state.
-// Also: ShardReader::ReleaseAll hands an excluded worker's leases back, so another worker
-// finishes the epoch, each record counted exactly once.
+// (ShardReader::ReleaseAll, what an excluded SDK worker does with its leases, is in
+// tests/sdk/client_test.cc: the SDK's threads need the real clock.)
 #include <gtest/gtest.h>
 
 #include <map>
 #include <set>
 
 #include "tests/testing/pacerd_harness.h"
-#include "worker_sdk/client.h"
-#include "worker_sdk/shard_reader.h"
 
 namespace pacer {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::HarnessOptions;
 using testing::PacerdHarness;
 using testing::ScriptedJob;
 using testing::ScriptedWorker;
-using testing::WaitFor;
 
 // burst-exclusion-1s: a burst of 4 s is never persistent (5 of 5 windows), so no batch plan
 // gets in the way.
@@ -198,88 +194,6 @@ TEST_F(ExclusionTest, TheExclusionInForceSurvivesAPacerdRestart) {
   EXPECT_FALSE(W("w0").excluded());
   EXPECT_EQ(W("w0").exclusion_version(), version);
   EXPECT_TRUE(W("w3").excluded());
-}
-
-// ShardReader::ReleaseAll: an excluded worker hands back its current lease (part read) and its
-// prefetched one; the other worker reads the rest of the epoch. Every record is delivered to
-// exactly one of them and counted once; the released worker leases nothing until Resume().
-TEST(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCountsOnce) {
-  HarnessOptions ho;
-  ho.real_clock = true;
-  ho.adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; };
-  PacerdHarness d(ho);
-  ASSERT_TRUE(d.ok());
-  auto connect = [&](const std::string& id) {
-    ClientOptions co;
-    co.address = d.address();
-    co.token = d.job_token();
-    co.worker_id = id;
-    co.heartbeat_interval_ms = 50;
-    co.honors_exclusion = true;
-    auto c = Client::Connect(co);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  };
-  auto a = connect("a");
-  auto b = connect("b");
-  ASSERT_TRUE(a && b);
-  constexpr uint64_t kRecords = 1000;
-  DatasetSpec spec;
-  spec.set_name("train");
-  spec.set_num_records(kRecords);
-  spec.set_shard_size(100);
-  spec.set_num_epochs(1);
-  ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
-  ShardReaderOptions ro;
-  ro.prefetch_leases = 2;
-  auto ra = ShardReader::Create(a.get(), ro);
-  ASSERT_TRUE(ra.ok()) << ra.status();
-
-  std::multiset<uint64_t> seen;
-  std::vector<uint64_t> ids;
-  auto out = (*ra)->Next(130, &ids);  // one lease and 30 of the next
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE(WaitFor([&] {
-    std::vector<uint64_t> more;
-    auto r = (*ra)->Next(5, &more);
-    ids.insert(ids.end(), more.begin(), more.end());
-    return r.ok() && ids.size() >= 135;
-  }, 10s));
-  seen.insert(ids.begin(), ids.end());
-  // Let the prefetcher fill up so there is a prefetched lease to hand back too.
-  ASSERT_TRUE(WaitFor([&] { return (*ra)->leases_read() >= 2; }, 10s));
-  auto released = (*ra)->ReleaseAll(10'000);
-  ASSERT_TRUE(released.ok()) << released.status();
-  EXPECT_GE(*released, 1) << "the part-read lease goes back";
-  EXPECT_TRUE((*ra)->holding_off());
-  std::vector<uint64_t> none;
-  auto held_off = (*ra)->Next(10, &none, ShardReader::Blocking::kUntilData);
-  ASSERT_TRUE(held_off.ok());
-  EXPECT_EQ(*held_off, ShardReader::Outcome::kWait) << "no lease while held off";
-  EXPECT_TRUE(none.empty());
-
-  auto rb = ShardReader::Create(b.get(), ShardReaderOptions());
-  ASSERT_TRUE(rb.ok());
-  for (;;) {
-    std::vector<uint64_t> got;
-    auto r = (*rb)->Next(64, &got, ShardReader::Blocking::kUntilData);
-    ASSERT_TRUE(r.ok()) << r.status();
-    seen.insert(got.begin(), got.end());
-    (*rb)->MarkConsumed();
-    if (*r == ShardReader::Outcome::kEndOfData) break;
-  }
-  ASSERT_TRUE(b->Flush(10'000).ok());
-  EXPECT_EQ(seen.size(), kRecords) << "every record delivered once (none twice)";
-  EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), kRecords);
-  auto ds = a->sharding().ListDatasets();
-  ASSERT_TRUE(ds.ok());
-  ASSERT_EQ(ds->datasets_size(), 1);
-  EXPECT_TRUE(ds->datasets(0).finished());
-  EXPECT_EQ(ds->datasets(0).records_done_total(), kRecords) << "each record counted once";
-  (*ra)->Resume();
-  EXPECT_FALSE((*ra)->holding_off());
-  a->Close();
-  b->Close();
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Two consecutive runs of a job against one pacerd (issue 13, "Job lifecycle"): run 1 ends at a
+// Two consecutive runs of a job against one pacerd (docs/design.md, "Job lifecycle"): run 1 ends at a
 // high step with a batch plan in force; run 2's workers count from step 0. Its plan must be
 // scheduled within run 2's steps and take effect, not at a step of run 1 (the bug: "@step 4872"
 // in a run that ends at step 2100, never applied, silently). In process on a simulated clock

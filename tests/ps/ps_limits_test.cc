@@ -1,4 +1,4 @@
-// pacer-ps limits (worker_sdk/ps/ps_limits.h; issue 16): per request keys and keys x dim, per
+// pacer-ps limits (worker_sdk/ps/ps_limits.h): per request keys and keys x dim, per
 // table and per server rows and bytes, tables per server — each reached gives
 // RESOURCE_EXHAUSTED naming its flag and applies nothing; a Pull never creates a row; a
 // snapshot over the limits is refused, not half loaded; the flags' values are validated.

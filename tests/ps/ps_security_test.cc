@@ -1,7 +1,7 @@
-// pacer-ps hardened (issue 16): the real binary needs the job token (--token-file or
+// pacer-ps hardened: the real binary needs the job token (--token-file or
 // PACER_TOKEN) and refuses to start without one unless --insecure-no-auth on loopback;
 // unauthenticated calls to every method are refused; bad limit flags exit 2 naming the flag.
-// Then acceptance 2: inside a 1 GiB memory cgroup (cgroup v1, where writable; skipped with a
+// Then, inside a 1 GiB memory cgroup (cgroup v1, where writable; skipped with a
 // message otherwise) pacer-ps survives the oversized Pull (dim 2^20, 300 keys) and floods of
 // pushes and pulls, answering RESOURCE_EXHAUSTED, and stays under the limit.
 #include <grpcpp/grpcpp.h>

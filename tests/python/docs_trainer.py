@@ -3,9 +3,10 @@
 map-style dataset whose __getitem__ costs real CPU, num_workers=2, a BatchNorm MLP, checkpoint
 and resume per the recipe. Used by the PyTorch acceptance tests and bench/torch_straggler_bench.py.
 
-For the tests it also writes a ledger: one line per step with the indices that counted
-(loader.weight > 0) as JSON {"attempt", "step", "ids"}, and one "start" line per attempt naming
-the checkpoint it resumed from. Prints one JSON result line on rank 0.
+For the tests it also writes a ledger: one line per step with the records that counted
+(loader.batch_info.records, when loader.weight > 0) as JSON {"attempt", "step", "ids"}, and one
+"start" line per attempt naming the checkpoint it resumed from (with checkpoints on, a first
+start saves one at step 0). Prints one JSON result line on rank 0.
 
     RECORDS, EPOCHS, BATCH, CKPT_EVERY, COST (per-sample work), OUT (a folder) come from flags.
 """
@@ -95,6 +96,15 @@ def main():
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     ledger = open(os.path.join(args.out, f"ledger-{rank}.jsonl"), "a")
     resumed = None
+
+    def save_checkpoint():
+        ledger.flush()
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                 "data": loader.state_dict(), "attempt": attempt}
+        if rank == 0:
+            torch.save(state, ckpt_path + ".tmp")
+            os.replace(ckpt_path + ".tmp", ckpt_path)
+
     if os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path)
         model.load_state_dict(ckpt["model"])
@@ -104,6 +114,8 @@ def main():
         resumed = {"attempt": ckpt["attempt"], "step": ckpt["data"]["step"]}
     ledger.write(json.dumps({"start": attempt, "resumed": resumed}) + "\n")
     ledger.flush()
+    if resumed is None and args.ckpt_every:
+        save_checkpoint()  # step 0: a restart before the next checkpoint starts over from here
 
     start = time.monotonic()
     samples = 0
@@ -119,14 +131,9 @@ def main():
         if loader.weight > 0:
             samples += loader.weight
             ledger.write(json.dumps({"attempt": attempt, "step": step,
-                                     "ids": sorted(set(ids.tolist()))}) + "\n")
+                                     "ids": [i for _, i in loader.batch_info.records]}) + "\n")
         if args.ckpt_every and loader.step % args.ckpt_every == 0:
-            ledger.flush()
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                     "data": loader.state_dict(), "attempt": attempt}
-            if rank == 0:
-                torch.save(state, ckpt_path + ".tmp")
-                os.replace(ckpt_path + ".tmp", ckpt_path)
+            save_checkpoint()
     seconds = time.monotonic() - start
     ledger.close()
 

@@ -1,11 +1,10 @@
 """Tests of the Python module `pacer` against a real pacerd subprocess on loopback.
 
-Bad input (issue 3, acceptance 5): a wrong token, an unreachable pacerd (short retry budget)
-and a missing worker id raise pacer.Error subclasses carrying the message, never hang or
-crash. Also: connecting from the PACER_* environment, reading every record of a dataset exactly
-once through ShardReader (a second worker then finds nothing left), checkpoint/restore of the
-data position, StepTimer reports reaching pacerd, the batch plan, and that blocking calls
-release the GIL.
+Bad input: a wrong token, an unreachable pacerd (short retry budget) and a missing worker id
+raise pacer.Error subclasses carrying the message, never hang or crash. Also: connecting from
+the PACER_* environment, reading every record of a dataset exactly once through ShardReader (a
+second worker then finds nothing left), checkpoint/restore of the data position, StepTimer
+reports reaching pacerd, the batch plan, and that blocking calls release the GIL.
 
 Exclusion (EXCLUDE_WORKERS): the pacerd subprocess cannot be driven into deciding one here (that
 is tests/sdk/c_api_test.cc, on a simulated clock, and tests/pacerd/exclusion_test.cc), so this

@@ -1,4 +1,4 @@
-"""Numerical test of pacer.torch.weighted_average_hook (issue 3, acceptance 1).
+"""Numerical test of pacer.torch.weighted_average_hook, the weighted all-reduce of both APIs.
 
 Three ranks on a Gloo process group (torch.multiprocessing.spawn, file:// rendezvous in a
 private temp dir) hold batches of different sizes of one data set. With the hook, every rank's

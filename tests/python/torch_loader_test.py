@@ -8,6 +8,7 @@ num_workers=2, BatchNorm), against a real pacerd subprocess and Gloo between pro
     again, TORCHELASTIC_RESTART_COUNT=1, a fresh MASTER_PORT): the model descends from the last
     checkpoint and saw every record exactly once — all after the checkpoint it resumed from were
     trained again, none before;
+  - the same kill before any checkpoint but the recipe's step-0 one: every record exactly once;
   - the same script under torchrun --nproc-per-node 2 with no PACER_* identity: every record once.
 Every process is reaped; each wait has a deadline. Skips (77) without torch.
 """
@@ -24,17 +25,9 @@ except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
-from pacerd_fixture import DOCS_TRAINER as TRAINER, Children, Pacerd, free_port, temp_dir, wait_for
+from pacerd_fixture import (DOCS_TRAINER as TRAINER, Children, Pacerd, free_port, log_tails, pacer_env,
+                            temp_dir, torch_rank_env, wait_for)
 import torch_ledger
-
-
-
-def rank_env(d, rank, world, port, attempt=0):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-    env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, RANK=str(rank), LOCAL_RANK=str(rank),
-               WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               TORCHELASTIC_RESTART_COUNT=str(attempt))
-    return env
 
 
 def results(out, world):
@@ -45,15 +38,8 @@ class TorchLoaderTest(unittest.TestCase):
     def start_ranks(self, children, d, tmp, out, args, attempt=0, world=2):
         port = free_port()
         return [children.start([sys.executable, TRAINER, "--out", out, *args],
-                               env=rank_env(d, r, world, port, attempt),
+                               env=torch_rank_env(d, r, world, port, attempt),
                                log_path=f"{tmp}/a{attempt}-r{r}.log") for r in range(world)]
-
-    def logs(self, tmp):
-        text = []
-        for name in sorted(os.listdir(tmp)):
-            if name.endswith(".log"):
-                text.append(f"--- {name}\n" + open(os.path.join(tmp, name), errors="replace").read()[-2500:])
-        return "\n".join(text)
 
     def test_two_ranks_two_epochs_exactly_once(self):
         records, epochs = 3000, 2
@@ -62,7 +48,7 @@ class TorchLoaderTest(unittest.TestCase):
             self.start_ranks(children, d, tmp, out, ["--records", str(records), "--epochs", str(epochs),
                                                      "--batch", "24", "--cost", "5"])
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            self.assertEqual(codes, [0, 0], log_tails(tmp))
             res = results(out, 2)
             torch_ledger.assert_exactly_once(self, out, records, epochs)
         print(json.dumps(res))
@@ -70,29 +56,45 @@ class TorchLoaderTest(unittest.TestCase):
         self.assertEqual(res[0]["steps"], res[1]["steps"])
         self.assertEqual(sum(r["samples"] for r in res), records * epochs)
 
-    def test_kill_one_rank_resume_from_checkpoint(self):
-        records = 4000
-        args = ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "20",
-                "--die-at-step", "70"]
+    def kill_rank_one_and_restart(self, records, args):
+        """Runs 2 ranks until rank 1 kills itself (--die-at-step), stops the survivor and starts
+        the group again, as a supervisor (pacer-agent, torchrun) does; returns the ledger's chain
+        of attempts (every record trained exactly once) and the results."""
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
             out = os.path.join(tmp, "out")
             ranks = self.start_ranks(children, d, tmp, out, args)
             wait_for(lambda: ranks[1].poll() is not None, 180, "rank 1 killing itself")
-            self.assertEqual(ranks[1].returncode, -9, self.logs(tmp))
-            # What a supervisor (pacer-agent, torchrun) does: stop the survivor, start the group again.
+            self.assertEqual(ranks[1].returncode, -9, log_tails(tmp))
             children.kill_all()
-            self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), self.logs(tmp))
+            self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")), log_tails(tmp))
             children.procs.clear()
             self.start_ranks(children, d, tmp, out, args, attempt=1)
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0, 0], self.logs(tmp))
+            self.assertEqual(codes, [0, 0], log_tails(tmp))
             chain = torch_ledger.assert_exactly_once(self, out, records, 1)
-            res = results(out, 2)
+            return chain, results(out, 2)
+
+    def test_kill_one_rank_resume_from_checkpoint(self):
+        records = 4000
+        chain, res = self.kill_rank_one_and_restart(
+            records, ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "20",
+                      "--die-at-step", "70"])
         print(json.dumps({"chain": chain, "results": res}))
         self.assertEqual([a for a, _, _ in chain], [0, 1])
         self.assertEqual(chain[1][1] % 20, 0)  # resumed at a checkpoint step
         self.assertGreater(chain[1][1], 0)
         self.assertEqual(res[0]["checksum"], res[1]["checksum"])
+
+    def test_kill_before_first_checkpoint(self):
+        """The recipe's step-0 checkpoint: rank 1 killed at step 30, before any later checkpoint;
+        the restart resumes model and data from step 0, and the model sees every record once
+        (the records trained before the kill are trained again)."""
+        records = 2000
+        chain, _ = self.kill_rank_one_and_restart(
+            records, ["--records", str(records), "--batch", "16", "--cost", "5", "--ckpt-every", "1000",
+                      "--die-at-step", "30"])
+        print(json.dumps({"chain": chain}))
+        self.assertEqual(chain, [(0, 0, 0), (1, 0, None)])
 
     def test_single_process_worker_init_sees_the_dataset(self):
         """World 1 (no torch.distributed), num_workers=2: every record once, and a
@@ -114,26 +116,23 @@ class TorchLoaderTest(unittest.TestCase):
             "assert sorted(seen) == list(range(500)), (len(seen), len(set(seen)))\n"
             "print('OK', len(seen), loader.step)\n")
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, PACER_WORKER_ID="solo")
-            children.start([sys.executable, "-c", script], env=env, log_path=f"{tmp}/solo.log")
+            children.start([sys.executable, "-c", script], env=pacer_env(d, PACER_WORKER_ID="solo"),
+                           log_path=f"{tmp}/solo.log")
             codes = children.wait_all(timeout_s=120)
-            self.assertEqual(codes, [0], self.logs(tmp))
+            self.assertEqual(codes, [0], log_tails(tmp))
 
     @unittest.skipUnless(shutil.which("torchrun"), "torchrun not installed")
     def test_under_torchrun_without_pacer_identity(self):
         records = 2000
         with temp_dir() as tmp, Pacerd(tmp) as d, Children() as children:
             out = os.path.join(tmp, "out")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-            env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token)
             children.start(["torchrun", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
                             "--log_dir", os.path.join(tmp, "torchrun-logs"),
                             "--master_port", str(free_port()), TRAINER, "--out", out,
                             "--records", str(records), "--batch", "16", "--cost", "5"],
-                           env=env, log_path=f"{tmp}/torchrun.log")
+                           env=pacer_env(d), log_path=f"{tmp}/torchrun.log")
             codes = children.wait_all(timeout_s=240)
-            self.assertEqual(codes, [0], self.logs(tmp))
+            self.assertEqual(codes, [0], log_tails(tmp))
             torch_ledger.assert_exactly_once(self, out, records, 1)
             res = results(out, 2)
         print(json.dumps(res))

@@ -2,7 +2,7 @@
 ranks against a real pacerd running the demo's dedicated policy (1 s windows), one rank whose
 records load slowly (a real per-record stall in its loader processes, --slow-rank/--slow-ms):
 
-  - test_second_run_mitigation_takes_effect (issue 13, acceptance 4): run A with rank 1 slow;
+  - test_second_run_mitigation_takes_effect: run A with rank 1 slow;
     then `pacerctl datasets reset train` and run B of the same script against the same pacerd
     with rank 0 slow, no run id (torchrun's default). In each run the plan reaches the ranks
     (plans_applied > 0) and shrinks the batch of that run's slow rank: run B's plan is scheduled
@@ -27,7 +27,8 @@ except ImportError as e:
     print(f"SKIP: torch not importable ({e})")
     sys.exit(77)
 
-from pacerd_fixture import DOCS_TRAINER as TRAINER, Children, Pacerd, bin_path, free_port, temp_dir
+from pacerd_fixture import (DOCS_TRAINER as TRAINER, Children, Pacerd, bin_path, free_port, log_tails, temp_dir,
+                            torch_rank_env)
 import torch_ledger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,26 +53,15 @@ class TorchPlanTest(unittest.TestCase):
         port = free_port()
         with Children() as children:
             for r in range(2):
-                env = {k: v for k, v in os.environ.items()
-                       if not k.startswith("PACER_") or k == "PACER_BIN_DIR"}
-                env.update(PACER_ADDR=d.address, PACER_TOKEN=d.token, RANK=str(r), LOCAL_RANK=str(r),
-                           WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 children.start([sys.executable, TRAINER, "--out", out, "--slow-rank", str(slow_rank),
-                                *ARGS], env=env, log_path=f"{tmp}/{name}-r{r}.log")
+                                *ARGS], env=torch_rank_env(d, r, 2, port), log_path=f"{tmp}/{name}-r{r}.log")
             codes = children.wait_all(timeout_s=240)
-        self.assertEqual(codes, [0, 0], self.logs(tmp, name))
+        self.assertEqual(codes, [0, 0], log_tails(tmp, name))
         torch_ledger.assert_exactly_once(self, out, RECORDS, 1)
         res = [json.loads(open(os.path.join(out, f"result-{r}.json")).read()) for r in range(2)]
         self.assertEqual(res[0]["checksum"], res[1]["checksum"])
         print(name, json.dumps(res), flush=True)
         return res
-
-    def logs(self, tmp, prefix):
-        text = []
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log") and (f.startswith(prefix) or f == "pacerd.log"):
-                text.append(f"--- {f}\n" + open(os.path.join(tmp, f), errors="replace").read()[-2500:])
-        return "\n".join(text)
 
     def ctl(self, d, *cmd):
         out = subprocess.run([bin_path("pacerctl"), "--addr", d.address, "--data-dir", d.data_dir, *cmd],

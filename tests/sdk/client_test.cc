@@ -76,26 +76,33 @@ TEST_F(SdkClientTest, ReaderDeliversEveryRecordOnceAndTheDatasetFinishes) {
   auto reader = ShardReader::Create(client.get(), ro);
   ASSERT_TRUE(reader.ok()) << reader.status();
   std::vector<uint64_t> ids;
-  std::vector<int> seen(1000, 0);
+  std::vector<uint32_t> epochs;  // the epoch of each id
+  std::vector<std::vector<int>> seen(2, std::vector<int>(1000, 0));
   StepTimer timer(client.get());
   for (uint64_t step = 0;; ++step) {
     timer.BeginStep(step);
     ids.clear();
+    epochs.clear();
     absl::StatusOr<ShardReader::Outcome> got;
     {
       auto wait = timer.Time(StepTimer::Phase::kDataWait);
-      got = (*reader)->Next(50, &ids);  // batches cross lease boundaries (64 per shard)
+      // Batches cross lease boundaries (64 per shard), and epochs.
+      got = (*reader)->Next(50, &ids, ShardReader::Blocking::kUntilData, &epochs);
     }
     ASSERT_TRUE(got.ok()) << got.status();
-    for (uint64_t id : ids) {
-      ASSERT_LT(id, 1000u);
-      seen[id]++;
+    ASSERT_EQ(epochs.size(), ids.size());
+    for (size_t k = 0; k < ids.size(); ++k) {
+      ASSERT_LT(ids[k], 1000u);
+      ASSERT_LT(epochs[k], 2u);
+      seen[epochs[k]][ids[k]]++;
     }
     (*reader)->MarkConsumed();
     if (!ids.empty()) timer.EndStep(50, ids.size());
     if (*got == ShardReader::Outcome::kEndOfData) break;
   }
-  for (int i = 0; i < 1000; ++i) ASSERT_EQ(seen[i], 2) << "record " << i << " (2 epochs)";
+  for (uint32_t e = 0; e < 2; ++e) {
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(seen[e][i], 1) << "record " << i << " of epoch " << e;
+  }
   ASSERT_TRUE(client->Flush(20'000).ok());
   const DatasetInfo info = Dataset(*client);
   EXPECT_TRUE(info.finished());
@@ -338,7 +345,7 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-// torchrun's environment (issue 13): without PACER_WORKER_ID the id is "w<RANK>", the job and
+// torchrun's environment: without PACER_WORKER_ID the id is "w<RANK>", the job and
 // run id come from TORCHELASTIC_RUN_ID; PACER_* and explicit fields win.
 TEST(ClientOptionsTest, IdentityComesFromTorchrunsEnvironmentWhenPacerVariablesAreAbsent) {
   ScopedEnv env({{"PACER_WORKER_ID", nullptr}, {"PACER_JOB", nullptr}, {"PACER_RUN_ID", nullptr},
@@ -408,6 +415,89 @@ TEST_F(SdkClientTest, AWorkerUnderTorchrunRegistersAsWRank) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ((*c)->worker_id(), "w2");
   EXPECT_EQ((*c)->options().run_id, "run-e2e");
+}
+
+// ShardReader::ReleaseAll: an excluded worker hands back its current lease (part read) and its
+// prefetched one; the other worker reads the rest of the epoch. Every record is delivered to
+// exactly one of them and counted once; the released worker leases nothing until Resume().
+TEST(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCountsOnce) {
+  using namespace std::chrono_literals;
+  testing::HarnessOptions ho;
+  ho.real_clock = true;
+  ho.adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; };
+  testing::PacerdHarness d(ho);
+  ASSERT_TRUE(d.ok());
+  auto connect = [&](const std::string& id) {
+    ClientOptions co;
+    co.address = d.address();
+    co.token = d.job_token();
+    co.worker_id = id;
+    co.heartbeat_interval_ms = 50;
+    co.honors_exclusion = true;
+    auto c = Client::Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto a = connect("a");
+  auto b = connect("b");
+  ASSERT_TRUE(a && b);
+  constexpr uint64_t kRecords = 1000;
+  DatasetSpec spec;
+  spec.set_name("train");
+  spec.set_num_records(kRecords);
+  spec.set_shard_size(100);
+  spec.set_num_epochs(1);
+  ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
+  ShardReaderOptions ro;
+  ro.prefetch_leases = 2;
+  auto ra = ShardReader::Create(a.get(), ro);
+  ASSERT_TRUE(ra.ok()) << ra.status();
+
+  std::multiset<uint64_t> seen;
+  std::vector<uint64_t> ids;
+  auto out = (*ra)->Next(130, &ids);  // one lease and 30 of the next
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<uint64_t> more;
+    auto r = (*ra)->Next(5, &more);
+    ids.insert(ids.end(), more.begin(), more.end());
+    return r.ok() && ids.size() >= 135;
+  }, 10s));
+  seen.insert(ids.begin(), ids.end());
+  // Let the prefetcher fill up so there is a prefetched lease to hand back too.
+  ASSERT_TRUE(WaitFor([&] { return (*ra)->leases_read() >= 2; }, 10s));
+  auto released = (*ra)->ReleaseAll(10'000);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_GE(*released, 1) << "the part-read lease goes back";
+  EXPECT_TRUE((*ra)->holding_off());
+  std::vector<uint64_t> none;
+  auto held_off = (*ra)->Next(10, &none, ShardReader::Blocking::kUntilData);
+  ASSERT_TRUE(held_off.ok());
+  EXPECT_EQ(*held_off, ShardReader::Outcome::kWait) << "no lease while held off";
+  EXPECT_TRUE(none.empty());
+
+  auto rb = ShardReader::Create(b.get(), ShardReaderOptions());
+  ASSERT_TRUE(rb.ok());
+  for (;;) {
+    std::vector<uint64_t> got;
+    auto r = (*rb)->Next(64, &got, ShardReader::Blocking::kUntilData);
+    ASSERT_TRUE(r.ok()) << r.status();
+    seen.insert(got.begin(), got.end());
+    (*rb)->MarkConsumed();
+    if (*r == ShardReader::Outcome::kEndOfData) break;
+  }
+  ASSERT_TRUE(b->Flush(10'000).ok());
+  EXPECT_EQ(seen.size(), kRecords) << "every record delivered once (none twice)";
+  EXPECT_EQ(std::set<uint64_t>(seen.begin(), seen.end()).size(), kRecords);
+  auto ds = a->sharding().ListDatasets();
+  ASSERT_TRUE(ds.ok());
+  ASSERT_EQ(ds->datasets_size(), 1);
+  EXPECT_TRUE(ds->datasets(0).finished());
+  EXPECT_EQ(ds->datasets(0).records_done_total(), kRecords) << "each record counted once";
+  (*ra)->Resume();
+  EXPECT_FALSE((*ra)->holding_off());
+  a->Close();
+  b->Close();
 }
 
 }  // namespace

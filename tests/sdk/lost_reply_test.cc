@@ -6,7 +6,7 @@
 //   - three SDK trainers whose leasing replies are lost to 10 µs deadlines and dropped replies
 //     (some calls given up altogether) finish two epochs, every record counted once, no stall;
 //   - retries of CompleteShard / ReportProgress / ReleaseShard on leases that ended 1, 8 and
-//     1 000 leases earlier are answered truthfully (issue 12, acceptance 4);
+//     1 000 leases earlier are answered truthfully;
 //   - the ShardReader leases with its completions: one durable call per shard in steady state,
 //     and a trainer reading ahead without MarkConsumed still gets data — and is told kWait,
 //     never left waiting on itself, when everything the service could give is in its hands.
@@ -177,7 +177,7 @@ TEST_F(LostReplyTest, ACombinedCompletionRetriedGetsTheSameNextLease) {
   EXPECT_EQ(Dataset().active_leases(), 2u);
 }
 
-// Issue 12, acceptance 3 (a): replies lost to a client deadline.
+// Replies lost to a client deadline.
 TEST_F(LostReplyTest, TrainersWhoseLeasingRepliesAreLostFinishTheEpochsEveryRecordOnce) {
   constexpr uint64_t kRecords = 1'200;
   constexpr uint32_t kEpochs = 2;
@@ -250,7 +250,7 @@ TEST_F(LostReplyTest, TrainersWhoseLeasingRepliesAreLostFinishTheEpochsEveryReco
   EXPECT_EQ(ds.active_leases(), 0u);
 }
 
-// Issue 12, acceptance 4: a late retry is answered truthfully however many leases ended since.
+// A late retry is answered truthfully however many leases ended since.
 TEST_F(LostReplyTest, RetriesOnLeasesThatEnded1And8And1000LeasesEarlierAreAnsweredTruthfully) {
   auto w = ShardingClient::Connect(Direct("w0"));
   ASSERT_TRUE(w.ok()) << w.status();

@@ -1,4 +1,4 @@
-// A hot parameter server, the whole loop (label integration): monitor → controller →
+// A hot parameter server, the whole loop: monitor → controller →
 // reconciler → agent → pacer-ps restart, with no step called by hand except the clock.
 //
 // An in-process pacerd (tests/testing/pacerd_harness.h) runs on a SimulatedClock; every 100 ms

@@ -1,4 +1,4 @@
-// Durable parameter-server rows and their restart (issue 5, label integration): real pacer-ps
+// Durable parameter-server rows and their restart: real pacer-ps
 // processes with --state-dir on loopback (port 0), a PsClient pushing real updates, SIGTERM /
 // SIGKILL and a restart on the same directory; a corrupt snapshot refused with a clear error;
 // and pacerd's agent dispatcher carrying out RESTART_SERVER on a pacer-ps that a real

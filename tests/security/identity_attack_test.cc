@@ -415,7 +415,7 @@ TEST_F(IdentityAttackTest, AGarbageRequestBodyGetsAClearError) {
   EXPECT_TRUE(pacerd_->agents()->Agents().empty());
 }
 
-// A credential vouches for every id in a request, not only the first (issue 25, findings 6-9).
+// A credential vouches for every id in a request, not only the first.
 // pacerd in process on a simulated clock: the test runs production's housekeeping step (the one
 // that declares a worker its agent gave up on lost) as time passes, so "the victim keeps its
 // lease 3 s later" is decided by the same code as in production, without waiting.
@@ -502,7 +502,7 @@ class VouchedIdTest : public ::testing::Test {
   std::vector<std::unique_ptr<testing::ScriptedWorker>> workers_;
 };
 
-// Finding 6: agent n1 heartbeats as agent n0 (agent_id "n0", the highest incarnation) and lists
+// Agent n1 heartbeats as agent n0 (agent_id "n0", the highest incarnation) and lists
 // n0's workers, the victim FAILED. Before, only `node` was checked against the credential: the
 // heartbeat was accepted, the real n0 was refused from then on as "a zombie agent", an admin's
 // SetContention(w0) went to the attacker, and the victim was declared lost, its lease ended.
@@ -548,7 +548,7 @@ TEST_F(VouchedIdTest, AnAgentCannotSpeakAsAnotherAgent) {
   EXPECT_TRUE(victim.sharding().Complete(lease).ok()) << "the victim's lease was ended";
 }
 
-// Finding 7: agent n1 lists as FAILED a worker registered on node n0 that no agent supervises.
+// Agent n1 lists as FAILED a worker registered on node n0 that no agent supervises.
 // Before, the heartbeat was accepted and the worker declared lost 2.5 s later.
 TEST_F(VouchedIdTest, AnAgentCannotReportOnAWorkerOfAnotherNode) {
   RegisterDataset();
@@ -631,7 +631,7 @@ TEST_F(VouchedIdTest, AWorkerRegistersOnItsAgentsNode) {
   Worker("w2", "anywhere");  // registers (sharding and monitor) on a node no agent runs
 }
 
-// Finding 9 (rendezvous): a Join was checked neither against the credential's rank nor against
+// Rendezvous: a Join was checked neither against the credential's rank nor against
 // the worker's incarnation. A worker credential `w<N>` takes rank N (pacer-agent names each
 // worker w<RANK>), so w2 cannot squat on w1's rank; and a Join carries the incarnation of the
 // worker's sharding registration, so a worker cannot regroup everyone by joining again under
@@ -672,7 +672,7 @@ TEST_F(VouchedIdTest, ARendezvousJoinTakesTheCredentialsRankAndIncarnation) {
   EXPECT_EQ(j.generation(), generation + 1);
 }
 
-// Finding 9 (steps): a step number of 2^63 was accepted (and read as a negative step where the
+// Steps: a step number of 2^63 was accepted (and read as a negative step where the
 // controller keeps steps as int64). Implausible step numbers are refused whole, naming the limit.
 TEST_F(VouchedIdTest, ImplausibleStepNumbersAreRefused) {
   testing::ScriptedWorker& w1 = Worker("w1", "n0");
@@ -706,7 +706,7 @@ TEST_F(VouchedIdTest, ImplausibleStepNumbersAreRefused) {
   ASSERT_TRUE(w1.Heartbeat().ok());
 }
 
-// Finding 8: ServerLatency's `reporter` was never checked (an empty one was accepted too), and a
+// ServerLatency's `reporter` was never checked (an empty one was accepted too), and a
 // server's latency was the median of every sample in the window, so one worker's flood decided
 // it. Forged samples made the controller restart a healthy ps2. Now a sample's reporter is the
 // calling worker, and each reporter has one vote per server and window.

@@ -4,7 +4,7 @@
 // token's — one after the other, in one pacerd. After each the test prints pacerd's RSS and
 // checks that pacerd is alive, under 1 GiB, and still serves an honest worker and agent.
 //
-// The attacks of issue findings 1-4 are among the steps: a rendezvous Get that names a 1 MiB key
+// The attacks that once took pacerd down are among the steps: a rendezvous Get that names a 1 MiB key
 // 4 096 times (a 4 GiB reply: pacerd aborted), parked Gets holding their keys, stream datasets of
 // 65 536 partitions, file lists of 4 096-byte paths.
 #include <gtest/gtest.h>
@@ -188,7 +188,7 @@ TEST_F(MemoryQuotaTest, EveryQuotaFilledByOneCredentialKeepsPacerdUnderOneGiB) {
   EXPECT_GE(stored, 12);
   Checkpoint("rendezvous store full (" + std::to_string(stored) + " x 1 MiB)");
 
-  // 2. Finding 1: a Get naming a 1 MiB key 4 096 times would be a 4 GiB reply.
+  // 2. A Get naming a 1 MiB key 4 096 times would be a 4 GiB reply.
   {
     RendezvousGetRequest r;
     r.set_generation(generation);
@@ -200,7 +200,7 @@ TEST_F(MemoryQuotaTest, EveryQuotaFilledByOneCredentialKeepsPacerdUnderOneGiB) {
   }
   Checkpoint("a Get of one 1 MiB key x 4096");
 
-  // 3. Finding 2: parked Gets. A 48 MiB key is refused; then the worker parks Gets of 512 keys of
+  // 3. Parked Gets. A 48 MiB key is refused; then the worker parks Gets of 512 keys of
   // 1 KiB each until its waiting budget refuses one. Every parked Get stays parked until the
   // test ends (their deadline), so what they hold is held when RSS is read.
   {
@@ -291,8 +291,8 @@ TEST_F(MemoryQuotaTest, EveryQuotaFilledByOneCredentialKeepsPacerdUnderOneGiB) {
   }
   Checkpoint("the worker's waiting budget full (" + std::to_string(parked.size() - 1) + " Gets)");
 
-  // 4. Finding 3: stream datasets of 65 536 partitions (156 of them took pacerd to 8.1 GB), then
-  // 5. finding 4: file lists of 4 096-byte paths (the file count quota alone would take 2 M
+  // 4. Stream datasets of 65 536 partitions (156 of them took pacerd to 8.1 GB), then
+  // 5. file lists of 4 096-byte paths (the file count quota alone would take 2 M
   // such files, 8 GiB), registered by the worker until the dataset bytes quota refuses one.
   int streams = 0;
   for (; streams < 4; ++streams) {

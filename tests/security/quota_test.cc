@@ -269,7 +269,7 @@ TEST_F(QuotaTest, StreamPartitionsAndFilePathsCountInBytes) {
   EXPECT_LT(rss1 - rss0, 256 * 1024) << "RSS grew by " << (rss1 - rss0) / 1024 << " MiB";
 }
 
-// Issue 25, finding 5: one client filled a shared table and locked honest ones out. Each table is
+// One client could fill a shared table and locked honest ones out. Each table is
 // now bound per credential: a worker adds at most max_servers_per_reporter server rows and holds
 // at most one node row of its own; an agent credential registers one agent, its node.
 

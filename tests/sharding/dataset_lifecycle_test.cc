@@ -21,14 +21,14 @@ TEST(DatasetLifecycleTest, DeleteEndsItsLeasesDropsItsCheckpointPositionsAndFree
   auto e = d.Fetch("w0", "eval");
   ASSERT_TRUE(d.Progress(a->id, 4).ok());
   ASSERT_TRUE(d.Save("ck").ok());
-  d.state().TakeCancelledLeases();
+  d.TakeCancelled();
 
   ASSERT_TRUE(d.DeleteDataset("train").ok());
   EXPECT_EQ(d.state().FindDataset("train"), nullptr);
   EXPECT_EQ(d.state().FindLease(a->id), nullptr);
   ASSERT_NE(d.state().FindLease(e->id), nullptr) << "another dataset's lease is untouched";
   // The holder is told (heartbeat cancelled_leases) and its reports are refused.
-  auto cancelled = d.state().TakeCancelledLeases();
+  auto cancelled = d.TakeCancelled();
   ASSERT_EQ(cancelled.size(), 1u);
   EXPECT_EQ(cancelled[0], std::make_pair(std::string("w0"), a->id));
   const EndedLease* ended = d.state().FindEnded("w0", a->id);
@@ -157,7 +157,6 @@ TEST(DatasetLifecycleTest, DeleteAndResetReplayExactlyFromScratchAndFromSnapshot
   ShardingState replay;
   for (size_t i = 0; i < log.size(); ++i) {
     ASSERT_TRUE(replay.Apply(log[i]).ok()) << i;
-    replay.TakeCancelledLeases();
     if (i + 1 >= setup) EXPECT_EQ(Serialize(replay), live[i + 1 - setup]) << "after update " << i;
   }
   // From a snapshot at every point, plus the tail.

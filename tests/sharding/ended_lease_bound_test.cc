@@ -1,4 +1,4 @@
-// The memory bound on ended leases (issue 17, acceptance 6; sharding_state.h, "Memory"): the
+// The memory bound on ended leases (sharding_state.h, "Memory"): the
 // records kept for truthful retries never exceed
 //   sum over workers of EndedFloor(w) + kMaxEndedBeyondFloor
 // however long the job runs, each worker always keeps its newest EndedFloor(w), and a forgotten
@@ -128,6 +128,89 @@ TEST(EndedLeaseBoundTest, ChangingMaxLeasesMovesTheFloorAndKeepsTheCounters) {
   const Recount r = RecountEnded(d.state());
   EXPECT_EQ(r.total, 150u);
   EXPECT_EQ(r.beyond_floor, d.state().ended_beyond_floor());
+}
+
+// A registration forgets no ended lease of the incarnations before the one it replaces (a
+// process may register and die before it resolves what its predecessor left open), and workers
+// that restart over and over still stay within the bound: restarts add ended leases only
+// through RememberEnded, which trims.
+TEST(EndedLeaseBoundTest, RestartsForgetNothingAndStayWithinTheBound) {
+  StateDriver d;
+  ASSERT_TRUE(d.AddDataset(StateDriver::Records("train", 10'000'000, 10)).ok());
+  const uint64_t first = d.AddWorker("w");
+  auto lease = d.Fetch("w", "train");
+  ASSERT_TRUE(lease.has_value());
+  ASSERT_TRUE(d.Progress(lease->id, 7).ok());
+  d.AddWorker("w");  // ends the lease (worker lost) at 7 records
+  d.AddWorker("w");  // a registration nobody resolved from
+  const EndedLease* e = d.state().FindEnded("w", lease->id);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->incarnation(), first);
+  EXPECT_EQ(e->records_done(), 7u);
+  EXPECT_EQ(e->reason(), LEASE_WORKER_LOST);
+
+  // 300 workers crash-looping: each incarnation leases twice and dies holding both.
+  constexpr int kWorkers = 300, kRestarts = 40;
+  for (int i = 0; i < kWorkers; ++i) d.AddWorker(WorkerName(i));
+  for (int r = 0; r < kRestarts; ++r) {
+    for (int i = 0; i < kWorkers; ++i) {
+      ASSERT_TRUE(d.Fetch(WorkerName(i), "train").has_value());
+      ASSERT_TRUE(d.Fetch(WorkerName(i), "train").has_value());
+      d.AddWorker(WorkerName(i));
+    }
+    const Recount rc = RecountEnded(d.state());
+    ASSERT_EQ(rc.total, d.state().ended_records());
+    ASSERT_EQ(rc.beyond_floor, d.state().ended_beyond_floor());
+    ASSERT_LE(d.state().ended_beyond_floor(), kMaxEndedBeyondFloor);
+    ASSERT_LE(rc.total, rc.floors + kMaxEndedBeyondFloor);
+  }
+  // 24 000 leases ended, more than the budget: the bound held, and each worker keeps its newest.
+  EXPECT_EQ(d.state().ended_beyond_floor(), kMaxEndedBeyondFloor);
+  for (int i = 0; i < kWorkers; ++i) {
+    EXPECT_GE(d.state().FindWorker(WorkerName(i))->ended.size(), kMinEndedPerWorker);
+  }
+  ShardingState replayed;
+  for (const Update& u : d.log()) ASSERT_TRUE(replayed.Apply(u).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(replayed.ToSnapshot(),
+                                                                 d.state().ToSnapshot()));
+}
+
+// A worker killed with a report in flight may register again only after the rest of the job
+// closed that lease's epoch and the next: its newest EndedFloor leases survive the epochs'
+// close, so its registration still learns what the report counted; older ones go.
+TEST(EndedLeaseBoundTest, AWorkersNewestLeasesOutliveTheirEpoch) {
+  StateDriver d;
+  ASSERT_TRUE(d.AddDataset(StateDriver::Records("train", 400, 10, /*epochs=*/2)).ok());
+  d.AddWorker("dead");
+  d.AddWorker("other");
+  std::vector<uint64_t> done_by_dead;
+  for (int i = 0; i < 20; ++i) {
+    auto l = d.Fetch("dead", "train");
+    ASSERT_TRUE(l.has_value());
+    ASSERT_EQ(l->epoch, 0u);
+    ASSERT_TRUE(d.Complete(l->id).ok());
+    done_by_dead.push_back(l->id);
+  }
+  auto last = d.Fetch("dead", "train");
+  ASSERT_TRUE(last.has_value());
+  ASSERT_EQ(last->epoch, 0u);
+  ASSERT_TRUE(d.Progress(last->id, 6).ok());
+  // The process dies; the lease expires at its done prefix, and "other" finishes the dataset.
+  ASSERT_TRUE(d.End(last->id, LEASE_EXPIRED, 6).ok());
+  while (auto l = d.Fetch("other", "train")) ASSERT_TRUE(d.Complete(l->id).ok());
+  ASSERT_TRUE(d.state().FindDataset("train")->Finished());
+  const EndedLease* e = d.state().FindEnded("dead", last->id);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->records_done(), 6u);
+  EXPECT_EQ(e->reason(), LEASE_EXPIRED);
+  // Its floor (16) stays; its epoch-0 leases beyond it were forgotten when epoch 1 closed.
+  const ShardingState::WorkerRec* dead = d.state().FindWorker("dead");
+  EXPECT_EQ(dead->ended.size(), kMinEndedPerWorker);
+  EXPECT_EQ(d.state().FindEnded("dead", done_by_dead.front()), nullptr);
+  EXPECT_NE(d.state().FindEnded("dead", done_by_dead.back()), nullptr);
+  const Recount rc = RecountEnded(d.state());
+  EXPECT_EQ(rc.total, d.state().ended_records());
+  EXPECT_EQ(rc.beyond_floor, d.state().ended_beyond_floor());
 }
 
 // A snapshot written before the job-wide bound (every worker up to 4 096) is brought within it

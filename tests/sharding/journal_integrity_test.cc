@@ -1,4 +1,4 @@
-// The journal's integrity guarantees, at the Journal interface (RocksJournal): format versions,
+// The journal's integrity guarantees, at the ShardingJournal interface (RocksLog): format versions,
 // the high-water mark (it holds every acknowledged update; its own format versions and torn
 // writes), refusal of a journal shorter than acknowledged — after a crash too — a full disk
 // that recovers, and power loss (unsynced data dropped) that loses nothing acknowledged.
@@ -12,7 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "journal/high_water_mark.h"
-#include "sharding_service/rocks_journal.h"
+#include "journal/rocks_log.h"
+#include "sharding_service/sharding_service.h"
 #include "tests/testing/fault_injection_fs.h"
 #include "tests/testing/test_util.h"
 
@@ -36,9 +37,9 @@ struct Replayed {
   uint64_t updates = 0;
   uint64_t last = 0;
 };
-absl::StatusOr<std::unique_ptr<Journal>> OpenCounting(const JournalOptions& o, Replayed* r) {
+absl::StatusOr<std::unique_ptr<ShardingJournal>> OpenCounting(const JournalOptions& o, Replayed* r) {
   *r = {};
-  return Journal::Open(
+  return ShardingJournal::Open(
       o,
       [r](const ShardingSnapshot& s) {
         r->snapshot_seq = r->last = s.seq();
@@ -51,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Journal>> OpenCounting(const JournalOptions& o, R
       });
 }
 
-void AppendAndFlush(Journal& j, uint64_t from, uint64_t to) {
+void AppendAndFlush(ShardingJournal& j, uint64_t from, uint64_t to) {
   for (uint64_t s = from; s <= to; ++s) j.Append(Lost(s));
   ASSERT_TRUE(j.Flush().ok());
 }
@@ -136,7 +137,7 @@ TEST(JournalFormatTest, NewDirsAreV4V2AndV3AreReadAndUpgradedAfterTheFirstCommit
 }
 
 absl::StatusOr<std::optional<HighWaterMark::Found>> ReadMark(const JournalOptions& o) {
-  return HighWaterMark::Read(rocksdb::FileSystem::Default().get(), RocksJournal::HwmPath(o));
+  return HighWaterMark::Read(rocksdb::FileSystem::Default().get(), RocksLog::HwmPath(o));
 }
 
 TEST(JournalHwmTest, TheMarkHoldsEveryAcknowledgedUpdateWhenItIsAcknowledged) {
@@ -146,13 +147,13 @@ TEST(JournalHwmTest, TheMarkHoldsEveryAcknowledgedUpdateWhenItIsAcknowledged) {
   auto j = OpenCounting(o, &r);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_EQ((*j)->stats().hwm_seq, 0u);
-  EXPECT_TRUE(std::filesystem::exists(RocksJournal::HwmPath(o)));
+  EXPECT_TRUE(std::filesystem::exists(RocksLog::HwmPath(o)));
   for (uint64_t s = 1; s <= 20; ++s) {
     (*j)->Append(Lost(s));
     // What the mark held when the update was acknowledged (the callback runs on the journal's
     // thread; the promise outlives this scope whatever happens).
     auto acknowledged = std::make_shared<std::promise<std::pair<absl::Status, uint64_t>>>();
-    Journal* journal = j->get();
+    ShardingJournal* journal = j->get();
     journal->WhenDurable(s, [acknowledged, journal](absl::Status st) {
       acknowledged->set_value({st, journal->stats().hwm_seq});
     });
@@ -176,7 +177,7 @@ TEST(JournalHwmTest, TheMarkHoldsEveryAcknowledgedUpdateWhenItIsAcknowledged) {
   EXPECT_FALSE((*mark)->torn);
 }
 
-// Issue 25, finding 10: pacerd kill -9'ed, then the last 100 bytes of the live WAL cut. The cut
+// pacerd kill -9'ed, then the last 100 bytes of the live WAL cut. The cut
 // takes acknowledged groups off the WAL's end, which RocksDB cannot tell from a torn last
 // record (a write in progress, never acknowledged: dropped, see below); the mark can, because
 // it holds every acknowledged update. Before, the mark lagged the acknowledged seq by up to
@@ -210,9 +211,9 @@ TEST(JournalHwmTest, AWalCutBackAfterAKillIsRefusedNamingTheMarkAndTheMissingUpd
                              << " were acknowledged";
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
   const std::string message(refused.status().message());
-  ASSERT_LT(r.last, kAcknowledged) << "the cut took nothing: the case is not finding 10";
+  ASSERT_LT(r.last, kAcknowledged) << "the cut took nothing: no acknowledged update was cut";
   EXPECT_GE(r.last, kAcknowledged - 5) << "100 bytes are a few groups of one update";
-  EXPECT_NE(message.find(RocksJournal::HwmPath(o)), std::string::npos) << message;
+  EXPECT_NE(message.find(RocksLog::HwmPath(o)), std::string::npos) << message;
   EXPECT_NE(message.find(absl::StrCat("recovered updates up to ", r.last)), std::string::npos) << message;
   EXPECT_NE(message.find(absl::StrCat(kAcknowledged - r.last, " acknowledged updates are missing")),
             std::string::npos)
@@ -272,7 +273,7 @@ TEST(JournalHwmTest, ADataDirFromBeforeTheMarkIsAdopted) {
     ASSERT_TRUE(j.ok());
     AppendAndFlush(**j, 1, 7);
   }
-  std::filesystem::remove(RocksJournal::HwmPath(o));
+  std::filesystem::remove(RocksLog::HwmPath(o));
   auto j = OpenCounting(o, &r);
   ASSERT_TRUE(j.ok()) << j.status();
   EXPECT_TRUE((*j)->recovery().adopted);
@@ -280,7 +281,7 @@ TEST(JournalHwmTest, ADataDirFromBeforeTheMarkIsAdopted) {
   EXPECT_EQ((*j)->stats().hwm_seq, 7u);
   j->reset();
   // With must_exist (an identity), a missing mark is refused instead.
-  std::filesystem::remove(RocksJournal::HwmPath(o));
+  std::filesystem::remove(RocksLog::HwmPath(o));
   JournalOptions strict = o;
   strict.must_exist = true;
   auto refused = OpenCounting(strict, &r);
@@ -300,7 +301,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 TEST(JournalHwmTest, AMarkOfTheFormerFormatIsReadAndRewrittenANewerOneIsRefused) {
   TempDir dir;
   JournalOptions o{dir.Sub("journal"), true};
-  const std::string hwm = RocksJournal::HwmPath(o);
+  const std::string hwm = RocksLog::HwmPath(o);
   Replayed r;
   {
     auto j = OpenCounting(o, &r);
@@ -347,7 +348,7 @@ TEST(JournalHwmTest, AMarkOfTheFormerFormatIsReadAndRewrittenANewerOneIsRefused)
 TEST(JournalHwmTest, ATornMarkWriteKeepsThePreviousMark) {
   TempDir dir;
   JournalOptions o{dir.Sub("journal"), true};
-  const std::string hwm = RocksJournal::HwmPath(o);
+  const std::string hwm = RocksLog::HwmPath(o);
   Replayed r;
   {
     auto j = OpenCounting(o, &r);

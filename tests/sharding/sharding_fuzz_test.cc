@@ -132,7 +132,7 @@ TEST(ShardingFuzzTest, RandomUpdatesNeverCrashAndRefusalsChangeNothing) {
         ASSERT_EQ(d.state().ToSnapshot().SerializeAsString(), before)
             << "a refused update changed the state: " << u.ShortDebugString() << " -> " << s;
       }
-      d.state().TakeCancelledLeases();
+      d.TakeCancelled();
     }
   }
   // Raw garbage as journal bytes: either it does not parse, or it applies or is refused.

@@ -166,7 +166,7 @@ class RandomRun {
     } else {
       ASSERT_TRUE(d_.SetTailBackup(ds, rng_() % 2).ok());
     }
-    d_.state().TakeCancelledLeases();
+    d_.TakeCancelled();
     Record();
     CheckCounts();
   }
@@ -229,7 +229,6 @@ class RandomRun {
     ShardingState from_scratch;
     for (size_t i = 0; i < log.size(); ++i) {
       ASSERT_TRUE(from_scratch.Apply(log[i]).ok()) << "replay of update " << log[i].seq();
-      from_scratch.TakeCancelledLeases();
       if (live_[i + 1].empty()) continue;  // not recorded (several updates in one step)
       ASSERT_EQ(Serialize(from_scratch), live_[i + 1]) << "prefix " << i + 1;
     }
@@ -242,7 +241,6 @@ class RandomRun {
       ASSERT_EQ(Serialize(*st), live_[j]) << "snapshot round trip at " << j;
       for (size_t i = j; i < log.size(); ++i) {
         ASSERT_TRUE(st->Apply(log[i]).ok());
-        st->TakeCancelledLeases();
         if (live_[i + 1].empty()) continue;
         ASSERT_EQ(Serialize(*st), live_[i + 1]) << "snapshot " << j << " + tail to " << i + 1;
       }

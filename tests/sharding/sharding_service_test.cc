@@ -242,9 +242,9 @@ TEST_F(ShardingServiceTest, PrometheusMetricsCountWhatHappened) {
   EXPECT_EQ(value("pacer_sharding_leases_active{dataset=\"train\"}"), 0);
   EXPECT_EQ(value("pacer_sharding_oldest_lease_age_seconds{dataset=\"train\"}"), 0);
   EXPECT_EQ(value("pacer_sharding_workers{state=\"silent\"}"), 1);  // w0, silent for 1.5 s
-  EXPECT_GE(value("pacer_sharding_journal_fsync_seconds_count"), 3);  // one per write batch
-  EXPECT_GE(value("pacer_sharding_journal_fsyncs_total"), 3);
-  EXPECT_GT(value("pacer_sharding_journal_bytes_total"), 0);
+  EXPECT_GE(value("pacer_journal_fsync_seconds_count{journal=\"sharding\"}"), 3);  // one per write batch
+  EXPECT_GE(value("pacer_journal_fsyncs_total{journal=\"sharding\"}"), 3);
+  EXPECT_GT(value("pacer_journal_bytes_total{journal=\"sharding\"}"), 0);
   EXPECT_GE(value("pacer_sharding_recovery_seconds"), 0);
 }
 
@@ -254,7 +254,7 @@ TEST(JournalTest, CorruptOrMissingEntriesAreDataLossNotACrash) {
   auto noop_snapshot = [](const ShardingSnapshot&) { return absl::OkStatus(); };
   auto noop_update = [](const Update&) { return absl::OkStatus(); };
   {
-    auto j = Journal::Open({path, true}, noop_snapshot, noop_update);
+    auto j = ShardingJournal::Open({path, true}, noop_snapshot, noop_update);
     ASSERT_TRUE(j.ok()) << j.status();
     for (uint64_t seq = 1; seq <= 5; ++seq) {
       Update u;
@@ -282,17 +282,17 @@ TEST(JournalTest, CorruptOrMissingEntriesAreDataLossNotACrash) {
     return absl::OkStatus();
   };
   {
-    auto j = Journal::Open({path, true}, noop_snapshot, count);
+    auto j = ShardingJournal::Open({path, true}, noop_snapshot, count);
     ASSERT_TRUE(j.ok());
     EXPECT_EQ(replayed, 5);
   }
   poke([&](rocksdb::DB* db) { db->Put(rocksdb::WriteOptions(), key(3), "\xff\xff garbage"); });
-  auto corrupt = Journal::Open({path, true}, noop_snapshot, noop_update);
+  auto corrupt = ShardingJournal::Open({path, true}, noop_snapshot, noop_update);
   ASSERT_FALSE(corrupt.ok());
   EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(corrupt.status().message().find("update 3"), std::string::npos) << corrupt.status();
   poke([&](rocksdb::DB* db) { db->Delete(rocksdb::WriteOptions(), key(3)); });
-  auto gap = Journal::Open({path, true}, noop_snapshot, noop_update);
+  auto gap = ShardingJournal::Open({path, true}, noop_snapshot, noop_update);
   ASSERT_FALSE(gap.ok());
   EXPECT_EQ(gap.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(gap.status().message().find("gap"), std::string::npos) << gap.status();

@@ -182,7 +182,7 @@ TEST(ShardingStateTest, TailBackupFirstCompletionWinsAndCountsOnce) {
   const auto* ds = d.state().FindDataset("train");
   EXPECT_EQ(ds->completed_epochs, 1u);
   EXPECT_EQ(ds->records_done_total, 20u);
-  auto cancelled = d.state().TakeCancelledLeases();
+  auto cancelled = d.TakeCancelled();
   ASSERT_EQ(cancelled.size(), 1u);
   EXPECT_EQ(cancelled[0].first, "slow");
   EXPECT_EQ(cancelled[0].second, s->id);

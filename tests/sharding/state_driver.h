@@ -19,11 +19,17 @@ class StateDriver {
   int64_t now_ms = 1'000'000;
 
   absl::Status Apply(Update u) {
-    u.set_seq(state_.last_seq() + 1);
-    u.set_time_ms(now_ms);
-    absl::Status s = state_.Apply(u);
-    if (s.ok()) log_.push_back(u);
-    return s;
+    absl::StatusOr<ApplyEffects> effects = state_.Commit(&u, now_ms);
+    if (!effects.ok()) return effects.status();
+    log_.push_back(u);
+    for (auto& c : effects->cancelled_leases) cancelled_.push_back(std::move(c));
+    return absl::OkStatus();
+  }
+  // The leases cancelled since the last call (what the service tells their holders).
+  std::vector<std::pair<std::string, uint64_t>> TakeCancelled() {
+    std::vector<std::pair<std::string, uint64_t>> out;
+    out.swap(cancelled_);
+    return out;
   }
 
   absl::Status AddDataset(const DatasetSpec& spec) {
@@ -47,17 +53,15 @@ class StateDriver {
     EXPECT_TRUE(Apply(u).ok());
     return state_.FindWorker(id)->incarnation;
   }
-  // Validates like the service, then leases. nullopt when the plan is WAIT / END_OF_DATA.
+  // Decides like the service, then leases. nullopt when the decision is WAIT / END_OF_DATA.
   std::optional<ShardingState::LeaseRec> Fetch(const std::string& worker, const std::string& ds,
                                                FetchPlan::Kind* kind = nullptr) {
-    auto plan = state_.PlanFetch(worker, ds);
-    EXPECT_TRUE(plan.ok()) << plan.status();
-    if (!plan.ok()) return std::nullopt;
-    if (kind) *kind = plan->kind;
-    if (plan->kind == FetchPlan::kWait || plan->kind == FetchPlan::kEndOfData) return std::nullopt;
-    Update u;
-    *u.mutable_create_lease() = state_.DecideLease(*plan, worker, ds, /*request_id=*/0);
-    EXPECT_TRUE(Apply(u).ok());
+    auto decision = state_.DecideFetch(worker, ds, /*request_id=*/0);
+    EXPECT_TRUE(decision.ok()) << decision.status();
+    if (!decision.ok()) return std::nullopt;
+    if (kind) *kind = decision->kind;
+    if (!decision->update) return std::nullopt;
+    EXPECT_TRUE(Apply(std::move(*decision->update)).ok());
     return *state_.FindLease(state_.last_lease_id());
   }
   absl::Status Progress(uint64_t lease, uint64_t done) {
@@ -120,6 +124,7 @@ class StateDriver {
 
  private:
   ShardingState state_;
+  std::vector<std::pair<std::string, uint64_t>> cancelled_;
   std::vector<Update> log_;
 };
 

@@ -1,4 +1,4 @@
-// The differential test (issue 17, acceptance 1): one scripted trace drives the simulator's job
+// The differential test: one scripted trace drives the simulator's job
 // model twice -- once on the simulator's own control plane (InProcessControlPlane: the real
 // monitor, controller and sharding state called directly, as pacer-sim runs), once on a real
 // in-process pacerd on the simulated clock (PacerdControlPlane: its services, agent registry and

@@ -1,4 +1,4 @@
-// Issue 17, acceptance 5 (noise only): on sim/scenarios/noise-only.yaml — 32 sync replicas, no
+// Noise only: on sim/scenarios/noise-only.yaml — 32 sync replicas, no
 // lasting straggler, skewed per-step noise (std 12 %) — every preset finishes within 1 % of
 // doing nothing, on several seeds, and loses no record and counts none twice. And the rule
 // that keeps them quiet (a worker is planned at its own speed only when its steps show the

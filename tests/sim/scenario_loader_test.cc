@@ -25,7 +25,7 @@ TEST(ScenarioLoader, EveryShippedScenarioLoads) {
   EXPECT_GE(n, 9);
 }
 
-TEST(ScenarioLoader, ReadsTheIssueShape) {
+TEST(ScenarioLoader, ReadsEveryKeyOfTheBaseFormat) {
   absl::StatusOr<Scenario> sc = ParseScenario(R"(name: mixed-hardware
 seed: 7
 job: {mode: sync, workers: 64, workers_per_node: 8, global_batch: 4096, total_samples: 20000000,

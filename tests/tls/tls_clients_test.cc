@@ -1,4 +1,4 @@
-// Every Pacer client against a TLS and an mTLS pacerd (issue 14, acceptance 3): the C++ SDK,
+// Every Pacer client against a TLS and an mTLS pacerd: the C++ SDK,
 // the C API, pacerctl, pacer-consume, pacer-agent (with its workers, which get the agent's TLS
 // files), and an example trainer (pacer-train-ctr) with pacer-ps serving mTLS too. Then the
 // server certificate rotated without a restart (the new one is served once the files change;

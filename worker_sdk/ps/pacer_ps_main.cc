@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   desc.add_options()
       ("listen", po::value(&o.listen)->default_value(o.listen), "gRPC address HOST:PORT (port 0: any)")
       ("server-id", po::value(&o.server_id)->default_value(o.server_id), "name in latency stats")
-      ("token-file", po::value(&token_file), "job token file (default $PACER_TOKEN); calls must carry it or a credential minted from it")
+      ("token-file", po::value(&token_file), "file holding the job token (without it: $PACER_TOKEN, the token itself); calls must carry it or a credential minted from it")
       ("insecure-no-auth", po::bool_switch(&o.insecure_no_auth), "serve without a token (development; loopback --listen only)")
       ("tls-cert", po::value(&o.tls.cert_file), "server certificate (PEM); enables TLS")
       ("tls-key", po::value(&o.tls.key_file), "server private key (PEM)")

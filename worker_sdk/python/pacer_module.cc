@@ -233,27 +233,39 @@ class PyShardReader {
   // (kUntilPrefetched); when nothing is, block for a single record (kUntilData, n = 1, nothing
   // else held), then add what is ready after it. A batch is short only at a lease boundary the
   // service is not ready to cross.
-  std::pair<ShardReader::Outcome, std::vector<uint64_t>> Next(size_t n, ShardReader::Blocking blocking) {
+  // With `epochs`, the epoch of each id is appended to it.
+  std::pair<ShardReader::Outcome, std::vector<uint64_t>> Next(size_t n, ShardReader::Blocking blocking,
+                                                              std::vector<uint32_t>* ep = nullptr) {
     if (n == 0) Raise(absl::InvalidArgumentError("next(n): n must be > 0"));
     std::vector<uint64_t> ids;
     absl::StatusOr<ShardReader::Outcome> got;
     {
       py::gil_scoped_release release;
       if (blocking != ShardReader::Blocking::kUntilData) {
-        got = reader_->Next(n, &ids, blocking);
+        got = reader_->Next(n, &ids, blocking, ep);
       } else {
-        got = reader_->Next(n, &ids, ShardReader::Blocking::kUntilPrefetched);
+        got = reader_->Next(n, &ids, ShardReader::Blocking::kUntilPrefetched, ep);
         if (got.ok() && ids.empty() && *got == ShardReader::Outcome::kWait) {
-          got = reader_->Next(1, &ids, ShardReader::Blocking::kUntilData);
+          got = reader_->Next(1, &ids, ShardReader::Blocking::kUntilData, ep);
           if (got.ok() && !ids.empty() && n > 1) {
             absl::StatusOr<ShardReader::Outcome> more =
-                reader_->Next(n - 1, &ids, ShardReader::Blocking::kUntilPrefetched);
+                reader_->Next(n - 1, &ids, ShardReader::Blocking::kUntilPrefetched, ep);
             if (!more.ok()) got = more.status();
           }
         }
       }
     }
     return {Value(std::move(got)), std::move(ids)};
+  }
+  // next() in Python: (outcome, ids), or (outcome, ids, epochs) with epochs=True.
+  py::tuple NextForPython(size_t n, ShardReader::Blocking blocking, bool with_epochs) {
+    if (!with_epochs) {
+      auto [outcome, ids] = Next(n, blocking);
+      return py::make_tuple(outcome, std::move(ids));
+    }
+    std::vector<uint32_t> epochs;
+    auto [outcome, ids] = Next(n, blocking, &epochs);
+    return py::make_tuple(outcome, std::move(ids), std::move(epochs));
   }
   void MarkConsumed() { reader_->MarkConsumed(); }  // queues only: no network, keeps the GIL
   void MarkConsumedThrough(uint64_t position) {
@@ -528,8 +540,10 @@ PYBIND11_MODULE(_pacer, m) {
   reader
       .def(py::init<PyClient&, std::string, int>(), py::arg("client"), py::kw_only(), py::arg("dataset") = "train",
            py::arg("prefetch_leases") = 1, py::keep_alive<1, 2>())
-      .def("next", &PyShardReader::Next, py::arg("n"), py::arg("blocking") = ShardReader::Blocking::kUntilData,
-           "Up to n record ids: returns (Outcome, [ids]).")
+      .def("next", &PyShardReader::NextForPython, py::arg("n"), py::arg("blocking") = ShardReader::Blocking::kUntilData,
+           py::kw_only(), py::arg("epochs") = false,
+           "Up to n record ids: returns (Outcome, [ids]); with epochs=True (Outcome, [ids], "
+           "[epochs]), the epoch of each id (one call may cross into the next epoch).")
       .def("mark_consumed",
            [](PyShardReader& r, std::optional<uint64_t> through) {
              if (through) {

@@ -13,7 +13,7 @@
 #include <iostream>
 #include <random>
 
-#include "sharding_service/journal.h"
+#include "sharding_service/sharding_service.h"
 #include "sharding_service/sharding_state.h"
 
 using namespace pacer;
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   ShardingState state;
   JournalOptions jo;
   jo.dir = argv[1];
-  auto journal = Journal::Open(
+  auto journal = ShardingJournal::Open(
       jo, [](const ShardingSnapshot&) { return absl::OkStatus(); },
       [](const Update&) { return absl::OkStatus(); });
   if (!journal.ok()) {

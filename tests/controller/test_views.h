@@ -1,5 +1,6 @@
-// Builds ClusterViews for controller tests: N workers on their own nodes, equal speeds, a sync
-// job with an even split of the global batch, time from a SimulatedClock.
+// ClusterViews made by hand for the controller's unit tests: N workers on their own nodes, equal
+// speeds, a sync job with an even split of the global batch. (pacerd and the simulator build
+// their views from the monitor with controller/view_builder.h; these skip the monitor.)
 #pragma once
 
 #include <string>

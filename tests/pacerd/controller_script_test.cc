@@ -1,4 +1,6 @@
-// Controller scenario scripts with golden output (tests/pacerd/testdata/*.txt).
+// Controller scripts with golden output (tests/pacerd/testdata/*.txt): the controller's decisions
+// as a whole pacerd makes them, on the simulated clock. (tests/controller/controller_decision_test.cc
+// holds the cases a script cannot express: views made by hand, fed to the Controller alone.)
 //
 // Each file is a script for a real pacerd on a simulated clock (tests/testing/pacerd_harness.h)
 // driving a job of scripted workers, and the decisions pacerd made, as a reader wants to see
@@ -16,13 +18,16 @@
 //   run DURATION          e.g. 12s: steps every 100 ms, heartbeats every second, housekeeping
 //                         after every step; prints every decision recorded meanwhile
 //   status                every worker's batch in force and whether it is excluded
+//   explain               the newest decision record in full: what it saw (inputs), its reason,
+//                         the predicted gain and, once judged, the measured gain and whether it
+//                         was rolled back
 //   restart-pacerd        stop pacerd and start it again on the same data dir
 //
 // The output of `run` lists the audit records created meanwhile, in order: time since start,
 // kind, target, outcome (and the veto), the action's detail and where it was dispatched.
 //
 // A changed decision fails the test with both outputs. After an intended change, rewrite the
-// goldens and review the diff:  PACER_REWRITE_GOLDENS=1 build/bin/controller_scenarios_test
+// goldens and review the diff:  PACER_REWRITE_GOLDENS=1 build/bin/controller_script_test
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -81,6 +86,7 @@ class ScriptRun {
       }
       return out;
     }
+    if (cmd == "explain") return Explain();
     if (cmd == "restart-pacerd") {
       harness_->Restart();
       if (!harness_->ok()) return "error: pacerd did not start again";
@@ -133,6 +139,26 @@ class ScriptRun {
     return out.empty() ? "no decision" : out;
   }
 
+  std::string Explain() {
+    const ListActionsResponse a = harness_->Actions();
+    const ActionRecord* newest = nullptr;
+    for (const auto& r : a.actions())
+      if (r.kind() != "POLICY" && (!newest || r.id() > newest->id())) newest = &r;
+    if (!newest) return "no decision";
+    const ActionRecord& r = *newest;
+    std::string out = absl::StrFormat("t=%.1fs %s %s %s", (r.time_ms() - kStartMs) / 1000.0, r.kind(),
+                                      r.target().empty() ? "-" : r.target(), r.outcome());
+    absl::StrAppend(&out, "\ninputs: ", r.inputs(), "\nreason: ", r.reason());
+    absl::StrAppendFormat(&out, "\npredicted gain %.3f", r.predicted_gain());
+    if (r.measured()) {
+      absl::StrAppendFormat(&out, ", measured gain %.3f%s", r.measured_gain(),
+                            r.rolled_back() ? ", rolled back" : ", kept");
+    } else {
+      absl::StrAppend(&out, ", not judged yet");
+    }
+    return out;
+  }
+
   std::unique_ptr<PacerdHarness> harness_;
   std::unique_ptr<ScriptedJob> job_;
   uint64_t seen_ = 0;
@@ -161,9 +187,9 @@ std::string RunScript(const std::string& text) {
   return out;
 }
 
-class ControllerScenarioTest : public ::testing::TestWithParam<std::string> {};
+class ControllerScriptTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(ControllerScenarioTest, DecisionsMatchTheGolden) {
+TEST_P(ControllerScriptTest, DecisionsMatchTheGolden) {
   const std::string path = std::string(PACER_TESTDATA_DIR) + "/" + GetParam();
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
@@ -188,7 +214,7 @@ std::vector<std::string> Scripts() {
   return names;
 }
 
-INSTANTIATE_TEST_SUITE_P(Scripts, ControllerScenarioTest, ::testing::ValuesIn(Scripts()),
+INSTANTIATE_TEST_SUITE_P(Scripts, ControllerScriptTest, ::testing::ValuesIn(Scripts()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string n = p.param.substr(0, p.param.size() - 4);
                            for (char& c : n)
