@@ -6,6 +6,7 @@
 
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/reconnect.h"
 #include "common/status.h"
 
 namespace pacer {
@@ -99,8 +100,9 @@ absl::Status Client::RegisterWithMonitor() {
         std::chrono::steady_clock::now() >= deadline) {
       return s;
     }
-    // Backoff between attempts (not synchronisation).
-    std::this_thread::sleep_for(std::chrono::milliseconds(
+    // Backoff between attempts (not synchronisation), watching the channel so that its
+    // reconnection makes progress (common/reconnect.h).
+    WaitOutPause(monitor_channel_.get(), std::chrono::milliseconds(
         std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(jitter)));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 1'000);
   }

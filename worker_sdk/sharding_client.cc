@@ -6,6 +6,7 @@
 
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/reconnect.h"
 #include "common/status.h"
 
 namespace pacer {
@@ -37,9 +38,7 @@ ShardingClient::ShardingClient(ShardingClientOptions options)
     : options_(std::move(options)), jitter_(std::random_device{}()) {
   grpc::ChannelArguments args;
   ApplyTlsChannelArgs(options_.tls, &args);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  SetReconnectBackoff(&args, 50, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
   channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
   stub_ = ShardingService::NewStub(channel_);
@@ -124,13 +123,14 @@ absl::Status ShardingClient::Retry(const char* what,
     if (attempt == 1 || attempt % 20 == 0) {
       PACER_LOG(WARNING) << what << ": " << s.error_message() << "; retrying";
     }
-    // Backoff between attempts (not synchronisation): full jitter, capped.
+    // Backoff between attempts (not synchronisation): full jitter, capped. The pause watches the
+    // channel, so that its reconnection makes progress (common/reconnect.h).
     int64_t pause_ms;
     {
       std::lock_guard<std::mutex> l(jitter_mu_);
       pause_ms = std::uniform_int_distribution<int64_t>(backoff / 2, backoff)(jitter_);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    WaitOutPause(channel_.get(), std::chrono::milliseconds(pause_ms));
     backoff = std::min(backoff * 2, options_.backoff_max_ms);
   }
 }
