@@ -11,14 +11,16 @@
   3. The deployment, host network, every server on loopback (ports picked free at run time):
      pacerd in one container (TLS, data on a named volume, read-only root without tmpfs,
      /usr/bin and /usr/sbin hidden: no shell or tool needed, every capability dropped,
-     no-new-privileges); two trainer containers, each `pacer-agent --workers 2` running two ranks
-     of examples/torch_ddp/train.py (Gloo, 4 ranks). Once the job is under way
+     no-new-privileges); two trainer containers, each `pacer-agent --workers 2 --nnodes 2`
+     running two ranks of examples/torch_ddp/train.py (Gloo, 4 ranks, env:// rendezvous at the
+     MASTER_ADDR/MASTER_PORT the agents set; pt.DataLoader + pt.DistributedDataParallel; each
+     rank writes --ledger: the (epoch, index) pairs of every step). Once the job is under way
      `pacerctl contention w3 5` (run inside pacerd's container) slows one rank; the controller's
      batch plan must reach every rank (their ledgers carry the plan version) and shrink w3's
      batch. Then pacerd's container is killed (SIGKILL), removed, and a new one starts on the same
      volume: the records done it reports are never fewer than before the kill, and the job ends.
   4. Every rank exits 0; records done (pacerd) = records x epochs; the ranks' ledgers hold every
-     record exactly `epochs` times (0 counted twice, 0 missing); equal parameter checksums.
+     (epoch, index) pair exactly once (0 counted twice, 0 missing); equal parameter checksums.
   5. Security, read inside the running containers (/proc/PID/status and mountinfo of their
      processes, `podman top`): uid/gid 10001, no capabilities (effective, permitted, bounding),
      NoNewPrivs, a read-only root; a write to the trainer's root fails.
@@ -53,7 +55,7 @@ DEADLINE = time.monotonic() + float(os.environ.get("PACER_CONTAINER_DEADLINE_S",
 # plan and a pacerd restart before the data ends. A wide hidden layer makes compute, which the
 # contention slows, the larger part of a step (with train.py's default width Gloo and Python
 # overhead dominate and a slowed rank hardly shows).
-RECORDS, EPOCHS, SHARD, BATCH, HIDDEN = 98304, 2, 512, 32, 4096
+RECORDS, EPOCHS, BATCH, HIDDEN = 98304, 2, 32, 4096
 # Factor 5: at 3, on a machine loaded to 12 by other builds, the foreign load slowed other ranks
 # more than the contention slowed w3 (in a container the agent's hogs cannot gain priority).
 SLOW_WORKER, FACTOR = "w3", 5
@@ -405,10 +407,8 @@ class Deployment:
                 "--job=torch-ddp", "--workers=2", "--nnodes=2", f"--node-rank={node_rank}",
                 "--master-addr=127.0.0.1", f"--master-port={self.master_port}", "--no-nvml",
                 "--heartbeat-backoff-max-ms=1000", "--max-restarts=0", "--",
-                "python3", "/opt/train/train.py", "--rank", "{rank}", "--world-size", "4",
-                "--init-method", "env://", "--register", "--records", str(RECORDS), "--epochs", str(EPOCHS),
-                "--shard-size", str(SHARD), "--batch", str(BATCH), "--hidden", str(HIDDEN),
-                "--ledger", "/out/ledger-{worker_id}.jsonl", "--result-file", "/out/result-{worker_id}.json")
+                "python3", "/opt/train/train.py", "--records", str(RECORDS), "--epochs", str(EPOCHS),
+                "--batch", str(BATCH), "--hidden", str(HIDDEN), "--ledger", "/out", "--result-dir", "/out")
         return name
 
     def running(self, name):
@@ -418,12 +418,13 @@ class Deployment:
         return int(self.pm("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
 
     def ledger_plans(self):
-        """worker -> {plan version: local batch} from the ledgers so far (versions > 0)."""
+        """worker -> {plan version: local batch} from the ledgers so far (versions > 0); rank r
+        is worker wR (pacer-agent's worker ids)."""
         out = {}
         for w in range(4):
             plans = out.setdefault(f"w{w}", {})
             try:
-                with open(os.path.join(self.out, f"ledger-w{w}.jsonl")) as f:
+                with open(os.path.join(self.out, f"ledger-{w}.jsonl")) as f:
                     for line in f:
                         try:
                             e = json.loads(line)
@@ -437,14 +438,17 @@ class Deployment:
 
 
 def count_ledgers(out):
+    """The ranks' ledgers: (epoch, index) pairs trained, how many of the expected ones are
+    missing or counted more than once, and how many are not in the data set at all."""
     seen = collections.Counter()
     for w in range(4):
-        with open(os.path.join(out, f"ledger-w{w}.jsonl")) as f:
+        with open(os.path.join(out, f"ledger-{w}.jsonl")) as f:
             for line in f:
-                seen.update(json.loads(line)["ids"])
-    missing = sum(1 for i in range(RECORDS) if seen[i] < EPOCHS)
-    twice = sum(1 for i in range(RECORDS) if seen[i] > EPOCHS)
-    stray = sum(1 for i in seen if not 0 <= i < RECORDS)
+                seen.update((e, i) for e, i in json.loads(line)["records"])
+    expected = [(e, i) for e in range(EPOCHS) for i in range(RECORDS)]
+    missing = sum(1 for p in expected if seen[p] == 0)
+    twice = sum(1 for p in expected if seen[p] > 1)
+    stray = sum(1 for (e, i) in seen if not (0 <= e < EPOCHS and 0 <= i < RECORDS))
     return sum(seen.values()), missing, twice, stray
 
 
@@ -523,7 +527,7 @@ def deploy(pm, t, version):
     done = d.records_done()
     results = []
     for w in range(4):
-        with open(os.path.join(d.out, f"result-w{w}.json")) as f:
+        with open(os.path.join(d.out, f"result-{w}.json")) as f:
             results.append(json.loads(f.read()))
     counted, missing, twice, stray = count_ledgers(d.out)
     log(f"job: {job_s:.1f} s; records done (pacerd) {done} = expected {total}: {done == total}; ledgers: "
