@@ -286,13 +286,19 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
     SetReconnectBackoff(&args, 200, 1000);
     ApplyTlsChannelArgs(options_.tls, &args);
     std::shared_ptr<grpc::ChannelCredentials> creds;
-    if (auto c = MakeChannelCredentials(options_.tls, options_.address); c.ok()) {
+    std::string target = options_.address;
+    if (auto t = PrepareTarget(options_.address, &args); t.ok()) {
+      target = *t;
+    } else {
+      PACER_LOG(ERROR) << "--addr: " << t.status().message();
+    }
+    if (auto c = MakeChannelCredentials(options_.tls, target); c.ok()) {
       creds = *c;
     } else {
       PACER_LOG(ERROR) << "TLS to pacerd: " << c.status().message();
       creds = grpc::SslCredentials(grpc::SslCredentialsOptions());  // fails closed, never plaintext
     }
-    stub_ = AgentService::NewStub(grpc::CreateCustomChannel(options_.address, creds, args));
+    stub_ = AgentService::NewStub(grpc::CreateCustomChannel(target, creds, args));
   }
   if (options_.kubernetes) kube_ = std::make_unique<KubeClient>(io_, *options_.kubernetes);
 }

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -64,6 +65,56 @@ bool IsLoopbackHost(const std::string& host_in) {
     return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
   }
   return false;
+}
+
+}  // namespace pacer
+
+namespace pacer {
+
+absl::StatusOr<std::string> ClientTarget(const std::string& address) {
+  if (address.find(',') == std::string::npos) return address;
+  for (const char* scheme : {"ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:"}) {
+    if (address.rfind(scheme, 0) == 0) return address;
+  }
+  std::vector<std::string> v4, v6;
+  size_t start = 0;
+  while (start <= address.size()) {
+    size_t comma = address.find(',', start);
+    if (comma == std::string::npos) comma = address.size();
+    const std::string one = address.substr(start, comma - start);
+    start = comma + 1;
+    if (one.empty()) continue;
+    auto hp = ParseHostPort(one);
+    if (!hp.ok()) {
+      return absl::InvalidArgumentError("address list '" + address + "': '" + one + "' is not host:port");
+    }
+    in_addr a4;
+    in6_addr a6;
+    if (inet_pton(AF_INET, hp->host.c_str(), &a4) == 1) {
+      v4.push_back(hp->host + ":" + std::to_string(hp->port));
+    } else if (inet_pton(AF_INET6, hp->host.c_str(), &a6) == 1) {
+      v6.push_back("[" + hp->host + "]:" + std::to_string(hp->port));
+    } else {
+      return absl::InvalidArgumentError("address list '" + address + "': '" + hp->host +
+                                        "' is a name; a list names IP addresses (for names, give one "
+                                        "DNS name with a record per pacerd)");
+    }
+  }
+  if (!v4.empty() && !v6.empty()) {
+    return absl::InvalidArgumentError("address list '" + address + "' mixes IPv4 and IPv6");
+  }
+  const std::vector<std::string>& all = v4.empty() ? v6 : v4;
+  if (all.empty()) return absl::InvalidArgumentError("address list '" + address + "' is empty");
+  std::string out = v4.empty() ? "ipv6:" : "ipv4:";
+  for (size_t i = 0; i < all.size(); ++i) out += (i ? "," : "") + all[i];
+  return out;
+}
+
+std::string FirstAddressOf(const std::string& target) {
+  std::string t = target;
+  if (t.rfind("ipv4:", 0) == 0 || t.rfind("ipv6:", 0) == 0) t = t.substr(5);
+  const size_t comma = t.find(',');
+  return comma == std::string::npos ? t : t.substr(0, comma);
 }
 
 }  // namespace pacer

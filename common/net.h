@@ -22,4 +22,14 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& s);
 // Anything else is not loopback, "127.attacker.example" included.
 bool IsLoopbackHost(const std::string& host);
 
+// A client's address of pacerd as a gRPC target. "host:port" and gRPC targets (dns:///..,
+// ipv4:.., unix:..) are kept. A list "ip:port,ip:port,..." (the pacerds of a job: a leader and
+// its standbys, docs/ha.md) becomes gRPC's "ipv4:" (or "ipv6:") target: the channel connects to
+// the first address that accepts — a standby does not listen — and tries the list again when its
+// connection breaks. Such a list names IP addresses; for names, give one DNS name with a record
+// per pacerd (gRPC resolves them all). INVALID_ARGUMENT for a list it cannot use.
+absl::StatusOr<std::string> ClientTarget(const std::string& address);
+// The host:port a target names first (the TLS authority of a list); the target when none.
+std::string FirstAddressOf(const std::string& target);
+
 }  // namespace pacer

@@ -209,9 +209,19 @@ void ApplyTlsChannelArgs(const TlsClientOptions& o, grpc::ChannelArguments* args
   if (o.enabled() && !o.server_name.empty()) args->SetSslTargetNameOverride(o.server_name);
 }
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> DialChannel(const std::string& target,
+absl::StatusOr<std::string> PrepareTarget(const std::string& address, grpc::ChannelArguments* args) {
+  auto target = ClientTarget(address);
+  if (!target.ok()) return target.status();
+  if (*target != address) args->SetString(GRPC_ARG_DEFAULT_AUTHORITY, FirstAddressOf(*target));
+  return target;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialChannel(const std::string& address,
                                                            const TlsClientOptions& o,
                                                            grpc::ChannelArguments args) {
+  auto prepared = PrepareTarget(address, &args);
+  if (!prepared.ok()) return prepared.status();
+  const std::string& target = *prepared;
   auto creds = MakeChannelCredentials(o, target);
   if (!creds.ok()) return creds.status();
   ApplyTlsChannelArgs(o, &args);

@@ -70,7 +70,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // Adds what TLS needs in the channel arguments (the server name override); a no-op without TLS.
 void ApplyTlsChannelArgs(const TlsClientOptions& o, grpc::ChannelArguments* args);
 
-// MakeChannelCredentials + ApplyTlsChannelArgs + grpc::CreateCustomChannel.
+// ClientTarget (common/net.h) of a client's pacerd address; for a list of addresses also sets
+// the channel's authority to the first one (TLS checks the server certificate against it unless
+// --tls-server-name names another).
+absl::StatusOr<std::string> PrepareTarget(const std::string& address, grpc::ChannelArguments* args);
+
+// PrepareTarget + MakeChannelCredentials + ApplyTlsChannelArgs + grpc::CreateCustomChannel.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialChannel(const std::string& target,
                                                            const TlsClientOptions& o,
                                                            grpc::ChannelArguments args = {});

@@ -130,8 +130,9 @@ ExclusionState NameExclusionInForce(const History& history) {
 
 absl::StatusOr<std::unique_ptr<ControllerStore>> ControllerStore::Open(
     const std::string& dir, bool must_exist, bool accept_data_loss,
-    std::shared_ptr<rocksdb::FileSystem> fs) {
+    std::shared_ptr<rocksdb::FileSystem> fs, decltype(JournalOptions::open_log) open_log) {
   JournalOptions o;
+  o.open_log = std::move(open_log);
   o.fs = std::move(fs);
   o.dir = dir;
   o.must_exist = must_exist;

@@ -66,9 +66,11 @@ class ControllerStore {
   // `must_exist` (the data dir's IDENTITY lists the store), when it is missing.
   // `accept_data_loss`: pacerd --accept-data-loss (JournalOptions::accept_data_loss). `fs`:
   // RocksDB's file system (JournalOptions::fs; null: the default).
+  // `open_log`: the journal's own log instead of RocksDB in `dir` (JournalOptions::open_log:
+  // pacerd --journal etcd://...).
   static absl::StatusOr<std::unique_ptr<ControllerStore>> Open(
       const std::string& dir, bool must_exist = false, bool accept_data_loss = false,
-      std::shared_ptr<rocksdb::FileSystem> fs = nullptr);
+      std::shared_ptr<rocksdb::FileSystem> fs = nullptr, decltype(JournalOptions::open_log) open_log = nullptr);
   ~ControllerStore();
 
   struct Loaded {

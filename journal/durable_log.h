@@ -88,6 +88,16 @@ struct LegacyImport {
   std::string what;  // for the log line ("controller store v0: 12 audit records")
 };
 
+class DurableLog;
+using DurableLogEntryFn = std::function<absl::Status(uint64_t seq, const std::string& bytes)>;
+using DurableLogPinnedFn = std::function<absl::Status(const std::string& key, const std::string& bytes)>;
+// What a log's open and Recover() replay into (DurableLog::Replay).
+struct DurableLogReplay {
+  DurableLogEntryFn on_snapshot;  // the newest snapshot (its seq), if any
+  DurableLogEntryFn on_update;    // each later update, in order
+  DurableLogPinnedFn on_pinned;   // each pinned entry (may be null)
+};
+
 struct JournalOptions {
   std::string dir;   // the RocksDB folder
   bool sync = true;  // fsync every group; false only for benchmarks of the in-memory path
@@ -124,6 +134,10 @@ struct JournalOptions {
   // DATA_LOSS: an old record does not parse) refuses the open. Reads the database only. Unset:
   // the owner never had another layout.
   std::function<absl::StatusOr<std::optional<LegacyImport>>(rocksdb::DB&)> import_legacy;
+  // Opens the log instead of RocksDB (pacerd --journal etcd://...: journal/etcd_log.h), given
+  // these options (format, must_exist) and what to replay into. Unset: OpenRocksLog.
+  std::function<absl::StatusOr<std::unique_ptr<DurableLog>>(const JournalOptions&, const DurableLogReplay&)>
+      open_log;
 };
 
 struct JournalStats {
@@ -168,14 +182,9 @@ struct PinnedEntry {
 class DurableLog {
  public:
   using Done = std::function<void(absl::Status)>;
-  using EntryFn = std::function<absl::Status(uint64_t seq, const std::string& bytes)>;
-  using PinnedFn = std::function<absl::Status(const std::string& key, const std::string& bytes)>;
-  // What Open() and Recover() replay into.
-  struct Replay {
-    EntryFn on_snapshot;  // the newest snapshot (its seq), if any
-    EntryFn on_update;    // each later update, in order
-    PinnedFn on_pinned;   // each pinned entry (may be null)
-  };
+  using EntryFn = DurableLogEntryFn;
+  using PinnedFn = DurableLogPinnedFn;
+  using Replay = DurableLogReplay;
 
   virtual ~DurableLog() = default;  // an implementation writes what is queued, then stops
 

@@ -37,7 +37,8 @@ class TypedJournal {
   using UpdateFn = std::function<absl::Status(const UpdateT&)>;
   using PinnedFn = DurableLog::PinnedFn;
 
-  // Opens (creates) the RocksDB log (journal/rocks_log.h) and replays it: `on_pinned` with each
+  // Opens (creates) the RocksDB log (journal/rocks_log.h), or the one options.open_log opens,
+  // and replays it: `on_pinned` with each
   // pinned entry (if given), `on_snapshot` with the newest snapshot (if any), then `on_update`
   // for each later update in order.
   static absl::StatusOr<std::unique_ptr<TypedJournal>> Open(JournalOptions options,
@@ -45,7 +46,8 @@ class TypedJournal {
                                                             const UpdateFn& on_update,
                                                             const PinnedFn& on_pinned = nullptr) {
     if (options.format.written.empty()) options.format = JournalFormatOf<UpdateT>::Get();
-    auto log = OpenRocksLog(options, Typed(on_snapshot, on_update, on_pinned));
+    auto log = options.open_log ? options.open_log(options, Typed(on_snapshot, on_update, on_pinned))
+                                : OpenRocksLog(options, Typed(on_snapshot, on_update, on_pinned));
     if (!log.ok()) return log.status();
     return std::make_unique<TypedJournal>(std::move(*log));
   }

@@ -6,6 +6,7 @@
 
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "common/reconnect.h"
 #include "common/status.h"
 
@@ -40,7 +41,10 @@ ShardingClient::ShardingClient(ShardingClientOptions options)
   ApplyTlsChannelArgs(options_.tls, &args);
   SetReconnectBackoff(&args, 50, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.address, options_.credentials, args);
+  // A list of addresses (a leader and its standbys) becomes one channel over all of them.
+  std::string target = options_.address;
+  if (auto t = PrepareTarget(options_.address, &args); t.ok()) target = *t;
+  channel_ = grpc::CreateCustomChannel(target, options_.credentials, args);
   stub_ = ShardingService::NewStub(channel_);
 }
 
@@ -51,7 +55,9 @@ absl::StatusOr<std::unique_ptr<ShardingClient>> ShardingClient::Connect(
   }
   if (options.token.empty()) return absl::InvalidArgumentError("token is required (or PACER_TOKEN)");
   if (options.credentials == nullptr) {
-    auto creds = MakeChannelCredentials(options.tls, options.address);
+    auto target = ClientTarget(options.address);
+    if (!target.ok()) return target.status();
+    auto creds = MakeChannelCredentials(options.tls, *target);
     if (!creds.ok()) return creds.status();
     options.credentials = *creds;
   }

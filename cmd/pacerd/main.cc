@@ -1,9 +1,13 @@
-// pacerd: one per job. Serves the sharding service (and, as they land, the monitor and
-// controller) over gRPC, with its state journaled in --data-dir.
+// pacerd: one per job (or, with --journal etcd://, a leader and standbys). Serves the sharding
+// service, the monitor and the controller over gRPC, with its state journaled in --data-dir or
+// in etcd.
 #include <signal.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -18,7 +22,7 @@ namespace po = boost::program_options;
 int main(int argc, char** argv) {
   pacer::SetLogProgramName("pacerd");
   pacer::PacerdOptions o;
-  std::string port_file, job_token_file, admin_token_file;
+  std::string port_file, job_token_file, admin_token_file, etcd_password_file;
   po::options_description desc("Options");
   desc.add_options()
       ("data-dir", po::value(&o.data_dir)->default_value(o.data_dir),
@@ -60,7 +64,22 @@ int main(int argc, char** argv) {
       ("accept-data-loss", po::bool_switch(&o.accept_data_loss),
        "start although the journal or controller store is damaged, missing or shorter than "
        "acknowledged: accept the loss (logged, audited, recorded in DATA_DIR/DATA-LOSS-ACCEPTED)")
-      ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving");
+      ("port-file", po::value(&port_file), "write {\"port\":P,\"metrics_port\":M} here once serving")
+      ("journal", po::value(&o.journal),
+       "where the journals live: etcd://HOST:PORT[,HOST:PORT...]/PREFIX (etcds:// with TLS) for a "
+       "replicated journal with a leader elected among the job's pacerds (docs/ha.md); default: "
+       "RocksDB in --data-dir")
+      ("etcd-cacert", po::value(&o.etcd.cacert), "CA of etcd's certificates (etcds://)")
+      ("etcd-cert", po::value(&o.etcd.cert), "client certificate for etcd (PEM)")
+      ("etcd-key", po::value(&o.etcd.key), "client private key for etcd (PEM)")
+      ("etcd-user", po::value(&o.etcd.user), "etcd user (etcd authentication)")
+      ("etcd-password-file", po::value(&etcd_password_file), "file holding the etcd user's password")
+      ("etcd-timeout-ms", po::value(&o.etcd.request_timeout_ms)->default_value(o.etcd.request_timeout_ms),
+       "deadline of one etcd request, retries on other members included")
+      ("advertise", po::value(&o.advertise),
+       "address this pacerd names as leader to the others (default: the address it serves on)")
+      ("election-ttl-s", po::value(&o.election_ttl_s)->default_value(o.election_ttl_s),
+       "the leader's lease TTL in etcd: a failed leader is replaced within about this (>= 2)");
   auto flags = pacer::ParseFlagsOrExit(
       argc, argv, "Usage: pacerd [options]\n\nThe Pacer control plane of one training job.", desc);
   if (o.tls_reload_s < 1 || o.tls_reload_s > 3600) pacer::ExitWithError("pacerd", "--tls-reload-s must be in 1..3600");
@@ -120,12 +139,41 @@ int main(int argc, char** argv) {
     o.admin_token = *t;
   }
 
-  // Signals are taken by sigwait below, in this thread only.
+  if (!etcd_password_file.empty()) {
+    std::ifstream in(etcd_password_file);
+    std::string password;
+    if (!in || !std::getline(in, password)) {
+      pacer::ExitWithError("pacerd", "--etcd-password-file: cannot read '" + etcd_password_file + "'");
+    }
+    o.etcd.password = password;
+  }
+  if (!o.etcd.user.empty() && o.etcd.password.empty()) {
+    pacer::ExitWithError("pacerd", "--etcd-user needs --etcd-password-file");
+  }
+
+  // Signals are taken by sigwait in one thread. Before pacerd serves (a standby waiting to lead,
+  // or a journal being replayed) a signal ends the process at once: it holds nothing to hand over.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::mutex signal_mu;
+  std::condition_variable signal_cv;
+  int signalled = 0;
+  bool serving = false;
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::lock_guard<std::mutex> l(signal_mu);
+    if (!serving) {
+      PACER_LOG(INFO) << "signal " << sig << " before serving: exiting";
+      std::_Exit(0);
+    }
+    signalled = sig;
+    signal_cv.notify_all();
+  });
+  signal_thread.detach();
 
   auto pacerd = pacer::Pacerd::Start(o);
   if (!pacerd.ok()) {
@@ -136,6 +184,10 @@ int main(int argc, char** argv) {
                            : std::string(s.message());
     std::replace(line.begin(), line.end(), '\n', ' ');
     pacer::ExitWithError("pacerd", line, 1);
+  }
+  {
+    std::lock_guard<std::mutex> l(signal_mu);
+    serving = true;  // from now on a signal shuts down cleanly (a leader resigns)
   }
   PACER_LOG(INFO) << "serving on " << (*pacerd)->address() << ", metrics on port "
                   << (*pacerd)->metrics_port() << ", data dir " << o.data_dir;
@@ -157,8 +209,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  std::unique_lock<std::mutex> l(signal_mu);
+  signal_cv.wait(l, [&] { return signalled != 0; });
+  const int sig = signalled;
+  l.unlock();
   PACER_LOG(INFO) << "signal " << sig << ": shutting down";
   (*pacerd)->Shutdown();
   return 0;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cmd/pacerd/data_dir_identity.h"
 #include "common/grpc_errors.h"
 #include "common/log.h"
@@ -16,6 +17,7 @@
 #include "common/status.h"
 #include "common/tls.h"
 #include "controller/policy_loader.h"
+#include "journal/etcd_log.h"
 
 namespace pacer {
 
@@ -28,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   ASSIGN_OR_RETURN(DataDir dir, d->OpenDataDir());
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
                    MakeServerCredentials(TlsOptionsOf(options), listen.host, "pacerd"));
+  RETURN_IF_ERROR(d->Elect(listen));
   ASSIGN_OR_RETURN(Policy policy, d->OpenComponents(dir));
   RETURN_IF_ERROR(d->BuildControlLoop(policy.config, options));
   RETURN_IF_ERROR(d->OpenControllerStore(&dir, policy.text));
@@ -36,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   PACER_LOG(INFO) << "policy '" << policy.config.name << "' (" << policy.config.policy << ")"
                   << (policy.config.dry_run ? " in dry-run" : "");
   RETURN_IF_ERROR(d->Serve(listen, creds));
+  d->Proclaim();
   d->CheckJournal();
   if (options.housekeeping) d->housekeeping_ = std::thread([p = d.get()] { p->Housekeeping(); });
   return d;
@@ -51,6 +55,72 @@ TlsServerOptions Pacerd::TlsOptionsOf(const PacerdOptions& options) {
   tls.allow_insecure = options.allow_insecure;
   tls.reload_interval_s = options.tls_reload_s;
   return tls;
+}
+
+absl::Status Pacerd::Elect(const HostPort& listen) {
+  if (options_.journal.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(EtcdUrl url, ParseEtcdUrl(options_.journal));
+  if (options_.election_ttl_s < 2) {
+    return absl::InvalidArgumentError("--election-ttl-s must be >= 2 (etcd's minimum lease TTL)");
+  }
+  if (options_.job_token.empty() || options_.admin_token.empty()) {
+    return absl::InvalidArgumentError(
+        "with --journal etcd://, every pacerd of the job must use the same tokens: give "
+        "--job-token-file and --admin-token-file");
+  }
+  EtcdClientOptions eo = options_.etcd;
+  eo.endpoints = url.endpoints;
+  eo.allow_insecure = eo.allow_insecure || options_.allow_insecure;
+  if (url.tls && eo.cacert.empty()) {
+    return absl::InvalidArgumentError("etcds:// needs --etcd-cacert (the CA that signs etcd's certificates)");
+  }
+  if (!url.tls && !eo.cacert.empty()) {
+    return absl::InvalidArgumentError("--etcd-cacert given with etcd://: use etcds:// for TLS to etcd");
+  }
+  ASSIGN_OR_RETURN(etcd_, EtcdClient::Connect(eo));
+  etcd_prefix_ = url.prefix;
+  EtcdElectionOptions el;
+  el.name = url.prefix + "/leader";
+  el.value = options_.advertise.empty() ? listen.ToString() : options_.advertise;
+  el.ttl_s = options_.election_ttl_s;
+  election_ = std::make_unique<EtcdElection>(etcd_.get(), el);
+  election_->set_on_lost([fn = options_.on_leadership_lost](const std::string& why) {
+    if (fn) {
+      fn(why);
+      return;
+    }
+    PACER_LOG(ERROR) << "no longer the leader (" << why << "): exiting so that nothing more is served";
+    std::_Exit(75);
+  });
+  PACER_LOG(INFO) << "campaigning for '" << el.name << "' in etcd (" << absl::StrJoin(url.endpoints, ",")
+                  << ") as " << el.value;
+  RETURN_IF_ERROR(election_->Campaign([](const std::string& leader) {
+    PACER_LOG(INFO) << "standby: pacerd at " << leader << " leads; waiting to take over";
+  }));
+  auto opener = [this](const std::string& journal) {
+    return [this, prefix = etcd_prefix_ + "/" + journal + "/"](
+               const JournalOptions& o, const DurableLogReplay& replay) -> absl::StatusOr<std::unique_ptr<DurableLog>> {
+      EtcdLogOptions e;
+      e.client = etcd_.get();
+      e.prefix = prefix;
+      e.format = o.format;
+      e.must_exist = o.must_exist;
+      EtcdElection* election = election_.get();
+      e.fence = [election] { return election->fence(); };
+      e.on_fenced = [election](const std::string& why) { election->Lost(why); };
+      return OpenEtcdLog(std::move(e), replay);
+    };
+  };
+  options_.sharding.journal.open_log = opener("sharding");
+  controller_open_log_ = opener("controller");
+  return absl::OkStatus();
+}
+
+void Pacerd::Proclaim() {
+  if (!election_ || !options_.advertise.empty()) return;
+  const EtcdFence fence = election_->fence();
+  absl::Status s = etcd_->Proclaim(etcd_prefix_ + "/leader", fence.key, fence.rev, election_->lease_id(), address());
+  if (!s.ok()) PACER_LOG(WARNING) << "could not publish this leader's address: " << s.message();
 }
 
 absl::StatusOr<Pacerd::DataDir> Pacerd::OpenDataDir() {
@@ -156,7 +226,8 @@ absl::Status Pacerd::OpenControllerStore(DataDir* dir, const std::string& policy
   // does); damage it cannot open even so is set aside and the store starts empty. Both journals
   // share one file system (options.sharding.journal.fs; tests inject faults).
   const auto& fs = options.sharding.journal.fs;
-  auto store = ControllerStore::Open(controller_dir, dir->Lists("controller"), options.accept_data_loss, fs);
+  auto store = ControllerStore::Open(controller_dir, dir->Lists("controller"), options.accept_data_loss, fs,
+                                     controller_open_log_);
   if (!store.ok() && options.accept_data_loss && store.status().code() == absl::StatusCode::kDataLoss) {
     // Accepted: the old folder is kept aside, the store starts empty.
     dir->accepted.push_back(std::string(store.status().message()) + ": started empty");
@@ -350,6 +421,12 @@ void Pacerd::Shutdown() {
   if (rendezvous_) rendezvous_->Shutdown();  // parked Gets would hold up the server's shutdown
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (sharding_) (void)sharding_->Flush();
+  if (election_) {
+    // Hand over at once: a standby need not wait for the lease to lapse.
+    election_->Stop();
+    absl::Status s = election_->Resign();
+    if (!s.ok()) PACER_LOG(WARNING) << "resigning the leadership: " << s.message();
+  }
 }
 
 void Pacerd::Wait() {

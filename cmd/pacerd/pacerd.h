@@ -37,6 +37,8 @@
 #include "common/tls.h"
 #include "controller/grpc_controller_service.h"
 #include "controller/reconciler.h"
+#include "journal/etcd_client.h"
+#include "journal/etcd_election.h"
 #include "journal/journal_metrics.h"
 #include "monitor/grpc_monitor_service.h"
 #include "monitor/monitor_service.h"
@@ -74,6 +76,18 @@ struct PacerdOptions {
   bool accept_data_loss = false;
   // How often the housekeeping thread tries to reopen a failed journal (a full disk).
   int64_t journal_retry_ms = 1000;
+  // Where both journals live. Empty: RocksDB in data_dir, one pacerd per job.
+  // "etcd://host:port[,host:port...]/PREFIX" (etcds:// with TLS): in etcd under PREFIX, and
+  // several pacerds of the job elect one leader there; the others wait as standbys and take over
+  // when it fails (docs/ha.md). `etcd` holds TLS and authentication (its endpoints come from here).
+  std::string journal;
+  EtcdClientOptions etcd;
+  std::string advertise;       // the address the leader names to others (default: where it serves)
+  int64_t election_ttl_s = 2;  // the leader's lease TTL in etcd (>= 2)
+  // Called once when this pacerd stops leading (its lease lapsed, or a write was fenced: another
+  // leads). Null: pacerd logs and ends the process at once (exit code 75), so that a deposed
+  // leader serves nothing more and its supervisor starts it again as a standby.
+  std::function<void(const std::string& why)> on_leadership_lost;
   // An embedder's sink told of every action pacerd carried out, after pacerd's own sink and
   // with the same context; null: none. The differential test's model carries pacerd's decisions
   // out through it (tests/testing/pacerd_control_plane.h). Must outlive pacerd.
@@ -113,6 +127,8 @@ class Pacerd {
   AgentRegistry* agents() { return agents_.get(); }
   RendezvousServiceImpl* rendezvous() { return rendezvous_.get(); }
   MetricsRegistry* metrics() { return &metrics_; }
+  // With --journal etcd://: the election this pacerd won (null otherwise).
+  EtcdElection* election() { return election_.get(); }
 
  private:
   Pacerd() = default;
@@ -131,6 +147,11 @@ class Pacerd {
   static TlsServerOptions TlsOptionsOf(const PacerdOptions& options);
   // The data dir, the tokens and the data dir's identity.
   absl::StatusOr<DataDir> OpenDataDir();
+  // With --journal etcd://: connects to etcd and campaigns, blocking as a standby until this
+  // pacerd leads; then both journals open in etcd, fenced by the election.
+  absl::Status Elect(const HostPort& listen);
+  // After Serve: the leader's address in the election, now that the port is known.
+  void Proclaim();
   // Metrics, the sharding service (its journal replayed), the policy, the monitor, the agent
   // registry, rendezvous and their gRPC services.
   absl::StatusOr<Policy> OpenComponents(const DataDir& dir);
@@ -150,6 +171,11 @@ class Pacerd {
   std::unique_ptr<PacerdMetrics> pacerd_metrics_;  // before the components: its help texts win
   std::string job_token_, admin_token_;
   std::unique_ptr<Authenticator> auth_;
+  // Before the journals that write through them (destroyed after them).
+  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<EtcdElection> election_;
+  std::string etcd_prefix_;
+  decltype(JournalOptions::open_log) controller_open_log_;  // the controller's journal in etcd
   std::unique_ptr<ShardingServiceImpl> sharding_;
   std::unique_ptr<GrpcShardingService> sharding_grpc_;
   std::unique_ptr<MonitorServiceImpl> monitor_;
