@@ -172,14 +172,6 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
       }
       lease = lease_id_;
     }
-    if (on_waiting) {
-      absl::StatusOr<mvccpb::KeyValue> leader = client_->Leader(options_.name);
-      const std::string now = leader.ok() ? leader->value() : "";
-      if (!now.empty() && now != reported && now != options_.value) {
-        reported = now;
-        on_waiting(now);
-      }
-    }
     std::unique_ptr<grpc::ClientContext> ctx = client_->StreamContext(0);
     grpc::ClientContext* raw = ctx.get();
     {
@@ -187,7 +179,32 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
       if (stopping_) return absl::CancelledError("stopped while campaigning");
       campaign_ctx_ = std::move(ctx);
     }
+    // While Campaign waits: who leads, reported each time it changes (every second).
+    std::atomic<bool> waiting{true};
+    std::thread reporter;
+    if (on_waiting) {
+      reporter = std::thread([&] {
+        std::unique_lock<std::mutex> l(mu_);
+        while (waiting && !stopping_) {
+          l.unlock();
+          absl::StatusOr<mvccpb::KeyValue> leader = client_->Leader(options_.name);
+          const std::string now = leader.ok() ? leader->value() : "";
+          if (!now.empty() && now != reported && now != options_.value && waiting) {
+            reported = now;
+            on_waiting(now);
+          }
+          l.lock();
+          cv_.wait_for(l, std::chrono::seconds(1), [&] { return !waiting || stopping_; });
+        }
+      });
+    }
     absl::StatusOr<v3electionpb::LeaderKey> won = client_->Campaign(raw, options_.name, lease, options_.value);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      waiting = false;
+    }
+    cv_.notify_all();
+    if (reporter.joinable()) reporter.join();
     bool lease_lost;
     {
       std::lock_guard<std::mutex> l(mu_);

@@ -426,7 +426,8 @@ absl::Status EtcdLog::WriteTxn(const std::vector<const Op*>& ops) {
     }
     const absl::Status& s = resp.status();
     if (IsEtcdNoSpace(s)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      // UNAVAILABLE, as a full disk is for the RocksDB journal: clients retry until it resumes.
+      return absl::UnavailableError(absl::StrCat(
           "etcd journal at '", options_.prefix, "': etcd's backend quota is exhausted (NOSPACE alarm): ",
           s.message(), ". Compact and defragment etcd, then disarm the alarm (etcdctl alarm disarm); "
           "pacerd resumes by itself"));

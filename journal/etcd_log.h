@@ -33,7 +33,7 @@
 // loses nothing.
 //
 // etcd's quota: a write refused because the backend is full (the NOSPACE alarm: "database space
-// exceeded") makes the log unhealthy with RESOURCE_EXHAUSTED naming etcd's quota and what the
+// exceeded") makes the log unhealthy with UNAVAILABLE naming etcd's quota and what the
 // operator does (compact, defragment, disarm the alarm); Recover() reads the journal back (reads
 // work under the alarm) and the next write tries again.
 //

@@ -97,6 +97,7 @@ absl::Status Pacerd::Elect(const HostPort& listen) {
   RETURN_IF_ERROR(election_->Campaign([](const std::string& leader) {
     PACER_LOG(INFO) << "standby: pacerd at " << leader << " leads; waiting to take over";
   }));
+  won_s_ = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9;
   auto opener = [this](const std::string& journal) {
     return [this, prefix = etcd_prefix_ + "/" + journal + "/"](
                const JournalOptions& o, const DurableLogReplay& replay) -> absl::StatusOr<std::unique_ptr<DurableLog>> {
@@ -117,7 +118,14 @@ absl::Status Pacerd::Elect(const HostPort& listen) {
 }
 
 void Pacerd::Proclaim() {
-  if (!election_ || !options_.advertise.empty()) return;
+  if (!election_) return;
+  PacerdMetricSeries& m = pacerd_metrics_->own();
+  const double takeover_s = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9 - won_s_;
+  m.ha_leader.Get().Set(1);
+  m.ha_fencing_revision.Get().Set(static_cast<double>(election_->fence().rev));
+  m.ha_takeover.Get().Set(takeover_s);
+  PACER_LOG(INFO) << "leading: serving " << takeover_s << " s after winning the election";
+  if (!options_.advertise.empty()) return;
   const EtcdFence fence = election_->fence();
   absl::Status s = etcd_->Proclaim(etcd_prefix_ + "/leader", fence.key, fence.rev, election_->lease_id(), address());
   if (!s.ok()) PACER_LOG(WARNING) << "could not publish this leader's address: " << s.message();
@@ -253,7 +261,7 @@ absl::Status Pacerd::RecordIdentityAndLosses(DataDir* dir) {
   if (!dir->identity.has_value()) {
     RETURN_IF_ERROR(WriteDataDirIdentity(
         options.data_dir, NewDataDirIdentity(RealClock::Get()->NowMs(), {"journal", "controller"})));
-    if (!recovered.created) {
+    if (!recovered.created && options.journal.empty()) {
       PACER_LOG(INFO) << "data dir '" << options.data_dir << "' adopted: IDENTITY written, journal "
                       << "high-water mark set to the recovered update " << recovered.recovered_seq;
     }
@@ -338,6 +346,10 @@ int Pacerd::HousekeepingStep() {
   reconciler_->MaybeDecideBursts();
   reconciler_->MaybeReconcile();
   pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
+  if (election_) {
+    pacerd_metrics_->own().ha_lease_remaining.Get().Set(
+        std::max<double>(0, static_cast<double>(election_->remaining_ms()) / 1000.0));
+  }
   operator_grpc_->Sample();
   ReleaseFreeHeap();
   return expired;

@@ -175,6 +175,7 @@ class Pacerd {
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<EtcdElection> election_;
   std::string etcd_prefix_;
+  double won_s_ = 0;  // when the election was won (monotonic seconds)
   decltype(JournalOptions::open_log) controller_open_log_;  // the controller's journal in etcd
   std::unique_ptr<ShardingServiceImpl> sharding_;
   std::unique_ptr<GrpcShardingService> sharding_grpc_;

@@ -24,7 +24,18 @@
   X(build_info, Gauge, "pacer_build_info",                                                     \
     "Always 1; the version label is what --version prints", "version")                        \
   X(data_loss_accepted, Counter, "pacer_data_loss_accepted_total",                             \
-    "Starts that accepted a data loss (--accept-data-loss)")
+    "Starts that accepted a data loss (--accept-data-loss)")                                  \
+  X(ha_leader, Gauge, "pacer_ha_leader",                                                       \
+    "1 while this pacerd leads its job in etcd (--journal etcd://: a standby serves nothing, "  \
+    "metrics included); 0 with the RocksDB journal")                                           \
+  X(ha_lease_remaining, Gauge, "pacer_ha_lease_remaining_seconds",                             \
+    "How long this leader's leadership holds without another acknowledged keepalive; it "      \
+    "steps down (exits) at 0")                                                                 \
+  X(ha_fencing_revision, Gauge, "pacer_ha_fencing_revision",                                   \
+    "The leader's fencing token (its election key's create revision in etcd): changes() of "   \
+    "it counts leader changes")                                                                \
+  X(ha_takeover, Gauge, "pacer_ha_takeover_seconds",                                           \
+    "From winning the election to serving: the journals read back from etcd")
 
 namespace pacer {
 

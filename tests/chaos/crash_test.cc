@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "common/auth.h"
-#include "examples/consumer/ledger.h"
+#include "tests/testing/ledger_check.h"
 #include "tests/testing/pacerd_process.h"
 #include "tests/testing/test_util.h"
 #include "worker_sdk/sharding_client.h"
@@ -111,32 +111,9 @@ TEST(CrashTest, KillNinePacerdAndWorkersEveryRecordCountedExactlyOnce) {
   EXPECT_GE(pacerd_kills, kMinPacerdKills) << "the job ended before enough faults were injected";
 
   // The ledgers: every record of every epoch counted exactly once.
-  std::vector<std::vector<uint8_t>> count(kEpochs, std::vector<uint8_t>(kRecords, 0));
-  uint64_t overflow = 0;
   std::vector<std::string> ledgers;
   for (int i = 0; i < kWorkers; ++i) ledgers.push_back(dir.Sub("ledger-" + std::to_string(i)));
-  auto ledger = ReadLedgers(ledgers);  // merged: a tail-backup pair may span two ledgers
-  ASSERT_TRUE(ledger.ok()) << ledger.status();
-  ForEachCountedRange(*ledger, [&](uint32_t epoch, uint64_t b, uint64_t e) {
-    for (uint64_t r = b; r < e; ++r) {
-      if (epoch >= kEpochs || r >= kRecords) {
-        ++overflow;
-      } else {
-        count[epoch][r]++;
-      }
-    }
-  });
-  EXPECT_EQ(overflow, 0u) << "records outside the dataset were counted";
-  for (uint32_t e = 0; e < kEpochs; ++e) {
-    uint64_t missing = 0, twice = 0, first_bad = kRecords;
-    for (uint64_t r = 0; r < kRecords; ++r) {
-      if (count[e][r] == 0) ++missing;
-      if (count[e][r] > 1) ++twice;
-      if (count[e][r] != 1) first_bad = std::min(first_bad, r);
-    }
-    EXPECT_EQ(missing, 0u) << "epoch " << e << ": records never counted (first bad " << first_bad << ")";
-    EXPECT_EQ(twice, 0u) << "epoch " << e << ": records counted twice (first bad " << first_bad << ")";
-  }
+  testing::ExpectEveryRecordCountedOnce(ledgers, kEpochs, kRecords);
 
   // The service agrees: the dataset finished with exactly records x epochs counted.
   ShardingClientOptions opts;

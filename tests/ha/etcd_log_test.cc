@@ -187,6 +187,43 @@ TEST_F(EtcdLogTest, RecordsOverEtcdsLimitsAreSplitAcrossTransactionsAndJoined) {
   EXPECT_NE(damaged.status().message().find("u/000000000000001f"), std::string::npos) << damaged.status();
 }
 
+TEST_F(EtcdLogTest, WithEtcdAuthenticationTheJournalLogsInAndARefusalIsClear) {
+  ASSERT_TRUE(cluster_->Etcdctl({"user", "add", "root:rootpw"}).ok());
+  ASSERT_TRUE(cluster_->Etcdctl({"auth", "enable"}).ok());
+  // No user: etcd refuses, and the error says so.
+  Replayed r0;
+  auto anonymous = Open(Options(), &r0);
+  ASSERT_FALSE(anonymous.ok());
+  EXPECT_NE(anonymous.status().message().find("etcd"), std::string::npos) << anonymous.status();
+  // A wrong password: refused when connecting.
+  EtcdClientOptions co;
+  co.endpoints = cluster_->endpoints();
+  co.user = "root";
+  co.password = "wrong";
+  auto wrong = EtcdClient::Connect(co);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("authenticating as 'root'"), std::string::npos) << wrong.status();
+  // The right one: the journal works, also after etcd forgets the token (a member restarted).
+  co.password = "rootpw";
+  auto authed = EtcdClient::Connect(co);
+  ASSERT_TRUE(authed.ok()) << authed.status();
+  EtcdLogOptions o = Options();
+  o.client = authed->get();
+  Replayed r1;
+  auto log = Open(o, &r1);
+  ASSERT_TRUE(log.ok()) << log.status();
+  (*log)->Append(1, Update(1));
+  ASSERT_TRUE((*log)->Flush().ok()) << (*log)->health();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster_->Restart(i).ok());
+  (*log)->Append(2, Update(2));
+  ASSERT_TRUE((*log)->Flush().ok()) << (*log)->health();
+  log->reset();
+  Replayed r2;
+  auto again = Open(o, &r2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(r2.updates.size(), 2u);
+}
+
 TEST_F(EtcdLogTest, AGapOrForeignKeysAreRefusedNotSkipped) {
   Replayed r0;
   auto log = Open(Options(), &r0);
@@ -329,7 +366,7 @@ TEST_F(EtcdLogTest, AFullQuotaRefusesWritesClearlyAndResumesAfterCompaction) {
     if (refused.ok()) acknowledged = seq;
   }
   ASSERT_FALSE(refused.ok()) << "the quota was never reached";
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   EXPECT_NE(refused.message().find("NOSPACE"), std::string::npos) << refused;
   EXPECT_FALSE((*log)->health().ok());
 
@@ -340,7 +377,7 @@ TEST_F(EtcdLogTest, AFullQuotaRefusesWritesClearlyAndResumesAfterCompaction) {
   EXPECT_EQ((*log)->last_seq(), acknowledged);
   seq = acknowledged;
   (*log)->Append(++seq, Update(seq));
-  EXPECT_EQ((*log)->Flush().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*log)->Flush().code(), absl::StatusCode::kUnavailable);
 
   // The operator: compact, defragment, disarm.
   auto status = client_->MemberStatus(0);

@@ -1,6 +1,6 @@
 """k8s_manifests_test: deploy/ builds with kustomize and every object validates offline.
 
-For deploy/overlays/dev, deploy/overlays/prod, deploy/cluster and deploy/examples:
+For deploy/overlays/dev, deploy/overlays/prod, deploy/overlays/ha, deploy/cluster and deploy/examples:
   1. `kubectl kustomize DIR` succeeds (the machine's kubectl; Debian's kubernetes-client where
      none is installed, see scripts/install-deps.sh);
   2. every object passes k8s_validate (python3-kubernetes models, crd_schemas.py): no unknown
@@ -63,6 +63,30 @@ def flag(args, name):
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return None
+
+
+def check_ha(objs):
+    """deploy/overlays/ha: prod's pacerd as 3 replicas electing a leader in etcd (docs/ha.md)."""
+    sts = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "pacerd"]
+    check(len(sts) == 1, "ha: one pacerd StatefulSet")
+    if not sts:
+        return
+    s = sts[0]["spec"]
+    check(s["replicas"] == 3, "ha: three pacerd replicas")
+    check(s.get("podManagementPolicy") == "Parallel", "ha: replicas start together (a standby is never Ready)")
+    anti = s["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    check(any(t.get("topologyKey") == "kubernetes.io/hostname" for t in terms), "ha: one replica per node")
+    c = s["template"]["spec"]["containers"][0]
+    journal = flag(c["args"], "journal") or ""
+    check(journal.startswith("etcds://"), f"ha: the journal is in etcd over TLS: {journal!r}")
+    for f in ("etcd-cacert", "etcd-cert", "etcd-key"):
+        path = flag(c["args"], f) or ""
+        check(any(path.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]), f"ha: --{f} {path} is mounted")
+    check("livenessProbe" not in c and "startupProbe" not in c, "ha: no probe restarts a standby")
+    check("readinessProbe" in c, "ha: readiness keeps standbys out of the Service")
+    check("volumeClaimTemplates" not in s, "ha: no claim (the journals live in etcd)")
+    check(flag(c["args"], "tls-client-ca") is not None, "ha: mTLS as in prod")
 
 
 def check_pacerd(objs, overlay, mtls):
@@ -212,8 +236,8 @@ def main():
         return 1
     print("kubectl:", kubectl)
     rendered = {}
-    for d, n_min in (("deploy/overlays/dev", 8), ("deploy/overlays/prod", 11), ("deploy/cluster", 2),
-                     ("deploy/examples", 10)):
+    for d, n_min in (("deploy/overlays/dev", 8), ("deploy/overlays/prod", 11), ("deploy/overlays/ha", 11),
+                     ("deploy/cluster", 2), ("deploy/examples", 10)):
         rc, out, err = kustomize(kubectl, os.path.join(src, d))
         check(rc == 0, f"kubectl kustomize {d} failed: {err.strip()}")
         if rc != 0:
@@ -234,9 +258,11 @@ def main():
         check("ServiceMonitor" in kinds and "ClusterRole" in kinds, "prod: ServiceMonitor and node marking")
         crb = [o for o in prod if o["kind"] == "ClusterRoleBinding"][0]
         check(crb["subjects"][0].get("namespace") == "pacer", "prod: the node marker binds the agent of namespace pacer")
+    if "deploy/overlays/ha" in objs:
+        check_ha(objs["deploy/overlays/ha"])
     if "deploy/examples" in objs:
         check_training_pods(objs["deploy/examples"])
-    for d in ("deploy/overlays/dev", "deploy/overlays/prod", "deploy/examples"):
+    for d in ("deploy/overlays/dev", "deploy/overlays/prod", "deploy/overlays/ha", "deploy/examples"):
         if d in objs:
             check_restricted(objs[d], d)
 

@@ -55,36 +55,6 @@ std::vector<std::string> CleanEnvPrefix() {
   return argv;
 }
 
-// `count` distinct ports that were free a moment ago: all bound at once to 127.0.0.1:0, read,
-// closed. Another process may take one before etcd binds it; Start retries then.
-absl::StatusOr<std::vector<int>> FreePorts(int count) {
-  std::vector<int> fds;
-  std::vector<int> ports;
-  absl::Status status;
-  for (int i = 0; i < count && status.ok(); ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      status = absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-      break;
-    }
-    fds.push_back(fd);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(errno)));
-      break;
-    }
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
-  return ports;
-}
-
 // One HTTP/1.0 request to 127.0.0.1:port (no chunking; the server closes after the reply);
 // returns the body.
 absl::StatusOr<std::string> HttpRequest(int port, const std::string& method, const std::string& path,
@@ -148,6 +118,22 @@ std::string JsonStringField(const std::string& json, const std::string& key) {
   return end == std::string::npos ? "" : json.substr(begin, end - begin);
 }
 
+// Whether every thread of `pid` is in job-control stop (state T in /proc/PID/task/*/stat).
+// kill(SIGSTOP) returns before the threads have stopped: until then the process still runs.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code ec;
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    const std::string stat = ReadFileOrEmpty(task.path().string() + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // exited meanwhile
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't') return false;
+    ++threads;
+  }
+  return !ec && threads > 0;
+}
+
 bool AddressInUse(const std::string& log) {
   return log.find("address already in use") != std::string::npos;
 }
@@ -155,6 +141,35 @@ bool AddressInUse(const std::string& log) {
 std::atomic<int> g_cluster_counter{0};
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> FreePorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  absl::Status status;
+  for (int i = 0; i < count && status.ok(); ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      status = absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      status = absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", std::strerror(errno)));
+      break;
+    }
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
+}
+
 
 bool EtcdAvailable() {
   return access(EtcdBinary("etcd").c_str(), X_OK) == 0 &&
@@ -355,12 +370,16 @@ void EtcdCluster::Pause(int i) {
   Member& m = members_[static_cast<size_t>(i)];
   m.proc.Signal(SIGSTOP);
   m.paused = true;
+  const pid_t pid = m.proc.pid();
+  if (pid > 0) WaitFor([&] { return AllThreadsStopped(pid); }, milliseconds(10000), milliseconds(1));
 }
 
 void EtcdCluster::Resume(int i) {
   Member& m = members_[static_cast<size_t>(i)];
   m.proc.Signal(SIGCONT);
   m.paused = false;
+  const pid_t pid = m.proc.pid();
+  if (pid > 0) WaitFor([&] { return !AllThreadsStopped(pid); }, milliseconds(10000), milliseconds(1));
 }
 
 bool EtcdCluster::running(int i) { return members_[static_cast<size_t>(i)].proc.running(); }

@@ -19,7 +19,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +34,10 @@ namespace pacer::testing {
 bool EtcdAvailable();
 inline constexpr char kEtcdMissing[] =
     "etcd or etcdctl not found (PACER_ETCD_BIN_DIR, /usr/bin): run scripts/install-deps.sh";
+
+// `count` distinct ports that were free a moment ago: all bound at once to 127.0.0.1:0, read,
+// closed. Another process may take one before its server binds it: callers retry then.
+absl::StatusOr<std::vector<int>> FreePorts(int count);
 
 class EtcdCluster {
  public:
@@ -85,10 +88,13 @@ class EtcdCluster {
   // Starts a stopped or killed member again (same name, data dir and ports; killed first if it
   // still runs) and waits until it is healthy.
   absl::Status Restart(int i);
-  // SIGSTOP / SIGCONT: a frozen member holds its connections open but answers nothing.
+  // SIGSTOP / SIGCONT: a frozen member holds its connections open but answers nothing. Each
+  // returns once the kernel reports every thread of the member stopped (or no longer stopped).
   void Pause(int i);
   void Resume(int i);
   bool running(int i);
+  // Member i's process id; -1 once it is known to have exited (Kill, Stop, running()).
+  pid_t pid(int i) const { return members_[static_cast<size_t>(i)].proc.pid(); }
 
   // Whether member i answers /health with true (it has a leader and a read through raft
   // succeeded), within `timeout`. A NOSPACE alarm (quota reached) does not count: the member

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -63,6 +64,15 @@ TEST_F(EtcdClusterTest, PutThroughOneMemberIsReadThroughAnother) {
   // A failing command is an error carrying etcdctl's stderr.
   absl::StatusOr<std::string> bad = c->Etcdctl({"no-such-command"});
   EXPECT_FALSE(bad.ok());
+
+  // The destructor kills and reaps every member.
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) pids.push_back(c->pid(i));
+  c.reset();
+  for (pid_t pid : pids) {
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(kill(pid, 0), -1) << "etcd member " << pid << " still exists";
+  }
 }
 
 TEST_F(EtcdClusterTest, WritableAfterLosingAFollowerThenTheLeader) {
