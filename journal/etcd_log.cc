@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<EtcdLog>> EtcdLog::Open(EtcdLogOptions options, c
     return absl::InvalidArgumentError("etcd journal: piece_bytes must be > 0 and <= max_txn_bytes / 2");
   }
   std::unique_ptr<EtcdLog> log(new EtcdLog(std::move(options)));
-  ASSIGN_OR_RETURN(Opened opened, log->OpenAndReplay(replay));
+  ASSIGN_OR_RETURN(Opened opened, log->options_.wait_promoted ? log->Follow(replay)
+                                                              : log->OpenAndReplay(replay, /*may_write=*/true));
   log->last_seq_ = log->durable_seq_ = opened.last_seq;
   log->stats_.durable_seq = opened.last_seq;
   log->last_snapshot_seq_ = opened.snapshot_seq;
@@ -193,14 +194,13 @@ absl::StatusOr<uint64_t> EtcdLog::ReadUpdates(uint64_t from, int64_t revision, c
   return expected - 1;
 }
 
-absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay) {
+absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay, bool may_write) {
   Opened out;
   const std::string& p = options_.prefix;
   etcdserverpb::RangeRequest meta;
   meta.set_key(p + "format");
   meta.set_range_end(p + "layout" + std::string(1, '\0'));  // "format" .. "layout"
   ASSIGN_OR_RETURN(etcdserverpb::RangeResponse m, options_.client->Range(meta));
-  const int64_t revision = m.header().revision();
   std::string layout, format;
   for (const mvccpb::KeyValue& kv : m.kvs()) {
     if (kv.key() == p + "layout") layout = kv.value();
@@ -220,6 +220,7 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay) {
     if (options_.must_exist) {
       return absl::DataLossError(absl::StrCat("etcd journal at '", p, "' is missing (it must exist)"));
     }
+    if (!may_write) return absl::NotFoundError(absl::StrCat("no etcd journal at '", p, "' yet"));
     std::vector<Op> ops = {{p + "layout", kEtcdLogLayout}, {p + "format", options_.format.written}};
     size_t txns = 0;
     RETURN_IF_ERROR(WriteOps(ops, &txns));
@@ -238,24 +239,35 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay) {
                                                       "'; this pacerd writes ", options_.format.written));
   }
   out.recovery.format = format;
-  if (format != options_.format.written) {
-    size_t txns = 0;
-    RETURN_IF_ERROR(WriteOps({{p + "format", options_.format.written}}, &txns));
-  }
+  if (may_write) RETURN_IF_ERROR(UpgradeFormat(format));
+  RETURN_IF_ERROR(CatchUp(replay, &out));
+  out.recovery.recovered_seq = out.last_seq;
+  return out;
+}
 
-  // The newest snapshot (keys only: pieces sort after their head).
+absl::Status EtcdLog::UpgradeFormat(const std::string& found) {
+  if (found == options_.format.written) return absl::OkStatus();
+  size_t txns = 0;
+  return WriteOps({{options_.prefix + "format", options_.format.written}}, &txns);
+}
+
+absl::Status EtcdLog::CatchUp(const Replay& replay, Opened* out) const {
+  const std::string& p = options_.prefix;
+  // The newest snapshot (keys only: pieces sort after their head); everything below is read at
+  // this listing's revision, so a snapshot the leader writes meanwhile cannot cut a hole.
   etcdserverpb::RangeRequest snaps;
   snaps.set_key(p + "s/");
   snaps.set_range_end(p + "s0");
   snaps.set_keys_only(true);
-  snaps.set_revision(revision);
   ASSIGN_OR_RETURN(etcdserverpb::RangeResponse s, options_.client->Range(snaps));
+  const int64_t revision = s.header().revision();
   std::string newest;
   for (const mvccpb::KeyValue& kv : s.kvs()) {
     if (!IsPiece(kv.key())) newest = kv.key();
   }
-  uint64_t from = 1;
-  if (!newest.empty()) {
+  // A snapshot past what was applied (the first open, or a follower that fell behind one):
+  // start over from it.
+  if (!newest.empty() && newest > SnapshotKey(out->last_seq)) {
     ASSIGN_OR_RETURN(std::string bytes, ReadRecord(newest, revision));
     EtcdJournalRecord rec;
     if (!rec.ParseFromString(bytes) || rec.entries_size() != 1 || SnapshotKey(rec.seq()) != newest) {
@@ -263,6 +275,7 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay) {
     }
     std::vector<std::string> pinned(rec.pinned().begin(), rec.pinned().end());
     std::sort(pinned.begin(), pinned.end());
+    out->pinned.clear();
     for (const std::string& key : pinned) {
       absl::StatusOr<std::string> pb = ReadRecord(PinnedKey(key), revision);
       if (absl::IsNotFound(pb.status())) {
@@ -278,17 +291,58 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::OpenAndReplay(const Replay& replay) {
         absl::Status st = replay.on_pinned(key, prec.entries(0));
         if (!st.ok()) return CallbackFailure(st, PinnedKey(key));
       }
-      out.pinned.insert(key);
+      out->pinned.insert(key);
     }
     absl::Status st = replay.on_snapshot(rec.seq(), rec.entries(0));
     if (!st.ok()) return CallbackFailure(st, newest);
-    out.snapshot_seq = rec.seq();
-    from = rec.seq() + 1;
+    out->snapshot_seq = rec.seq();
+    out->last_seq = rec.seq();
   }
-  ASSIGN_OR_RETURN(uint64_t last, ReadUpdates(from, revision, replay.on_update));
-  out.last_seq = std::max(last, out.snapshot_seq);
-  out.recovery.recovered_seq = out.last_seq;
-  return out;
+  ASSIGN_OR_RETURN(uint64_t last, ReadUpdates(out->last_seq + 1, revision, replay.on_update));
+  out->last_seq = std::max(last, out->last_seq);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EtcdLog::Opened> EtcdLog::Follow(const Replay& replay) {
+  // Until the journal exists (a new job's leader creates it) or this pacerd is promoted.
+  absl::StatusOr<Opened> opened;
+  bool promoted = false;
+  for (;;) {
+    opened = OpenAndReplay(replay, promoted);
+    if (opened.ok() || !absl::IsNotFound(opened.status())) break;
+    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(options_.follow_poll_ms));
+  }
+  if (!opened.ok()) return opened.status();
+  if (!promoted) {
+    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(0));
+  }
+  if (!promoted) {
+    PACER_LOG(INFO) << "etcd journal at '" << options_.prefix << "': following as a standby from update "
+                    << opened->last_seq;
+  }
+  while (!promoted) {
+    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(options_.follow_poll_ms));
+    const uint64_t before = opened->last_seq;
+    absl::Status st = CatchUp(replay, &*opened);
+    if (!st.ok()) {
+      // A revision compacted between two reads, or etcd unreachable: the next poll tries again.
+      // Damage is not retried.
+      if (st.code() == absl::StatusCode::kDataLoss || st.code() == absl::StatusCode::kInvalidArgument ||
+          st.code() == absl::StatusCode::kFailedPrecondition) {
+        return st;
+      }
+      PACER_LOG(WARNING) << "etcd journal: following: " << st.message();
+      if (promoted) return st;  // the final catch-up must succeed
+      continue;
+    }
+    if (options_.on_follow) options_.on_follow(opened->last_seq, opened->last_seq - before);
+  }
+  // Promoted: everything a former leader wrote is in etcd before our election key was (its key
+  // was gone first), so the last catch-up above read it all.
+  const std::string format = opened->recovery.format;
+  RETURN_IF_ERROR(UpgradeFormat(format.empty() ? options_.format.written : format));
+  opened->recovery.recovered_seq = opened->last_seq;
+  return opened;
 }
 
 void EtcdLog::Append(uint64_t seq, std::string bytes) {
@@ -596,7 +650,7 @@ absl::Status EtcdLog::Recover(const Replay& replay) {
     queue_.clear();
     acknowledged = durable_seq_;
   }
-  ASSIGN_OR_RETURN(Opened opened, OpenAndReplay(replay));
+  ASSIGN_OR_RETURN(Opened opened, OpenAndReplay(replay, /*may_write=*/true));
   if (opened.last_seq < acknowledged) {
     return absl::DataLossError(absl::StrCat("etcd journal at '", options_.prefix, "' holds updates up to ",
                                             opened.last_seq, ", but ", acknowledged, " were acknowledged"));

@@ -32,6 +32,13 @@
 // acknowledged (a quorum wrote it), so there is no high-water mark: losing pacerd's data dir
 // loses nothing.
 //
+// A hot standby (EtcdLogOptions::wait_promoted) opens the same way without writing, then keeps
+// catching up: each round lists the snapshots and reads the chunks after what it applied, at one
+// etcd revision; a snapshot newer than what it applied (the leader snapshotted and deleted the
+// updates in between) is read and applied instead, with its pinned entries. Once promoted, a last
+// round reads what the old leader wrote (its election key was gone before ours won, so nothing it
+// writes later passes its fence) and the log becomes the writer: a takeover replays a short tail.
+//
 // etcd's quota: a write refused because the backend is full (the NOSPACE alarm: "database space
 // exceeded") makes the log unhealthy with UNAVAILABLE naming etcd's quota and what the
 // operator does (compact, defragment, disarm the alarm); Recover() reads the journal back (reads
@@ -77,6 +84,16 @@ struct EtcdLogOptions {
   int64_t write_retry_ms = 10000;
   // Keys per page when reading.
   int64_t read_page_keys = 64;
+  // A hot standby (set by a pacerd that is not leading yet): Open() reads the journal and keeps
+  // applying what the leader appends (a range read every follow_poll_ms) until `wait_promoted`
+  // — which waits up to its argument in ms for this pacerd to win the election — returns true;
+  // then it reads what is left and returns, the writer. Nothing is written before that. An error
+  // from it ends the open. Unset: Open() writes at once (the caller leads already).
+  std::function<absl::StatusOr<bool>(int64_t wait_ms)> wait_promoted;
+  int64_t follow_poll_ms = 200;
+  // While following: called after each catch-up with the newest update applied and how many that
+  // catch-up applied (how far behind the standby was).
+  std::function<void(uint64_t applied, uint64_t behind)> on_follow;
 };
 
 class EtcdLog final : public DurableLog {
@@ -118,7 +135,14 @@ class EtcdLog final : public DurableLog {
     std::string range_end;  // non-empty: a delete of [key, range_end)
     bool del = false;
   };
-  absl::StatusOr<Opened> OpenAndReplay(const Replay& replay);
+  // Reads the journal (creating it when missing and `may_write`; NOT_FOUND when missing and not).
+  absl::StatusOr<Opened> OpenAndReplay(const Replay& replay, bool may_write);
+  // Applies what etcd holds past `out` (from a newer snapshot when there is one), at one revision.
+  absl::Status CatchUp(const Replay& replay, Opened* out) const;
+  // A standby's open: reads, then follows until promoted, then catches up a last time.
+  absl::StatusOr<Opened> Follow(const Replay& replay);
+  // Writes the format this binary writes when `found` is an older readable one.
+  absl::Status UpgradeFormat(const std::string& found);
   // Reads the record at `key` (and its pieces) at `revision` (0: latest); NOT_FOUND if absent.
   absl::StatusOr<std::string> ReadRecord(const std::string& key, int64_t revision) const;
   // Reads the update chunks from `from` on, at `revision`, into `fn`; returns the last seq.

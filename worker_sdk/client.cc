@@ -4,9 +4,9 @@
 #include <chrono>
 #include <random>
 
+#include "common/channel_wait.h"
 #include "common/auth.h"
 #include "common/log.h"
-#include "common/reconnect.h"
 #include "common/status.h"
 
 namespace pacer {
@@ -100,9 +100,8 @@ absl::Status Client::RegisterWithMonitor() {
         std::chrono::steady_clock::now() >= deadline) {
       return s;
     }
-    // Backoff between attempts (not synchronisation), watching the channel so that its
-    // reconnection makes progress (common/reconnect.h).
-    WaitOutPause(monitor_channel_.get(), std::chrono::milliseconds(
+    // Backoff between attempts (not synchronisation), keeping the channel connecting.
+    PauseWatchingChannel(monitor_channel_.get(), std::chrono::milliseconds(
         std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(jitter)));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 1'000);
   }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/channel_wait.h"
 #include "common/auth.h"
 #include "common/status.h"
 
@@ -45,8 +46,8 @@ absl::Status RendezvousClient::CallWithRetry(const Req& req, Resp* resp, Call ca
         std::chrono::steady_clock::now() >= deadline) {
       return s;
     }
-    // Backoff between attempts (not synchronisation).
-    std::this_thread::sleep_for(std::chrono::milliseconds(
+    // Backoff between attempts (not synchronisation), keeping the channel connecting.
+    PauseWatchingChannel(channel_.get(), std::chrono::milliseconds(
         std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(jitter)));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 1'000);
   }

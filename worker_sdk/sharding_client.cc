@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/auth.h"
+#include "common/channel_wait.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/reconnect.h"
@@ -130,13 +131,13 @@ absl::Status ShardingClient::Retry(const char* what,
       PACER_LOG(WARNING) << what << ": " << s.error_message() << "; retrying";
     }
     // Backoff between attempts (not synchronisation): full jitter, capped. The pause watches the
-    // channel, so that its reconnection makes progress (common/reconnect.h).
+    // channel, so that its reconnection makes progress (common/channel_wait.h).
     int64_t pause_ms;
     {
       std::lock_guard<std::mutex> l(jitter_mu_);
       pause_ms = std::uniform_int_distribution<int64_t>(backoff / 2, backoff)(jitter_);
     }
-    WaitOutPause(channel_.get(), std::chrono::milliseconds(pause_ms));
+    PauseWatchingChannel(channel_.get(), std::chrono::milliseconds(pause_ms));
     backoff = std::min(backoff * 2, options_.backoff_max_ms);
   }
 }

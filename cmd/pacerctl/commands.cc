@@ -233,6 +233,12 @@ grpc::Status StatusView(const Client& c, View* view, std::string* what) {
   if (!s.ok()) return s;
   std::string agents_what;
   const bool have_agents = AgentsView(c, &agents, &agents_what).ok();  // older pacerd: none
+  GetServerResponse server;
+  bool have_server = false;  // older pacerd: no GetServer
+  {
+    auto ctx = NewContext(c.target);
+    have_server = Operator::NewStub(c.channel)->GetServer(ctx.get(), {}, &server).ok();
+  }
 
   Json doc;
   doc["addr"] = c.target.addr;
@@ -306,11 +312,24 @@ grpc::Status StatusView(const Client& c, View* view, std::string* what) {
     for (const auto& a : agents.doc["agents"]) lost += a["lost"].get<bool>() ? 1 : 0;
     doc["agents"] = {{"count", agents.doc["agents"].size()}, {"lost", lost}};
   }
+  if (have_server) doc["server"] = ProtoToJson(server);
   view->doc = doc;
 
   std::ostringstream out;
   out << "pacerd       " << c.target.addr << ", journal at update " << doc["data"]["journal_seq"]
       << "\n";
+  if (have_server && server.journal() == "etcd") {
+    out << "leader       " << server.leader() << " (journal in etcd under " << server.etcd_prefix()
+        << ", fencing revision " << server.fencing_revision() << ", lease "
+        << Fixed(static_cast<double>(server.lease_remaining_ms()) / 1000.0, 1) << " s); standbys: ";
+    if (server.standbys().empty()) out << "none";
+    for (int i = 0; i < server.standbys_size(); ++i) {
+      const ServerStandby& sb = server.standbys(i);
+      out << (i ? ", " : "") << sb.address();
+      if (sb.hot()) out << " (hot, " << sb.behind() << " updates behind)";
+    }
+    out << "\n";
+  }
   out << "data         " << ds.size() << " dataset" << (ds.size() == 1 ? "" : "s") << ", " << done;
   if (total > 0) out << " of " << total;
   out << " records done, " << leases << " active leases"

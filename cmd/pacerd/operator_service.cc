@@ -158,6 +158,18 @@ grpc::ServerUnaryReactor* OperatorService::GetPolicy(grpc::CallbackServerContext
   return reactor;
 }
 
+grpc::ServerUnaryReactor* OperatorService::GetServer(grpc::CallbackServerContext* ctx,
+                                                     const GetServerRequest*, GetServerResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get server");
+  if (s.ok()) {
+    resp->set_journal("rocksdb");
+    if (server_info_) server_info_(resp);
+  }
+  reactor->Finish(ReplyStatus(s, *resp, "GetServer"));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* OperatorService::GetTimeline(grpc::CallbackServerContext* ctx,
                                                        const GetTimelineRequest* req,
                                                        GetTimelineResponse* resp) {

@@ -15,6 +15,8 @@
 // the other services.
 #pragma once
 
+#include <functional>
+
 #include <atomic>
 
 #include "agent/agent_registry.h"
@@ -43,6 +45,10 @@ class OperatorService final : public Operator::CallbackService {
   grpc::ServerUnaryReactor* GetTimeline(grpc::CallbackServerContext* ctx,
                                         const GetTimelineRequest* req,
                                         GetTimelineResponse* resp) override;
+  grpc::ServerUnaryReactor* GetServer(grpc::CallbackServerContext* ctx, const GetServerRequest* req,
+                                      GetServerResponse* resp) override;
+  // What GetServer answers (pacerd sets it; unset: "rocksdb").
+  void set_server_info(std::function<void(GetServerResponse*)> fn) { server_info_ = std::move(fn); }
 
   // The service layer behind the handlers (no auth).
   void Agents(ListAgentsResponse* resp) const;
@@ -58,6 +64,7 @@ class OperatorService final : public Operator::CallbackService {
   Reconciler* reconciler_;
   const Authenticator* auth_;
   const Clock* clock_;
+  std::function<void(GetServerResponse*)> server_info_;
   JobTimeline timeline_;
   std::atomic<int64_t> window_ms_{0};
   uint64_t last_event_seq_ = 0;  // the housekeeping thread only

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cmd/pacerd/data_dir_identity.h"
 #include "common/grpc_errors.h"
@@ -38,6 +41,9 @@ absl::StatusOr<std::unique_ptr<Pacerd>> Pacerd::Start(PacerdOptions options, con
   d->WireWorkerSessions();
   PACER_LOG(INFO) << "policy '" << policy.config.name << "' (" << policy.config.policy << ")"
                   << (policy.config.dry_run ? " in dry-run" : "");
+  if (d->election_) {
+    d->operator_grpc_->set_server_info([p = d.get()](GetServerResponse* resp) { p->ServerInfo(resp); });
+  }
   RETURN_IF_ERROR(d->Serve(listen, creds));
   d->Proclaim();
   d->CheckJournal();
@@ -94,12 +100,19 @@ absl::Status Pacerd::Elect(const HostPort& listen) {
   });
   PACER_LOG(INFO) << "campaigning for '" << el.name << "' in etcd (" << absl::StrJoin(url.endpoints, ",")
                   << ") as " << el.value;
-  RETURN_IF_ERROR(election_->Campaign([](const std::string& leader) {
-    PACER_LOG(INFO) << "standby: pacerd at " << leader << " leads; waiting to take over";
-  }));
-  won_s_ = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9;
-  auto opener = [this](const std::string& journal) {
-    return [this, prefix = etcd_prefix_ + "/" + journal + "/"](
+  // The campaign runs beside the journals' open: a standby follows the journal (a hot standby)
+  // until this campaign wins, then the open finishes and pacerd serves.
+  std::promise<absl::Status> elected;
+  elected_ = elected.get_future().share();
+  campaign_ = std::thread([this, elected = std::move(elected)]() mutable {
+    absl::Status s = election_->Campaign([](const std::string& leader) {
+      PACER_LOG(INFO) << "standby: pacerd at " << leader << " leads; waiting to take over";
+    });
+    if (s.ok()) won_s_ = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9;
+    elected.set_value(s);
+  });
+  auto opener = [this](const std::string& journal, bool hot) {
+    return [this, hot, prefix = etcd_prefix_ + "/" + journal + "/"](
                const JournalOptions& o, const DurableLogReplay& replay) -> absl::StatusOr<std::unique_ptr<DurableLog>> {
       EtcdLogOptions e;
       e.client = etcd_.get();
@@ -109,18 +122,87 @@ absl::Status Pacerd::Elect(const HostPort& listen) {
       EtcdElection* election = election_.get();
       e.fence = [election] { return election->fence(); };
       e.on_fenced = [election](const std::string& why) { election->Lost(why); };
+      e.wait_promoted = [this](int64_t wait_ms) -> absl::StatusOr<bool> {
+        if (elected_.wait_for(std::chrono::milliseconds(wait_ms)) != std::future_status::ready) return false;
+        const absl::Status s = elected_.get();
+        if (!s.ok()) return s;
+        return true;
+      };
+      if (hot) e.on_follow = [this](uint64_t applied, uint64_t behind) { Followed(applied, behind); };
       return OpenEtcdLog(std::move(e), replay);
     };
   };
-  options_.sharding.journal.open_log = opener("sharding");
-  controller_open_log_ = opener("controller");
+  options_.sharding.journal.open_log = opener("sharding", true);
+  controller_open_log_ = opener("controller", false);
   return absl::OkStatus();
+}
+
+void Pacerd::Followed(uint64_t applied, uint64_t behind) {
+  PacerdMetricSeries& m = pacerd_metrics_->own();
+  m.ha_standby_applied.Get().Set(static_cast<double>(applied));
+  m.ha_standby_behind.Get().Set(static_cast<double>(behind));
+  // Where the leader sees it (pacerctl status): a key on this standby's own lease, so that it
+  // goes when the standby does. At most once a second.
+  const int64_t now_ms = RealClock::Get()->MonotonicNs() / 1'000'000;
+  const int64_t lease = election_->lease_id();
+  if (lease == 0 || now_ms - last_follow_put_ms_ < 1000) return;
+  last_follow_put_ms_ = now_ms;
+  absl::StatusOr<etcdserverpb::PutResponse> put =
+      etcd_->Put(absl::StrFormat("%s/standby/%x", etcd_prefix_, lease), std::to_string(applied), lease);
+  if (!put.ok()) PACER_LOG(WARNING) << "standby: publishing progress: " << put.status().message();
+}
+
+void Pacerd::ServerInfo(GetServerResponse* resp) {
+  if (!election_) return;
+  resp->set_journal("etcd");
+  resp->set_etcd_endpoints(absl::StrJoin(etcd_->options().endpoints, ","));
+  resp->set_etcd_prefix(etcd_prefix_);
+  const EtcdFence fence = election_->fence();
+  resp->set_leader(options_.advertise.empty() ? address() : options_.advertise);
+  resp->set_fencing_revision(fence.rev);
+  resp->set_lease_remaining_ms(std::max<int64_t>(0, election_->remaining_ms()));
+  resp->set_takeover_seconds(takeover_s_);
+  // The other campaign keys under the election's name: the standbys, oldest (next) first.
+  etcdserverpb::RangeRequest req;
+  const std::string name = etcd_prefix_ + "/leader/";
+  req.set_key(name);
+  req.set_range_end(EtcdPrefixEnd(name));
+  req.set_sort_target(etcdserverpb::RangeRequest::CREATE);
+  req.set_sort_order(etcdserverpb::RangeRequest::ASCEND);
+  auto r = etcd_->Range(req);
+  if (!r.ok()) return;
+  // Each hot standby's progress (Followed), by lease.
+  std::map<std::string, uint64_t> applied;
+  const std::string progress = etcd_prefix_ + "/standby/";
+  etcdserverpb::RangeRequest preq;
+  preq.set_key(progress);
+  preq.set_range_end(EtcdPrefixEnd(progress));
+  if (auto pr = etcd_->Range(preq); pr.ok()) {
+    for (const mvccpb::KeyValue& kv : pr->kvs()) {
+      uint64_t seq = 0;
+      if (absl::SimpleAtoi(kv.value(), &seq)) applied[kv.key().substr(progress.size())] = seq;
+    }
+  }
+  const uint64_t durable = sharding_->stats().journal.durable_seq;
+  for (const mvccpb::KeyValue& kv : r->kvs()) {
+    if (kv.key() == fence.key) continue;
+    ServerStandby* sb = resp->add_standbys();
+    sb->set_address(kv.value());
+    sb->set_revision(kv.create_revision());
+    const auto it = applied.find(kv.key().substr(name.size()));  // the lease, in hex
+    if (it != applied.end()) {
+      sb->set_hot(true);
+      sb->set_applied_seq(it->second);
+      sb->set_behind(durable > it->second ? durable - it->second : 0);
+    }
+  }
 }
 
 void Pacerd::Proclaim() {
   if (!election_) return;
   PacerdMetricSeries& m = pacerd_metrics_->own();
   const double takeover_s = static_cast<double>(RealClock::Get()->MonotonicNs()) / 1e9 - won_s_;
+  takeover_s_ = takeover_s;
   m.ha_leader.Get().Set(1);
   m.ha_fencing_revision.Get().Set(static_cast<double>(election_->fence().rev));
   m.ha_takeover.Get().Set(takeover_s);
@@ -436,6 +518,7 @@ void Pacerd::Shutdown() {
   if (election_) {
     // Hand over at once: a standby need not wait for the lease to lapse.
     election_->Stop();
+    if (campaign_.joinable()) campaign_.join();
     absl::Status s = election_->Resign();
     if (!s.ok()) PACER_LOG(WARNING) << "resigning the leadership: " << s.message();
   }

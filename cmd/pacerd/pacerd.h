@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -152,6 +153,11 @@ class Pacerd {
   absl::Status Elect(const HostPort& listen);
   // After Serve: the leader's address in the election, now that the port is known.
   void Proclaim();
+  // Operator.GetServer: the journal's home, the leader and the standbys.
+  void ServerInfo(GetServerResponse* resp);
+  // A hot standby caught up to `applied` (`behind` updates in that round): gauges and its
+  // progress key in etcd.
+  void Followed(uint64_t applied, uint64_t behind);
   // Metrics, the sharding service (its journal replayed), the policy, the monitor, the agent
   // registry, rendezvous and their gRPC services.
   absl::StatusOr<Policy> OpenComponents(const DataDir& dir);
@@ -175,7 +181,11 @@ class Pacerd {
   std::unique_ptr<EtcdClient> etcd_;
   std::unique_ptr<EtcdElection> election_;
   std::string etcd_prefix_;
-  double won_s_ = 0;  // when the election was won (monotonic seconds)
+  std::thread campaign_;                        // the election, beside the journals' open
+  std::shared_future<absl::Status> elected_;    // its outcome
+  std::atomic<double> won_s_{0};  // when the election was won (monotonic seconds)
+  int64_t last_follow_put_ms_ = 0;
+  std::atomic<double> takeover_s_{0};  // from winning to serving (read by Operator.GetServer)
   decltype(JournalOptions::open_log) controller_open_log_;  // the controller's journal in etcd
   std::unique_ptr<ShardingServiceImpl> sharding_;
   std::unique_ptr<GrpcShardingService> sharding_grpc_;

@@ -35,7 +35,12 @@
     "The leader's fencing token (its election key's create revision in etcd): changes() of "   \
     "it counts leader changes")                                                                \
   X(ha_takeover, Gauge, "pacer_ha_takeover_seconds",                                           \
-    "From winning the election to serving: the journals read back from etcd")
+    "From winning the election to serving: the rest of the journals read from etcd")           \
+  X(ha_standby_applied, Gauge, "pacer_ha_standby_applied_seq",                                 \
+    "On a hot standby: the newest sharding update it applied from etcd")                       \
+  X(ha_standby_behind, Gauge, "pacer_ha_standby_behind_updates",                               \
+    "On a hot standby: how many updates its last catch-up applied (how far behind it was; it " \
+    "catches up every 200 ms)")
 
 namespace pacer {
 

@@ -102,6 +102,14 @@ TEST_F(EtcdFaultsTest, EtcdMembersKilledAndRestartedDuringARunCostOnlyRetries) {
   EXPECT_TRUE(Progresses(*job_)) << "no progress without one follower";
   ASSERT_TRUE(cluster_->Restart(follower).ok());
   FinishExactly();
+  // pacerctl status names the leader and the standby.
+  auto [status, rc] = job_->PacerctlStatus();
+  EXPECT_EQ(rc, 0) << status;
+  const int now = job_->ServingLeader();
+  ASSERT_GE(now, 0);
+  EXPECT_NE(status.find("leader       " + job_->address(now) + " (journal in etcd under jobs/ha"), std::string::npos)
+      << status;
+  EXPECT_NE(status.find("standbys: " + job_->address(1 - now)), std::string::npos) << status;
   std::cout << "pacerd 0 " << (job_->pacerd(0).running() ? "led throughout" : "handed over to its standby")
             << std::endl;
 }

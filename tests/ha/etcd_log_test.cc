@@ -372,10 +372,12 @@ TEST_F(EtcdLogTest, AFullQuotaRefusesWritesClearlyAndResumesAfterCompaction) {
 
   // Recover reads back what was acknowledged (reads work under the alarm), but the next write
   // is refused again until the operator frees space.
+  // (The refused group may be there too: a transaction whose reply was lost was applied before
+  // its retry met the full quota. It was never acknowledged; more than acknowledged is no loss.)
   Replayed r1;
   ASSERT_TRUE((*log)->Recover(r1.replay()).ok());
-  EXPECT_EQ((*log)->last_seq(), acknowledged);
-  seq = acknowledged;
+  EXPECT_GE((*log)->last_seq(), acknowledged);
+  seq = (*log)->last_seq();
   (*log)->Append(++seq, Update(seq));
   EXPECT_EQ((*log)->Flush().code(), absl::StatusCode::kUnavailable);
 
@@ -388,8 +390,8 @@ TEST_F(EtcdLogTest, AFullQuotaRefusesWritesClearlyAndResumesAfterCompaction) {
 
   Replayed r2;
   ASSERT_TRUE((*log)->Recover(r2.replay()).ok());
-  EXPECT_EQ((*log)->last_seq(), acknowledged) << "nothing acknowledged was lost";
-  seq = acknowledged;
+  EXPECT_GE((*log)->last_seq(), acknowledged) << "nothing acknowledged was lost";
+  seq = (*log)->last_seq();
   (*log)->Append(++seq, Update(seq));
   EXPECT_TRUE((*log)->Flush().ok()) << (*log)->health();
 }

@@ -97,6 +97,16 @@ class HaJob {
   std::string ledger(int i) const { return dir_.Sub(absl::StrCat("ledger-", i)); }
   std::string worker_log(int i) const { return ReadFileOrEmpty(dir_.Sub(absl::StrCat("worker-", i, ".log"))); }
 
+  // `pacerctl status` against every pacerd (its output, and the exit status).
+  std::pair<std::string, int> PacerctlStatus() {
+    const std::string out = dir_.Sub(absl::StrCat("pacerctl-", ++pacerctl_runs_, ".out"));
+    Subprocess p = Subprocess::Start({BinaryPath("pacerctl"), "--addr", addresses(), "--token-file",
+                                      dir_.Sub("admin.token"), "status"},
+                                     {}, out);
+    const int status = p.Wait(std::chrono::seconds(30));
+    return {ReadFileOrEmpty(out), WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+  }
+
   // The service agrees with the ledgers: the dataset finished with records x epochs counted.
   void ExpectServiceCountedAll() {
     ShardingClientOptions opts;
@@ -126,6 +136,7 @@ class HaJob {
   std::vector<int> ports_ = {0, 0};
   std::vector<Subprocess> pacerds_;
   std::unique_ptr<EtcdClient> etcd_;
+  int pacerctl_runs_ = 0;
 };
 
 // Whether every worker exited (an ADD_FAILURE for each that did not exit 0).

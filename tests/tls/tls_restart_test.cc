@@ -4,7 +4,8 @@
 // seconds of the new pacerd listening, also when it saw pacerd gone and kept retrying meanwhile:
 // the C++ SDK's Client (heartbeats, and the synchronous ShardingClient the Python pacer.Client
 // and pacer-consume use) and a lone ShardingClient. Each call is timed from the restart; none
-// may wait for a TLS handshake that never ends (common/reconnect.h says why one could).
+// may wait for a TLS handshake that never ends (common/reconnect.h and common/channel_wait.h say
+// why one could).
 #include <gtest/gtest.h>
 
 #include <chrono>
