@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdClient
     m.channel = *channel;
     m.kv = etcdserverpb::KV::NewStub(m.channel);
     m.lease = etcdserverpb::Lease::NewStub(m.channel);
+    m.watch = etcdserverpb::Watch::NewStub(m.channel);
     m.maintenance = etcdserverpb::Maintenance::NewStub(m.channel);
     m.auth = etcdserverpb::Auth::NewStub(m.channel);
     m.election = v3electionpb::Election::NewStub(m.channel);
@@ -152,6 +153,8 @@ std::unique_ptr<grpc::ClientContext> EtcdClient::StreamContext(int64_t deadline_
 }
 
 etcdserverpb::Lease::Stub* EtcdClient::lease_stub() { return members_[current_ % members_.size()].lease.get(); }
+
+etcdserverpb::Watch::Stub* EtcdClient::watch_stub() { return members_[current_ % members_.size()].watch.get(); }
 
 absl::Status EtcdClient::Authenticate() {
   const int64_t deadline = NowMs() + options_.request_timeout_ms;

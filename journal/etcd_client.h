@@ -110,6 +110,8 @@ class EtcdClient {
   // `hasleader: true` and the given deadline (0: none), and the stub of the current member.
   std::unique_ptr<grpc::ClientContext> StreamContext(int64_t deadline_ms);
   etcdserverpb::Lease::Stub* lease_stub();
+  // The Watch stub of the current member (a follower's wake-up: journal/etcd_log.h).
+  etcdserverpb::Watch::Stub* watch_stub();
   // After a stream failed with UNAVAILABLE: move to the next member.
   void Rotate();
 
@@ -120,6 +122,7 @@ class EtcdClient {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::unique_ptr<etcdserverpb::Watch::Stub> watch;
     std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
     std::unique_ptr<etcdserverpb::Auth::Stub> auth;
     std::unique_ptr<v3electionpb::Election::Stub> election;

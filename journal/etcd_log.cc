@@ -1,7 +1,10 @@
 #include "journal/etcd_log.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -303,6 +306,72 @@ absl::Status EtcdLog::CatchUp(const Replay& replay, Opened* out) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// How often a follower checks for promotion and for watch events.
+constexpr int64_t kFollowTickMs = 20;
+
+// A watch on every key under `prefix` whose only output is "something changed" (TakeEvent). Its
+// own thread; a stream that fails is opened again (on the next member) a second later.
+class JournalWatch {
+ public:
+  JournalWatch(EtcdClient* client, std::string prefix)
+      : client_(client), prefix_(std::move(prefix)), thread_([this] { Run(); }) {}
+  ~JournalWatch() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+      if (ctx_) ctx_->TryCancel();
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool TakeEvent() { return event_.exchange(false); }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::unique_ptr<grpc::ClientContext> ctx = client_->StreamContext(0);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (stopping_) return;
+        ctx_ = ctx.get();
+      }
+      auto stream = client_->watch_stub()->Watch(ctx.get());
+      etcdserverpb::WatchRequest req;
+      req.mutable_create_request()->set_key(prefix_);
+      req.mutable_create_request()->set_range_end(EtcdPrefixEnd(prefix_));
+      etcdserverpb::WatchResponse resp;
+      if (stream->Write(req)) {
+        while (stream->Read(&resp)) {
+          if (!resp.events().empty() || resp.compact_revision() != 0) event_ = true;
+          if (resp.canceled()) break;
+        }
+      }
+      stream->WritesDone();
+      ctx->TryCancel();
+      const grpc::Status s = stream->Finish();
+      std::unique_lock<std::mutex> l(mu_);
+      ctx_ = nullptr;
+      if (stopping_) return;
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) client_->Rotate();
+      event_ = true;  // something may have been missed while the stream was down
+      cv_.wait_for(l, std::chrono::seconds(1), [&] { return stopping_; });
+    }
+  }
+
+  EtcdClient* const client_;
+  const std::string prefix_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  grpc::ClientContext* ctx_ = nullptr;  // the stream open now (to cancel it)
+  bool stopping_ = false;
+  std::atomic<bool> event_{false};
+  std::thread thread_;  // last: started once the rest is set
+};
+
+}  // namespace
+
 absl::StatusOr<EtcdLog::Opened> EtcdLog::Follow(const Replay& replay) {
   // Until the journal exists (a new job's leader creates it) or this pacerd is promoted.
   absl::StatusOr<Opened> opened;
@@ -320,8 +389,17 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::Follow(const Replay& replay) {
     PACER_LOG(INFO) << "etcd journal at '" << options_.prefix << "': following as a standby from update "
                     << opened->last_seq;
   }
+  // A watch on the journal's keys is the wake-up: a catch-up starts as soon as the leader writes
+  // (what was written is read by range, never from the events: etcd 3.4 can repeat them, or skip
+  // them around a compaction). Without events, a catch-up every follow_poll_ms all the same.
+  std::unique_ptr<JournalWatch> watch;
+  if (!promoted) watch = std::make_unique<JournalWatch>(options_.client, options_.prefix);
+  int64_t last_round_ms = NowMs();
   while (!promoted) {
-    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(options_.follow_poll_ms));
+    ASSIGN_OR_RETURN(promoted, options_.wait_promoted(kFollowTickMs));
+    const int64_t now = NowMs();
+    if (!promoted && !watch->TakeEvent() && now - last_round_ms < options_.follow_poll_ms) continue;
+    last_round_ms = now;
     const uint64_t before = opened->last_seq;
     absl::Status st = CatchUp(replay, &*opened);
     if (!st.ok()) {

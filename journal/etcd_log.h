@@ -33,7 +33,9 @@
 // loses nothing.
 //
 // A hot standby (EtcdLogOptions::wait_promoted) opens the same way without writing, then keeps
-// catching up: each round lists the snapshots and reads the chunks after what it applied, at one
+// catching up — woken by a watch on the journal's keys (a wake-up only: etcd 3.4 can repeat
+// watch events, or skip them after a compaction), and every follow_poll_ms regardless: each
+// round lists the snapshots and reads the chunks after what it applied, at one
 // etcd revision; a snapshot newer than what it applied (the leader snapshotted and deleted the
 // updates in between) is read and applied instead, with its pinned entries. Once promoted, a last
 // round reads what the old leader wrote (its election key was gone before ours won, so nothing it
@@ -85,12 +87,13 @@ struct EtcdLogOptions {
   // Keys per page when reading.
   int64_t read_page_keys = 64;
   // A hot standby (set by a pacerd that is not leading yet): Open() reads the journal and keeps
-  // applying what the leader appends (a range read every follow_poll_ms) until `wait_promoted`
+  // applying what the leader appends (range reads, woken by a watch on the journal's keys, and
+  // every follow_poll_ms without one) until `wait_promoted`
   // — which waits up to its argument in ms for this pacerd to win the election — returns true;
   // then it reads what is left and returns, the writer. Nothing is written before that. An error
   // from it ends the open. Unset: Open() writes at once (the caller leads already).
   std::function<absl::StatusOr<bool>(int64_t wait_ms)> wait_promoted;
-  int64_t follow_poll_ms = 200;
+  int64_t follow_poll_ms = 1000;
   // While following: called after each catch-up with the newest update applied and how many that
   // catch-up applied (how far behind the standby was).
   std::function<void(uint64_t applied, uint64_t behind)> on_follow;

@@ -39,8 +39,8 @@
   X(ha_standby_applied, Gauge, "pacer_ha_standby_applied_seq",                                 \
     "On a hot standby: the newest sharding update it applied from etcd")                       \
   X(ha_standby_behind, Gauge, "pacer_ha_standby_behind_updates",                               \
-    "On a hot standby: how many updates its last catch-up applied (how far behind it was; it " \
-    "catches up every 200 ms)")
+    "On a hot standby: how many updates its last catch-up applied (how far behind it was; a " \
+    "watch on the journal wakes it)")
 
 namespace pacer {
 

@@ -48,13 +48,14 @@ TEST(CrashTest, KillNinePacerdAndWorkersEveryRecordCountedExactlyOnce) {
   pacerd.Start();
   ASSERT_FALSE(HasFatalFailure());
 
+  // 8 ms a batch: the job outlasts the 20 pacerd kills however fast workers reconnect.
   auto start_worker = [&](int i) {
     return Subprocess::Start(
         {BinaryPath("pacer-consume"), "--addr", "127.0.0.1:" + std::to_string(pacerd.port()),
          "--token-file", dir.Sub("data/job.token"), "--worker-id", "w" + std::to_string(i),
          "--dataset", "train", "--register-records", std::to_string(kRecords), "--shard-size",
          "96", "--epochs", std::to_string(kEpochs), "--shuffle", "shards",
-         "--max-attempts", "1000000", "--batch", "8", "--step-ms", "0.3", "--quiet", "--ledger",
+         "--max-attempts", "1000000", "--batch", "8", "--step-ms", "8", "--quiet", "--ledger",
          dir.Sub("ledger-" + std::to_string(i))},
         {}, dir.Sub("worker-" + std::to_string(i) + ".log"));
   };

@@ -48,7 +48,8 @@ TEST(FailoverChaosTest, KillNineTheLeaderAndDeleteItsDataEveryRecordCountedExact
   job.StartPacerd(1);
 
   std::vector<Subprocess> workers;
-  for (int i = 0; i < kWorkers; ++i) workers.push_back(job.StartWorker(i, job.addresses()));
+  // 20 ms a batch: the job outlasts 20 failovers (~2 s of pause each) however fast the rest is.
+  for (int i = 0; i < kWorkers; ++i) workers.push_back(job.StartWorker(i, job.addresses(), "20"));
   auto running = [&] {
     for (auto& w : workers) {
       if (w.running()) return true;

@@ -76,6 +76,7 @@ constexpr Row kTable[] = {
   {"Operator/ListAgents",                  {Y,    Y,  D,    D,     D,    D,     U,   U}},
   {"Operator/GetPolicy",                   {Y,    Y,  D,    D,     D,    D,     U,   U}},
   {"Operator/GetTimeline",                 {Y,    Y,  D,    D,     D,    D,     U,   U}},
+  {"Operator/GetServer",                   {Y,    Y,  D,    D,     D,    D,     U,   U}},
   {"Rendezvous/Join",                      {Y,    Y,  Y,    Y,     D,    D,     U,   U}},
   {"Rendezvous/Reform",                    {Y,    Y,  Y,    Y,     D,    D,     U,   U}},
   {"Rendezvous/Set",                       {Y,    Y,  Y,    Y,     D,    D,     U,   U}},
@@ -224,6 +225,7 @@ std::unique_ptr<google::protobuf::Message> RequestFor(const std::string& method,
       {"Operator/ListAgents", [](const Caller&) { return std::make_unique<ListAgentsRequest>(); }},
       {"Operator/GetPolicy", [](const Caller&) { return std::make_unique<GetPolicyRequest>(); }},
       {"Operator/GetTimeline", [](const Caller&) { return std::make_unique<GetTimelineRequest>(); }},
+      {"Operator/GetServer", [](const Caller&) { return std::make_unique<GetServerRequest>(); }},
       {"Rendezvous/Join", [](const Caller& c) {
          auto r = std::make_unique<RendezvousJoinRequest>();
          r->set_worker_id(c.worker);
