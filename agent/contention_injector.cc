@@ -428,11 +428,21 @@ void ContentionInjector::Regulate(const std::map<std::string, double>& worker_co
     // Spread the weight over the hogs, each at the nice level nearest to what is left per hog.
     double left = weight;
     for (size_t i = 0; i < e.hogs.size(); ++i) {
-      const int nice = NiceForWeight(left / static_cast<double>(e.hogs.size() - i));
-      left -= kNiceWeights[nice + 20];
+      int nice = NiceForWeight(left / static_cast<double>(e.hogs.size() - i));
       if (setpriority(PRIO_PROCESS, static_cast<id_t>(e.hogs[i]), nice) != 0) {
-        PACER_LOG(WARNING) << "setpriority(hog " << e.hogs[i] << ", " << nice << "): " << strerror(errno);
+        // Without CAP_SYS_NICE (an unprivileged container) a nice level can only go up: the
+        // hog keeps the level it has, and that is the weight it gives.
+        if (!e.priority_refused) {
+          PACER_LOG(WARNING) << "setpriority(hog " << e.hogs[i] << ", " << nice << "): " << strerror(errno)
+                             << ": without CAP_SYS_NICE the hogs of " << id
+                             << " cannot gain priority; the slow-down may stay under the factor";
+          e.priority_refused = true;
+        }
+        errno = 0;
+        const int now = getpriority(PRIO_PROCESS, static_cast<id_t>(e.hogs[i]));
+        if (errno == 0) nice = std::clamp(now, -20, 19);
       }
+      left -= kNiceWeights[nice + 20];
     }
     PACER_LOG(DEBUG) << "cpu-hog " << id << ": share " << share << " cores, target " << target
                      << ": hog weight " << e.hog_weight << " -> " << weight - left;

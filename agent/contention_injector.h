@@ -106,6 +106,7 @@ class ContentionInjector {
     std::string original_dir;   // the worker's cgroup before
     std::vector<pid_t> hogs;    // cpu-hog method
     double hog_weight = 0;      // their total CFS weight now (Regulate() moves it)
+    bool priority_refused = false;  // a hog's setpriority was refused (logged once)
     int samples_to_skip = 0;
     std::vector<int> original_cpus;
     std::vector<std::pair<pid_t, std::vector<int>>> moved_others;  // pid, original CPUs

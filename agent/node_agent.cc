@@ -22,6 +22,7 @@
 #include "agent/child_process.h"
 #include "common/auth.h"
 #include "common/log.h"
+#include "common/reconnect.h"
 
 namespace pacer {
 
@@ -282,9 +283,7 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
   if (!options_.address.empty()) {
     grpc::ChannelArguments args;
     // Reconnect quickly once pacerd is back (gRPC's default backoff grows to 2 minutes).
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    SetReconnectBackoff(&args, 200, 1000);
     ApplyTlsChannelArgs(options_.tls, &args);
     std::shared_ptr<grpc::ChannelCredentials> creds;
     std::string target = options_.address;

@@ -7,6 +7,8 @@
 #   scripts/install-deps.sh            build + test deps
 #   scripts/install-deps.sh --torch    also python3-torch (PyTorch examples)
 #   scripts/install-deps.sh --clang    also clang-14 + sanitizer runtimes
+#   scripts/install-deps.sh --containers  also podman, runc and debootstrap (the `container` tests,
+#                                      docs/containers.md)
 #   scripts/install-deps.sh --runtime  only the shared libraries the installed programs need (the
 #                                      slim image's run stage; Containerfile); with --python also
 #                                      python3 for the `pacer` module (the trainer base image)
@@ -36,6 +38,7 @@ for arg in "$@"; do
     --python) runtime_pkgs+=(python3) ;;
     --torch) pkgs+=(python3-torch python3-numpy) ;;
     --clang) pkgs+=(clang-14 libclang-rt-14-dev) ;;
+    --containers) pkgs+=(podman runc debootstrap) ;;
     --chromium) pkgs+=(chromium) ;;
     *) echo "install-deps: unknown option '$arg'" >&2; exit 2 ;;
   esac

@@ -8,6 +8,7 @@
 #include "common/channel_wait.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/reconnect.h"
 #include "common/status.h"
 
 namespace pacer {
@@ -39,9 +40,7 @@ ShardingClient::ShardingClient(ShardingClientOptions options)
     : options_(std::move(options)), jitter_(std::random_device{}()) {
   grpc::ChannelArguments args;
   ApplyTlsChannelArgs(options_.tls, &args);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  SetReconnectBackoff(&args, 50, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
   // A list of addresses (a leader and its standbys) becomes one channel over all of them.
   std::string target = options_.address;
@@ -131,7 +130,8 @@ absl::Status ShardingClient::Retry(const char* what,
     if (attempt == 1 || attempt % 20 == 0) {
       PACER_LOG(WARNING) << what << ": " << s.error_message() << "; retrying";
     }
-    // Backoff between attempts (not synchronisation): full jitter, capped.
+    // Backoff between attempts (not synchronisation): full jitter, capped. The pause watches the
+    // channel, so that its reconnection makes progress (common/channel_wait.h).
     int64_t pause_ms;
     {
       std::lock_guard<std::mutex> l(jitter_mu_);

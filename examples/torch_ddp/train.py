@@ -17,8 +17,14 @@ measures accuracy. Start it like any torchrun script, with pacerd's address and 
       /usr/bin/python3 examples/torch_ddp/train.py
 
 Run with Debian's /usr/bin/python3 (python3-torch). Prints one JSON line per rank (accuracy,
-steps, samples, a parameter checksum that is equal on every rank); exits 3 when the accuracy
-is below --target-accuracy.
+steps, samples, a parameter checksum that is equal on every rank, the batch plan's version and
+the local batch at the end); exits 3 when the accuracy is below --target-accuracy.
+
+--ledger DIR writes ledger-RANK.jsonl there: one line per step with the (epoch, index) pairs
+the step trained on (``loader.batch_info.records``), the plan's version and the local batch,
+each line on disk before pacerd counts the step's records (tests count every record once per
+epoch across the ranks). --hidden widens the hidden layer: more compute per record, so that a
+slowed rank's compute dominates its step.
 """
 
 import argparse
@@ -51,10 +57,13 @@ def main():
     ap.add_argument("--records", type=int, default=16384)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=32, help="this rank's starting batch (the plan changes it)")
+    ap.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--eval-records", type=int, default=2000)
     ap.add_argument("--target-accuracy", type=float, default=0.0)
     ap.add_argument("--result-dir", default=None, help="write result-RANK.json here")
+    ap.add_argument("--ledger", default=None, metavar="DIR",
+                    help="write ledger-RANK.jsonl here: the records each step trained on")
     args = ap.parse_args()
     torch.manual_seed(0)  # the same initial model on every rank
     torch.set_num_threads(1)
@@ -63,11 +72,12 @@ def main():
     dataset = torch.utils.data.TensorDataset(*generate(args.records, seed=1))
     loader = pt.DataLoader(dataset, batch_size=args.batch, epochs=args.epochs, seed=17, shard_size=256)
     model = pt.DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(DIMS, 128), torch.nn.ReLU(), torch.nn.Linear(128, CLASSES)))
+        torch.nn.Linear(DIMS, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, CLASSES)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # Decay: the final iterate, not a lucky one, is evaluated.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1.0 + step / 300.0))
 
+    ledger = open(os.path.join(args.ledger, f"ledger-{dist.get_rank()}.jsonl"), "w") if args.ledger else None
     start = time.monotonic()
     samples = 0
     for x, y in loader:
@@ -77,15 +87,26 @@ def main():
         opt.step()
         sched.step()
         samples += loader.weight  # 0 for a repeated batch (the others hold the rest of the epoch)
+        if ledger and loader.weight:
+            info = loader.batch_info
+            ledger.write(json.dumps({"step": info.step, "records": info.records,
+                                     "plan": loader.client.current_plan.version,
+                                     "batch": loader.local_batch}) + "\n")
+            # On disk before the next batch is asked for, which is when pacerd counts this one.
+            ledger.flush()
+            os.fsync(ledger.fileno())
         if loader.step % 100 == 0 and dist.get_rank() == 0:
             print(f"step {loader.step} loss {loss.item():.4f} local batch {loader.local_batch}", file=sys.stderr)
     seconds = time.monotonic() - start
+    if ledger:
+        ledger.close()
 
     ex, ey = generate(args.eval_records, seed=2)
     with torch.no_grad():
         accuracy = (model.module(ex).argmax(dim=1) == ey).float().mean().item()
     result = {"worker": loader.client.worker_id, "rank": dist.get_rank(), "accuracy": round(accuracy, 4),
               "steps": loader.step, "samples": samples, "seconds": round(seconds, 2),
+              "plan_version": loader.client.current_plan.version, "local_batch": loader.local_batch,
               "checksum": float(sum(p.double().sum() for p in model.parameters()))}
     print(json.dumps(result), flush=True)
     if args.result_dir:

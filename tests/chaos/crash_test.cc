@@ -28,7 +28,9 @@ using testing::Subprocess;
 using testing::TempDir;
 using testing::WaitFor;
 
-constexpr uint64_t kRecords = 24'000;
+// Long enough for kMinPacerdKills at the fault pace below: the consumers reconnect within a few
+// hundred ms of each restart, and with 24 000 records the job ended after 7-16 kills.
+constexpr uint64_t kRecords = 120'000;
 constexpr uint32_t kEpochs = 2;
 constexpr int kWorkers = 4;
 constexpr int kMinPacerdKills = 20;

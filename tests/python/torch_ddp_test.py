@@ -5,11 +5,13 @@ uneven batches come from the controller's plan: torch_plan_test.py, and the weig
 itself is checked by torch_hook_test.py), must:
   - both exit 0 and reach the stated accuracy (TARGET) on the held-out set;
   - end with identical parameters (same checksum on both ranks: the hook keeps them in sync);
-  - together train every record exactly once per epoch (samples sum = records x epochs).
+  - together train every record exactly once per epoch (samples sum = records x epochs), and
+    their --ledger files hold every (epoch, index) pair exactly once.
 Every process is reaped (own process groups, killed on failure); the test has a deadline.
 Skips (exit 77) with a message when torch cannot be imported.
 """
 
+import collections
 import json
 import os
 import sys
@@ -35,17 +37,25 @@ class TorchDdpExampleTest(unittest.TestCase):
             for rank in range(2):
                 children.start([sys.executable, TRAIN, "--batch", "32", "--records", str(RECORDS),
                                 "--epochs", str(EPOCHS), "--target-accuracy", str(TARGET),
-                                "--result-dir", tmp],
+                                "--result-dir", tmp, "--ledger", tmp],
                                env=torch_rank_env(d, rank, 2, port), log_path=f"{tmp}/w{rank}.log")
             codes = children.wait_all(timeout_s=400)
             self.assertEqual(codes, [0, 0], log_tails(tmp))
             results = [json.loads(open(f"{tmp}/result-{r}.json").read()) for r in range(2)]
+            seen = collections.Counter()
+            for r in range(2):
+                with open(f"{tmp}/ledger-{r}.jsonl") as f:
+                    for line in f:
+                        seen.update(tuple(p) for p in json.loads(line)["records"])
         for r in results:
             print(json.dumps(r))
             self.assertGreaterEqual(r["accuracy"], TARGET)
         self.assertEqual(results[0]["checksum"], results[1]["checksum"])
         self.assertEqual(results[0]["steps"], results[1]["steps"])
         self.assertEqual(sum(r["samples"] for r in results), RECORDS * EPOCHS)
+        expected = {(e, i) for e in range(EPOCHS) for i in range(RECORDS)}
+        self.assertEqual(set(seen), expected)
+        self.assertEqual([p for p, n in seen.items() if n > 1], [])
 
 
 if __name__ == "__main__":
