@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/channel_wait.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/tls.h"
@@ -103,10 +104,12 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdClient
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(4 << 20);
-    // Reconnect quickly after a member restarts (the default backoff grows to 2 minutes).
+    // Reconnect quickly after a member restarts (the default backoff grows to 2 minutes). The
+    // "min reconnect backoff" is one connection attempt's timeout (TCP + TLS handshake), not a
+    // floor of the backoff: 1 s, so a TLS handshake completes and a hung member is left soon.
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     // A member that stops answering (paused, partitioned) is noticed by the transport; no more
     // often than etcd's --grpc-keepalive-min-time (5 s) allows, or it closes the connection.
     // Calls have their own deadlines meanwhile.
@@ -201,7 +204,9 @@ grpc::Status EtcdClient::Call(bool retry, Fn call, int64_t timeout_ms) {
     size_t expected = index;
     current_.compare_exchange_strong(expected, (index + 1) % members_.size());
     if ((index + 1) % members_.size() == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<int64_t>(backoff_ms, deadline - NowMs())));
+      // Keep the member's channel connecting meanwhile (a synchronous client has no poller).
+      PauseWatchingChannel(members_[index].channel.get(),
+                           std::chrono::milliseconds(std::min<int64_t>(backoff_ms, deadline - NowMs())));
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 500);
     }
   }

