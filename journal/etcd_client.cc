@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/channel_wait.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/tls.h"
@@ -14,11 +15,7 @@
 namespace pacer {
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowMs() { return RealClock::Get()->MonotonicNs() / 1'000'000; }
 
 // Statuses after which the same call may succeed on another member (or the same one, later).
 bool Retryable(const grpc::Status& s, bool retry_leader_errors) {

@@ -4,17 +4,14 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 
 namespace pacer {
 namespace {
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowMs() { return RealClock::Get()->MonotonicNs() / 1'000'000; }
 
 }  // namespace
 

@@ -22,11 +22,7 @@ namespace {
 
 using journal::EtcdJournalRecord;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowMs() { return RealClock::Get()->MonotonicNs() / 1'000'000; }
 
 // A key's pieces are "<key>.0001".. : '.' sorts before '/' and every hex digit, so
 // [key, key + "/") holds the record and its pieces and nothing else.

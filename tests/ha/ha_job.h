@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "journal/etcd_client.h"
 #include "tests/testing/etcd_cluster.h"
+#include "tests/testing/ledger_check.h"
 #include "tests/testing/test_util.h"
-#include "worker_sdk/sharding_client.h"
 
 namespace pacer::testing {
 
@@ -107,20 +107,9 @@ class HaJob {
     return {ReadFileOrEmpty(out), WIFEXITED(status) ? WEXITSTATUS(status) : -1};
   }
 
-  // The service agrees with the ledgers: the dataset finished with records x epochs counted.
+  // The service agrees with the ledgers (testing::ExpectServiceCountedAll).
   void ExpectServiceCountedAll() {
-    ShardingClientOptions opts;
-    opts.address = addresses();
-    opts.token = std::string(64, 'a');
-    opts.worker_id = "checker";
-    auto client = ShardingClient::Connect(opts);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto list = (*client)->ListDatasets();
-    ASSERT_TRUE(list.ok()) << list.status();
-    ASSERT_EQ(list->datasets_size(), 1);
-    EXPECT_TRUE(list->datasets(0).finished());
-    EXPECT_EQ(list->datasets(0).records_done_total(), records_ * epochs_);
-    EXPECT_EQ(list->datasets(0).completed_epochs(), epochs_);
+    testing::ExpectServiceCountedAll(addresses(), std::string(64, 'a'), epochs_, records_);
   }
 
  private:

@@ -1,5 +1,6 @@
-// The check every kill -9 test ends with: the workers' ledgers (examples/consumer/ledger.h)
-// count every record of every epoch exactly once, and nothing outside the dataset.
+// The checks every kill -9 test ends with: the workers' ledgers (examples/consumer/ledger.h)
+// count every record of every epoch exactly once, and nothing outside the dataset; and the
+// service's own counters agree.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "examples/consumer/ledger.h"
+#include "worker_sdk/sharding_client.h"
 
 namespace pacer::testing {
 
@@ -38,6 +40,24 @@ inline void ExpectEveryRecordCountedOnce(const std::vector<std::string>& ledgers
     EXPECT_EQ(missing, 0u) << "epoch " << e << ": records never counted (first bad " << first_bad << ")";
     EXPECT_EQ(twice, 0u) << "epoch " << e << ": records counted twice (first bad " << first_bad << ")";
   }
+}
+
+// The service agrees with the ledgers: pacerd at `address` holds one dataset, finished, with
+// exactly records x epochs counted.
+inline void ExpectServiceCountedAll(const std::string& address, const std::string& token, uint32_t epochs,
+                                    uint64_t records) {
+  ShardingClientOptions opts;
+  opts.address = address;
+  opts.token = token;
+  opts.worker_id = "checker";
+  auto client = ShardingClient::Connect(opts);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto list = (*client)->ListDatasets();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->datasets_size(), 1);
+  EXPECT_TRUE(list->datasets(0).finished());
+  EXPECT_EQ(list->datasets(0).records_done_total(), records * epochs);
+  EXPECT_EQ(list->datasets(0).completed_epochs(), epochs);
 }
 
 }  // namespace pacer::testing
