@@ -617,11 +617,7 @@ void EtcdLog::WriterLoop() {
     uint64_t snapshot_seq = 0;
     uint64_t pinned_written = 0;
     uint64_t group_last = 0;
-    uint64_t updates = 0;
-    for (const Entry& e : group) {
-      group_last = std::max(group_last, e.seq);
-      if (!e.snapshot) ++updates;
-    }
+    for (const Entry& e : group) group_last = std::max(group_last, e.seq);
     const int64_t start_ns = RealClock::Get()->MonotonicNs();
     std::vector<Op> ops = BuildOps(group, &pinned_after, &snapshot_seq, &pinned_written);
     uint64_t bytes = 0;
@@ -665,7 +661,6 @@ void EtcdLog::WriterLoop() {
     if (fenced) fenced(std::string(st.message()));  // leadership ends before anyone hears of the failure
     durable_cv_.notify_all();
     for (Done& d : ready) d(result);
-    (void)updates;
     l.lock();
   }
 }
