@@ -1,4 +1,4 @@
-// BurstDetector: the step-granular burst rule for synchronous jobs (issue 17).
+// BurstDetector: the step-granular burst rule for synchronous jobs.
 //
 // A short burst of contention (a 4× slowdown for ~20 s) holds every step of a sync job back,
 // and it is over before a window-based detector (K of W windows of 10 s) has seen it. This rule
