@@ -1,6 +1,6 @@
 // StepStatistics: how fast each worker of a synchronous job trains, step by step, and how sure
 // that figure is — so that a batch plan moves a worker off the typical speed only when its
-// steps show a difference their own noise does not explain: per-step noise.
+// steps show a difference their own per-step noise does not explain.
 //
 // Why: the monitor's window speeds are the right input for *how* slow a worker is, but a 10 s
 // window of a job with ~6 s steps holds one or two steps, and with ~12 % step-to-step noise
