@@ -58,6 +58,8 @@ struct Action {
   std::vector<std::string> excluded_workers;  // kExcludeWorkers (empty = wait for everyone)
   double cost_s = 0;   // cost model: job time a relaunch costs
   double saved_s = 0;  // cost model: job time it is expected to save
+  // kRestart / kMigrate: the worker's speed relative to the median when decided (0: unknown).
+  double relative_speed_before = 0;
 };
 
 }  // namespace pacer

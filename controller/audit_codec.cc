@@ -37,6 +37,7 @@ ActionState ActionToProto(const Action& a) {
   for (const auto& w : a.excluded_workers) p.add_excluded_workers(w);
   p.set_cost_s(a.cost_s);
   p.set_saved_s(a.saved_s);
+  p.set_relative_speed_before(a.relative_speed_before);
   return p;
 }
 
@@ -59,6 +60,7 @@ absl::StatusOr<Action> ActionFromProto(const ActionState& p) {
   a.excluded_workers = Strings(p.excluded_workers());
   a.cost_s = p.cost_s();
   a.saved_s = p.saved_s();
+  a.relative_speed_before = p.relative_speed_before();
   return a;
 }
 

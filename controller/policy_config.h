@@ -109,7 +109,7 @@ struct SafetyConfig {
   double adjust_batch_cooldown_s = 10;  // between two batch plans
   double window_s = 300;
   int64_t max_actions_per_window = 6;
-  int64_t max_restarts_per_window = 2;  // RESTART / MIGRATE / server restart
+  int64_t max_restarts_per_window = 2;  // worker relaunches per window; server restarts apart
   int64_t min_live_workers = 1;         // never take the job below this
   RollbackConfig rollback;
 };

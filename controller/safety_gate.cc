@@ -47,6 +47,20 @@ bool DecidesSomethingNew(const Action& action, const History& history, const Aud
   return false;
 }
 
+// Relaunches of the same class as `kind` (workers: RESTART / MIGRATE; servers: RESTART_SERVER)
+// executed after `since_ms`. The two are budgeted apart: a hot server slows every worker, and
+// relaunches of straggling workers made before it turned hot must not hold its restart off.
+int64_t RelaunchesSince(const History& history, int64_t since_ms, ActionKind kind) {
+  const bool server = kind == ActionKind::kRestartServer;
+  int64_t n = 0;
+  for (auto it = history.audit().rbegin(); it != history.audit().rend() && it->time_ms > since_ms; ++it) {
+    if (it->outcome == AuditRecord::Outcome::kExecuted && IsDisruptive(it->action.kind) &&
+        (it->action.kind == ActionKind::kRestartServer) == server)
+      ++n;
+  }
+  return n;
+}
+
 }  // namespace
 
 SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const History& history,
@@ -55,7 +69,12 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
   if (action.mandatory || action.rollback_of != 0) return {true, ""};
   const int64_t now = view.now_ms;
 
-  if (action.predicted_gain < cfg.min_gain)
+  // min_gain guards against acting on noise in a whole-job throughput prediction. A relaunch
+  // or a migration is judged by the cost model instead (it is proposed only when the time it
+  // saves over the remaining job beats its cost by `restart.margin`): one worker of many is a
+  // small share of the job however slow it is, so min_gain would veto every relaunch in a large
+  // job — several slow workers of a 160-worker PS job cost 3 % together, 0.5 % each.
+  if (!TakesWorkerOffline(action.kind) && action.predicted_gain < cfg.min_gain)
     return veto(absl::StrFormat("predicted gain %.3f below min_gain %.3f", action.predicted_gain,
                                 cfg.min_gain));
 
@@ -78,11 +97,13 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
                                 recent, cfg.window_s));
 
   if (IsDisruptive(action.kind)) {
-    int64_t disruptive = history.ExecutedSince(since, true);
-    for (const auto& a : admitted_now) disruptive += IsDisruptive(a.kind) ? 1 : 0;
+    const bool server = action.kind == ActionKind::kRestartServer;
+    int64_t disruptive = RelaunchesSince(history, since, action.kind);
+    for (const auto& a : admitted_now)
+      disruptive += IsDisruptive(a.kind) && (a.kind == ActionKind::kRestartServer) == server ? 1 : 0;
     if (disruptive >= cfg.max_restarts_per_window)
-      return veto(absl::StrFormat("max_restarts_per_window: %d relaunches in the last %.0fs",
-                                  disruptive, cfg.window_s));
+      return veto(absl::StrFormat("max_restarts_per_window: %d %s in the last %.0fs", disruptive,
+                                  server ? "server restarts" : "relaunches", cfg.window_s));
   }
 
   int64_t offline = 0;

@@ -23,12 +23,17 @@ SlowLevel LevelOf(const Classification& c) {
 
 }  // namespace
 
-MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& d, MonitorOptions base) {
+MonitorOptions MonitorOptionsFromPolicy(const PolicyConfig& policy, MonitorOptions base) {
+  const DetectionConfig& d = policy.detection;
   base.straggler_threshold = d.straggler_threshold;
   base.leader_threshold = d.leader_threshold;
   base.window_ms = static_cast<int64_t>(std::llround(d.window_s * 1000));
   base.persistent_k = static_cast<uint32_t>(d.persistent_windows);
   base.persistent_w = static_cast<uint32_t>(d.history_windows);
+  // The server rule acts on a *persistent* hot server, and persistence is the monitor's
+  // classification: it must call a server hot at the policy's threshold, not only at its own
+  // default (2×), or servers between the two are never acted on.
+  if (policy.server.hot_threshold > 1) base.hot_server_ratio = policy.server.hot_threshold;
   return base;
 }
 

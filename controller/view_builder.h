@@ -86,8 +86,9 @@ struct ViewInputs {
 // The controller's view of the job now.
 ClusterView BuildClusterView(const ViewInputs& in);
 
-// MonitorOptions with the policy's detection settings applied (pacerd at start and on every
-// policy reload; the simulator per run).
-MonitorOptions MonitorOptionsFromPolicy(const DetectionConfig& detection, MonitorOptions base);
+// MonitorOptions with the policy's detection settings applied, and its hot-server threshold
+// (`actions.server.hot_threshold`) as the monitor's (pacerd at start and on every policy reload;
+// the simulator per run).
+MonitorOptions MonitorOptionsFromPolicy(const PolicyConfig& policy, MonitorOptions base);
 
 }  // namespace pacer

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs pacer-sim on every shipped scenario (sim/scenarios/*.yaml) with the default policies
 # (four baselines, two presets) and prints one table per scenario, in Markdown-ready code
-# blocks; SVG plots and JSON go to ${OUT:-sim-out}/. Usage:
+# blocks, then one summary table over them all (scripts/sim-summary.py: each preset against the
+# best baseline and the bound); SVG plots and JSON go to ${OUT:-sim-out}/. Usage:
 #   scripts/sim-report.sh                  # every scenario (large-mixed takes minutes)
 #   SKIP=large-mixed scripts/sim-report.sh # leave some out (space-separated names)
 set -euo pipefail
@@ -26,4 +27,7 @@ for f in sim/scenarios/*.yaml; do
   echo '```'
   echo
 done
+echo "### Summary"
+echo
+python3 scripts/sim-summary.py "$OUT" || status=$?
 exit $status

@@ -27,7 +27,7 @@ MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy) {
   MonitorOptions base;
   base.history_ms = std::max<int64_t>(10, policy.detection.history_windows) *
                     static_cast<int64_t>(std::llround(policy.detection.window_s * 1000));
-  return MonitorOptionsFromPolicy(policy.detection, base);
+  return MonitorOptionsFromPolicy(policy, base);
 }
 
 namespace {

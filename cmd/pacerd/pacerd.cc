@@ -259,7 +259,7 @@ absl::StatusOr<Pacerd::Policy> Pacerd::OpenComponents(const DataDir& dir) {
     std::ifstream in(options.policy_file);
     policy.text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.config.detection, options.monitor);
+  const MonitorOptions monitor_options = MonitorOptionsFromPolicy(policy.config, options.monitor);
   ASSIGN_OR_RETURN(monitor_, MonitorServiceImpl::Create(monitor_options, clock_, &metrics_));
   agents_ = std::make_unique<AgentRegistry>(options.agents, clock_, &metrics_);
   // What the identity rules read of a worker (common/identity_rules.h): its registration, its agent.
@@ -304,7 +304,7 @@ absl::Status Pacerd::BuildControlLoop(const PolicyConfig& policy, const PacerdOp
   // Hot reload reaches the monitor: thresholds and K-of-W from the next window; a policy that
   // changes window_s is refused (it needs a restart with that --policy file).
   reconciler_->SetPolicyListener([m = monitor_.get(), base = options.monitor](const PolicyConfig& p) {
-    return m->UpdateDetection(MonitorOptionsFromPolicy(p.detection, base));
+    return m->UpdateDetection(MonitorOptionsFromPolicy(p, base));
   });
   return absl::OkStatus();
 }

@@ -284,6 +284,26 @@ std::optional<Action> ProposeReallocation(const ClusterView& view, const History
   return a;
 }
 
+namespace {
+
+// Whether `w` was migrated within bad_node_ttl_s and is no faster for it: its relative speed now
+// is below kCured × what it was when the migration was decided. The cause then travels with the
+// worker (its data, its model shard, a device class the placement cannot avoid), and relaunching
+// it again would only cost: it is left to batch plans and data allocation until the TTL passes.
+// A restart in place that did not cure is not judged so: the node may be the cause, and the
+// bad-node memory moves the worker after bad_node_threshold such restarts. A migration recorded
+// without the speed (an older journal) is not judged.
+bool MigrationDidNotCure(const WorkerView& w, const History& history, int64_t now_ms,
+                         const RestartConfig& cfg) {
+  constexpr double kCured = 1.1;
+  const AuditRecord* last = history.LastExecuted(ActionKind::kMigrate, w.id);
+  if (last == nullptr || last->action.relative_speed_before <= 0) return false;
+  if (static_cast<double>(now_ms - last->time_ms) > cfg.bad_node_ttl_s * 1000) return false;
+  return w.relative_speed < kCured * last->action.relative_speed_before;
+}
+
+}  // namespace
+
 std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& history,
                                       const PolicyConfig& cfg) {
   std::vector<Action> out;
@@ -308,6 +328,7 @@ std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& hi
   const RelaunchBaseline baseline =
       candidates.empty() ? RelaunchBaseline{} : ComputeRelaunchBaseline(view, balanced);
   for (const WorkerView* w : candidates) {
+    if (MigrationDidNotCure(*w, history, view.now_ms, cfg.restart)) continue;
     const bool bad_node = history.IsBadNode(w->node, view.now_ms, cfg.restart);
     std::optional<RelaunchEstimate> best;
     if (!bad_node) {
@@ -327,6 +348,7 @@ std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& hi
     a.predicted_gain = best->predicted_gain;
     a.cost_s = best->cost_s;
     a.saved_s = best->saved_s;
+    a.relative_speed_before = w->relative_speed;
     a.reason = absl::StrFormat("persistent %s straggler (r=%.2f, %s)%s; %s",
                                SlowLevelName(w->level), w->relative_speed,
                                w->contention ? "contention" : "deterministic",

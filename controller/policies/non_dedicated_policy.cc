@@ -23,8 +23,10 @@ std::vector<Action> DecideNonDedicated(const ClusterView& view, const History& h
   if (view.job.mode == JobMode::kAsync && cfg.reallocate.enabled) {
     if (auto a = ProposeReallocation(view, history, cfg.reallocate)) out.push_back(std::move(*a));
   }
-  for (auto& a : ProposeRelaunches(view, history, cfg)) out.push_back(std::move(a));
+  // A hot server slows every worker, a straggler only itself: the server goes first, so that
+  // max_restarts_per_window, which both count against, goes to it before the workers.
   for (auto& a : ProposeServerActions(view, history, cfg)) out.push_back(std::move(a));
+  for (auto& a : ProposeRelaunches(view, history, cfg)) out.push_back(std::move(a));
   return out;
 }
 

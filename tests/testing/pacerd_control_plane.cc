@@ -121,7 +121,12 @@ absl::StatusOr<uint64_t> PacerdControlPlane::RegisterWorker(const std::string& i
   MonitorRegisterResponse mresp;
   if (absl::Status s = harness_->pacerd().monitor()->RegisterWorker(mreq, &mresp); !s.ok()) return s;
   Worker& w = workers_[id];
-  if (!w.node.empty() && w.node != node) node_workers_[w.node].erase(id);
+  if (!w.node.empty() && w.node != node) {
+    // Migrated: the old node's agent stopped the process and no longer supervises it (an agent
+    // may claim a worker only once no live agent does).
+    node_workers_[w.node].erase(id);
+    AgentHeartbeat(w.node, nullptr);
+  }
   w.node = node;
   w.incarnation = resp.incarnation();
   w.down = false;
