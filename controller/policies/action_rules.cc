@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
 #include "controller/relaunch_cost_model.h"
+#include "controller/safety_gate.h"
 
 namespace pacer {
 
@@ -22,6 +23,45 @@ bool BatchesBalanced(const ClusterView& view, const History& history) {
   return true;
 }
 
+namespace {
+
+// `f` (a copy of `w`) planned at `speed`: its step-time model follows. Predicted on the monitor's
+// own model, a plan made on other speeds reads slower than the plan in force (plans vetoed at
+// "predicted gains" of -3 % to +2 % that only moved a share past the hysteresis).
+void SetPlannedSpeed(const WorkerView& w, double speed, WorkerView& f) {
+  if (w.step_per_sample_s > 0 && w.speed > 0)
+    f.step_per_sample_s = w.step_per_sample_s * w.speed / speed;
+  f.speed = f.last_window_speed = speed;
+}
+
+// E[max of n standard normals], by Blom's approximation Φ⁻¹((n − 0.375) / (n + 0.25)).
+double ExpectedMaxOfNormals(size_t n) {
+  if (n < 2) return 0;
+  const double p = (static_cast<double>(n) - 0.375) / (static_cast<double>(n) + 0.25);
+  double lo = 0, hi = 10;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (0.5 * std::erfc(-mid / std::sqrt(2.0)) < p) lo = mid; else hi = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// σ·E[max of n normals], σ the median per-step noise of the live workers with step statistics.
+double NoiseMargin(const ClusterView& view) {
+  std::vector<double> noise;
+  size_t live = 0;
+  for (const auto& w : view.workers) {
+    if (!w.alive || w.restarting) continue;
+    ++live;
+    if (w.step_noise > 0) noise.push_back(w.step_noise);
+  }
+  if (noise.empty()) return 0;
+  std::nth_element(noise.begin(), noise.begin() + static_cast<long>(noise.size() / 2), noise.end());
+  return noise[noise.size() / 2] * ExpectedMaxOfNormals(live);
+}
+
+}  // namespace
+
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
                                        const AdjustBatchConfig& cfg,
                                        const DetectionConfig* detection) {
@@ -29,6 +69,9 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   const BatchPlan* current = history.plan() ? &*history.plan() : nullptr;
   const ClusterView* planning = &view;
   ClusterView filtered;
+  bool shown = false;  // some worker's steps show the plan in force is wrong about it
+  std::map<size_t, double> shown_speed;  // those workers (index in view), at their steps' speed
+  ClusterView pinned;
   if (detection) {
     // A worker flagged but not (yet, or not surely) persistent is planned at the speed of the
     // unflagged live workers: the median of all would be the mean of a pair (the monitor's
@@ -79,37 +122,141 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
         tau2 = std::max(0.0, spread * spread - se_mid * se_mid);
       }
     }
+    // The speeds the plan in force was built on, relative to their mean (the even split's when
+    // there is none): what a "shown" difference below is measured against.
+    std::map<std::string, double> assumed;
+    if (reference > 0) {
+      const BatchPlan in_force = current ? *current : BatchPlanner::InForce(view, cfg);
+      std::vector<double> shares;
+      for (const auto& [id, share] : in_force.basis_share)
+        if (share > 0) shares.push_back(share);
+      if (!shares.empty()) {
+        // Relative to the median share, as the differences are to the median worker.
+        std::nth_element(shares.begin(), shares.begin() + static_cast<long>(shares.size() / 2),
+                         shares.end());
+        const double mid = shares[shares.size() / 2];
+        for (const auto& [id, share] : in_force.basis_share)
+          if (share > 0) assumed[id] = share / mid;
+      }
+    }
     for (size_t i = 0; i < view.workers.size(); ++i) {
       const WorkerView& w = view.workers[i];
       const bool flagged = w.straggler || w.leader;
       double planned = -1;  // < 0: its own speed
-      if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
-        planned = median;
-      } else if (reference > 0 && w.alive && !w.restarting && w.step_speed > 0 &&
-                 w.step_speed_rel_se > 0) {
+      const bool unsure = flagged && (!w.persistent || w.confidence < detection->min_confidence);
+      if (unsure) planned = median;
+      if (reference > 0 && w.alive && !w.restarting && w.step_speed > 0 &&
+          w.step_speed_rel_se > 0) {
         const double d = w.step_speed / reference - 1;
         const double se2 = w.step_speed_rel_se * w.step_speed_rel_se + reference_se * reference_se;
-        if (std::fabs(d) <= z * std::sqrt(se2)) planned = median * (1 + d * tau2 / (tau2 + se2));
+        const double bar = z * std::sqrt(se2);
+        if (std::fabs(d) <= bar) {
+          if (!flagged || !unsure) planned = median * (1 + d * tau2 / (tau2 + se2));
+        } else if (!flagged || unsure) {
+          // Shown by its steps but under the monitor's thresholds (a worker ~10 % slow for
+          // good), or not yet persistent in its windows (one of a group that slowed down
+          // together, flagged in some windows, not others): planned at the difference its steps
+          // show, not at a window of one or two noisy steps. A burst does not get here: its
+          // slow steps raise the worker's spread as much as its mean.
+          planned = median * (1 + d);
+        }
+        // Whether the plan in force is wrong about it by more than its noise explains.
+        if (auto it = assumed.find(w.id);
+            it != assumed.end() && std::fabs((1 + d) / it->second - 1) > bar) {
+          shown = true;
+          shown_speed[i] = median * (1 + d);
+        }
       }
       if (planned < 0) continue;
       if (planning == &view) {
         filtered = view;  // the same workers in the same order
         planning = &filtered;
       }
-      filtered.workers[i].speed = filtered.workers[i].last_window_speed = planned;
+      SetPlannedSpeed(view.workers[i], planned, filtered.workers[i]);
+    }
+    // For the payoff test (below): the shown workers at the difference their steps show, every
+    // other one at the speed the plan in force assumed for it — a plan that moves only what the
+    // steps show, not a share that noise or a transient flag moved meanwhile.
+    if (shown) {
+      pinned = *planning;
+      for (size_t i = 0; i < view.workers.size(); ++i) {
+        const WorkerView& w = view.workers[i];
+        if (!w.alive || w.restarting) continue;
+        double v = -1;
+        if (auto it = shown_speed.find(i); it != shown_speed.end()) {
+          v = it->second;
+        } else if (auto a = assumed.find(w.id); a != assumed.end()) {
+          v = median * a->second;
+        }
+        if (v > 0) SetPlannedSpeed(w, v, pinned.workers[i]);
+      }
     }
   }
   absl::StatusOr<std::optional<BatchProposal>> proposal =
       BatchPlanner::Propose(*planning, current, cfg);
-  if (!proposal.ok() || !proposal->has_value()) return std::nullopt;
+  if (!proposal.ok()) return std::nullopt;
+  bool must_pay = false;
+  if (!proposal->has_value() && shown) {
+    // A difference the steps show, under the hysteresis (or min_replan_gain): planned when what
+    // it saves over the rest of the job pays for the switch (PayoffOf).
+    AdjustBatchConfig any = cfg;
+    any.hysteresis = 0;
+    any.min_replan_gain = 0;
+    proposal = BatchPlanner::Propose(pinned, current, any);
+    if (!proposal.ok() || !proposal->has_value() || (*proposal)->membership_changed)
+      return std::nullopt;
+    must_pay = true;
+  }
+  if (!proposal->has_value()) return std::nullopt;
   BatchProposal& p = **proposal;
   Action a;
   a.kind = ActionKind::kAdjustBatch;
   a.reason = p.reason;
-  a.predicted_gain = p.predicted_gain;
   a.mandatory = p.membership_changed;
   a.plan = std::move(p.plan);
+  // A plan equivalent to one rolled back is predicted to gain what that one measured, not what
+  // the step-time models said (they said it then too).
+  if (const AuditRecord* undone = a.mandatory ? nullptr : EquivalentUndonePlan(a, history);
+      undone && undone->measured_gain && *undone->measured_gain < p.predicted_gain) {
+    p.predicted_gain = *undone->measured_gain;
+    absl::StrAppendFormat(&a.reason, "; predicted as its equivalent #%d measured (%.3f)",
+                          undone->id, p.predicted_gain);
+  }
+  a.predicted_gain = p.predicted_gain;
+  if (must_pay) {
+    // The step-time models have no noise: with per-step noise σ the step is the slowest of n
+    // noisy workers, ~σ·E[max of n normals] above the mean whatever the plan, and a difference
+    // smaller than that is mostly hidden in it. What the plan can be expected to gain is its
+    // predicted gain less that (measured: a 12 % slow worker among 16 at 4 % noise, predicted
+    // +10.9 %, measured +5.1 %).
+    const double expected = p.predicted_gain - NoiseMargin(view);
+    if (!(expected > 0)) return std::nullopt;
+    a.predicted_gain = p.predicted_gain = expected;
+    const std::optional<PlanPayoff> payoff = PayoffOf(view, a.predicted_gain, a.plan->effective_step);
+    if (!payoff || payoff->saved_s <= payoff->cost_s) return std::nullopt;
+    {
+      a.saved_s = payoff->saved_s;
+      a.cost_s = payoff->cost_s;
+      absl::StrAppendFormat(&a.reason, "; steps show it: saves %.0fs of the %.0fs left for %.0fs",
+                            a.saved_s, payoff->remaining_s, a.cost_s);
+    }
+  }
   return a;
+}
+
+std::optional<PlanPayoff> PayoffOf(const ClusterView& view, double gain, int64_t effective_step) {
+  const double rate = view.job.throughput;
+  const double step_s = view.job.step_time_s;
+  if (!(rate > 0) || view.job.remaining_samples <= 0 || !(step_s > 0) || !(gain > 0))
+    return std::nullopt;
+  PlanPayoff out;
+  out.remaining_s = static_cast<double>(view.job.remaining_samples) / rate;
+  const double share = gain / (1 + gain);  // of each second left
+  const double lead_s =
+      static_cast<double>(std::max<int64_t>(0, effective_step - view.job.current_step)) * step_s;
+  out.saved_s = out.remaining_s * share;
+  out.cost_s = kPlanSwitchSteps * step_s + std::min(lead_s, out.remaining_s) * share;
+  return out;
 }
 
 std::optional<Action> EndExclusions(const ClusterView& view, const History& history,
