@@ -25,9 +25,8 @@ bool BatchesBalanced(const ClusterView& view, const History& history) {
 
 namespace {
 
-// `f` (a copy of `w`) planned at `speed`: its step-time model follows. Predicted on the monitor's
-// own model, a plan made on other speeds reads slower than the plan in force (plans vetoed at
-// "predicted gains" of -3 % to +2 % that only moved a share past the hysteresis).
+// `f` (a copy of `w`) planned at `speed`, its step-time model following (the payoff test's view:
+// predicted on the monitor's own model, a plan made on other speeds reads slower than it is).
 void SetPlannedSpeed(const WorkerView& w, double speed, WorkerView& f) {
   if (w.step_per_sample_s > 0 && w.speed > 0)
     f.step_per_sample_s = w.step_per_sample_s * w.speed / speed;
@@ -91,6 +90,7 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   ClusterView filtered;
   bool shown = false;  // some worker's steps show the plan in force is wrong about it
   std::map<size_t, double> shown_speed;  // those workers (index in view), at their steps' speed
+  double resolution = 0;  // the largest speed_significance × standard error among them
   ClusterView pinned;
   if (detection) {
     // A worker flagged but not (yet, or not surely) persistent is planned at the speed of the
@@ -185,6 +185,7 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
             it != assumed.end() && std::fabs((1 + d) / it->second - 1) > bar) {
           shown = true;
           shown_speed[i] = median * (1 + d);
+          resolution = std::max(resolution, bar);
         }
       }
       if (planned < 0) continue;
@@ -192,7 +193,7 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
         filtered = view;  // the same workers in the same order
         planning = &filtered;
       }
-      SetPlannedSpeed(view.workers[i], planned, filtered.workers[i]);
+      filtered.workers[i].speed = filtered.workers[i].last_window_speed = planned;
     }
     // For the payoff test (below): the shown workers at the difference their steps show, every
     // other one at the speed the plan in force assumed for it — a plan that moves only what the
@@ -216,7 +217,14 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
       BatchPlanner::Propose(*planning, current, cfg);
   if (!proposal.ok()) return std::nullopt;
   bool must_pay = false;
-  if (!proposal->has_value() && shown) {
+  // Only while the monitor flags no persistent straggler or leader: those are the hysteresis
+  // path's (a plan for them moves shares by more than the hysteresis), and plans made past it
+  // while they come and go (node contention, memory-capped leaders) only add switches.
+  bool flagged_persistent = false;
+  for (const auto& w : view.workers)
+    flagged_persistent = flagged_persistent || (w.alive && !w.restarting &&
+                                                (w.straggler || w.leader) && w.persistent);
+  if (!proposal->has_value() && shown && !flagged_persistent) {
     // A difference the steps show, under the hysteresis (or min_replan_gain): planned when what
     // it saves over the rest of the job pays for the switch (PayoffOf).
     AdjustBatchConfig any = cfg;
@@ -255,7 +263,9 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
     const double collective_s = BatchPlanner::CollectiveSeconds(view, before);
     const double expected =
         before > 0 && after > 0 ? (before + collective_s) / (after + collective_s) - 1 : 0;
-    if (!(expected > 0)) return std::nullopt;
+    // A gain within what the steps resolve (the shown workers' speed_significance × standard
+    // error) is not one: a job of 0.2 s steps shows 2 % differences, and plans for them flap.
+    if (!(expected > resolution)) return std::nullopt;
     absl::StrAppendFormat(&a.reason, "; with per-step noise %.3fs → %.3fs", before + collective_s,
                           after + collective_s);
     a.predicted_gain = p.predicted_gain = expected;
