@@ -91,6 +91,7 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   bool shown = false;  // some worker's steps show the plan in force is wrong about it
   std::map<size_t, double> shown_speed;  // those workers (index in view), at their steps' speed
   double resolution = 0;  // the largest speed_significance × standard error among them
+  bool beyond_thresholds = false;  // one of them is slower (faster) than a straggler (leader)
   ClusterView pinned;
   if (detection) {
     // A worker flagged but not (yet, or not surely) persistent is planned at the speed of the
@@ -172,12 +173,11 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
         const double bar = z * std::sqrt(se2);
         if (std::fabs(d) <= bar) {
           if (!flagged || !unsure) planned = median * (1 + d * tau2 / (tau2 + se2));
-        } else if (!flagged || unsure) {
+        } else if (!flagged) {
           // Shown by its steps but under the monitor's thresholds (a worker ~10 % slow for
-          // good), or not yet persistent in its windows (one of a group that slowed down
-          // together, flagged in some windows, not others): planned at the difference its steps
-          // show, not at a window of one or two noisy steps. A burst does not get here: its
-          // slow steps raise the worker's spread as much as its mean.
+          // good): planned at the difference its steps show, not at a window of one or two
+          // noisy steps. (A worker flagged in some windows only stays at the median: planned
+          // at its steps' difference, short-bursts lost 0.02 of the bound.)
           planned = median * (1 + d);
         }
         // Whether the plan in force is wrong about it by more than its noise explains.
@@ -186,6 +186,10 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
           shown = true;
           shown_speed[i] = median * (1 + d);
           resolution = std::max(resolution, bar);
+          // A difference past the monitor's thresholds is the monitor's (flagged, persistent
+          // within a few windows, then planned past the hysteresis at its own speed).
+          beyond_thresholds = beyond_thresholds || 1 + d < detection->straggler_threshold ||
+                              1 + d > detection->leader_threshold;
         }
       }
       if (planned < 0) continue;
@@ -224,7 +228,7 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   for (const auto& w : view.workers)
     flagged_persistent = flagged_persistent || (w.alive && !w.restarting &&
                                                 (w.straggler || w.leader) && w.persistent);
-  if (!proposal->has_value() && shown && !flagged_persistent) {
+  if (!proposal->has_value() && shown && !flagged_persistent && !beyond_thresholds) {
     // A difference the steps show, under the hysteresis (or min_replan_gain): planned when what
     // it saves over the rest of the job pays for the switch (PayoffOf).
     AdjustBatchConfig any = cfg;
