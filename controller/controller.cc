@@ -560,8 +560,7 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     if (!rb.enabled || !Reversible(rec.action.kind) || rec.action.rollback_of != 0 ||
         !JudgedByThroughput(rec.action.kind) || rec.action.mandatory ||
         rec.action.predicted_gain <= 0 ||
-        gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain ||
-        gain >= config_.safety.min_gain)  // it paid, by the bar actions are admitted by
+        gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
       continue;
     if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;
     // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again

@@ -164,25 +164,24 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
       const WorkerView& w = view.workers[i];
       const bool flagged = w.straggler || w.leader;
       double planned = -1;  // < 0: its own speed
-      const bool unsure = flagged && (!w.persistent || w.confidence < detection->min_confidence);
-      if (unsure) planned = median;
-      if (reference > 0 && w.alive && !w.restarting && w.step_speed > 0 &&
-          w.step_speed_rel_se > 0) {
+      if (flagged && (!w.persistent || w.confidence < detection->min_confidence)) {
+        planned = median;
+      } else if (reference > 0 && w.alive && !w.restarting && w.step_speed > 0 &&
+                 w.step_speed_rel_se > 0) {
         const double d = w.step_speed / reference - 1;
         const double se2 = w.step_speed_rel_se * w.step_speed_rel_se + reference_se * reference_se;
         const double bar = z * std::sqrt(se2);
-        if (std::fabs(d) <= bar) {
-          if (!flagged || !unsure) planned = median * (1 + d * tau2 / (tau2 + se2));
-        } else if (!flagged) {
-          // Shown by its steps but under the monitor's thresholds (a worker ~10 % slow for
-          // good): planned at the difference its steps show, not at a window of one or two
-          // noisy steps. (A worker flagged in some windows only stays at the median: planned
-          // at its steps' difference, short-bursts lost 0.02 of the bound.)
-          planned = median * (1 + d);
-        }
+        if (std::fabs(d) <= bar) planned = median * (1 + d * tau2 / (tau2 + se2));
         // Whether the plan in force is wrong about it by more than its noise explains.
-        if (auto it = assumed.find(w.id);
-            it != assumed.end() && std::fabs((1 + d) / it->second - 1) > bar) {
+        // And lasting: the steps behind its statistics (n = (noise / se)², at most ~39 with
+        // their forgetting) span at least the monitor's persistence (persistent_windows ×
+        // window_s). In a job of 0.25 s steps they span 10 s, and a transient straggler of 20 s
+        // looks as shown as a slow worker: there the monitor's windows decide.
+        const double n_steps = w.step_noise > 0 ? std::pow(w.step_noise / w.step_speed_rel_se, 2) : 0;
+        const bool lasting = n_steps * view.job.step_time_s >=
+                             static_cast<double>(detection->persistent_windows) * detection->window_s;
+        if (auto it = assumed.find(w.id); lasting && it != assumed.end() &&
+                                          std::fabs((1 + d) / it->second - 1) > bar) {
           shown = true;
           shown_speed[i] = median * (1 + d);
           resolution = std::max(resolution, bar);
@@ -246,14 +245,6 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   a.reason = p.reason;
   a.mandatory = p.membership_changed;
   a.plan = std::move(p.plan);
-  // A plan equivalent to one rolled back is predicted to gain what that one measured, not what
-  // the step-time models said (they said it then too).
-  if (const AuditRecord* undone = a.mandatory ? nullptr : EquivalentUndonePlan(a, history);
-      undone && undone->measured_gain && *undone->measured_gain < p.predicted_gain) {
-    p.predicted_gain = *undone->measured_gain;
-    absl::StrAppendFormat(&a.reason, "; predicted as its equivalent #%d measured (%.3f)",
-                          undone->id, p.predicted_gain);
-  }
   a.predicted_gain = p.predicted_gain;
   if (must_pay) {
     // The step-time models have no noise: with per-step noise the step is the slowest of n
@@ -272,15 +263,24 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
     if (!(expected > resolution)) return std::nullopt;
     absl::StrAppendFormat(&a.reason, "; with per-step noise %.3fs → %.3fs", before + collective_s,
                           after + collective_s);
-    a.predicted_gain = p.predicted_gain = expected;
-    const std::optional<PlanPayoff> payoff = PayoffOf(view, a.predicted_gain, a.plan->effective_step);
+    a.predicted_gain = expected;
+  }
+  // A plan equivalent to one rolled back is predicted to gain what that one measured, not what
+  // the models said (they said it then too).
+  if (const AuditRecord* undone = a.mandatory ? nullptr : EquivalentUndonePlan(a, history);
+      undone && undone->measured_gain && *undone->measured_gain < a.predicted_gain) {
+    a.predicted_gain = *undone->measured_gain;
+    absl::StrAppendFormat(&a.reason, "; predicted as its equivalent #%d measured (%.3f)",
+                          undone->id, a.predicted_gain);
+  }
+  if (must_pay) {
+    const std::optional<PlanPayoff> payoff =
+        PayoffOf(view, a.predicted_gain, a.plan->effective_step);
     if (!payoff || payoff->saved_s <= payoff->cost_s) return std::nullopt;
-    {
-      a.saved_s = payoff->saved_s;
-      a.cost_s = payoff->cost_s;
-      absl::StrAppendFormat(&a.reason, "; steps show it: saves %.0fs of the %.0fs left for %.0fs",
-                            a.saved_s, payoff->remaining_s, a.cost_s);
-    }
+    a.saved_s = payoff->saved_s;
+    a.cost_s = payoff->cost_s;
+    absl::StrAppendFormat(&a.reason, "; steps show it: saves %.0fs of the %.0fs left for %.0fs",
+                          a.saved_s, payoff->remaining_s, a.cost_s);
   }
   return a;
 }

@@ -16,14 +16,18 @@ namespace pacer {
 // hysteresis keeps the current plan or no plan is possible. With `detection`, a worker whose
 // slowdown (or speed-up) is transient or less confident than min_confidence is planned at the
 // median speed: AntDT acts on persistent stragglers only. Without it (LB-BSP), raw speeds.
-// With step statistics (adjust_batch.speed_significance > 0): a worker whose steps show its
-// difference from the median worker is planned at that difference; one whose steps do not, at
-// the median moved by the shrunk difference. When some worker's steps show that the plan in
-// force is wrong about it (its speed relative to the median differs from the one the plan was
-// built on by more than speed_significance standard errors), the plan is proposed however small
-// the shift — past hysteresis and min_replan_gain — if it pays over the rest of the job
-// (PayoffOf: saved_s > cost_s, both set on the action; the safety gate then admits it below
-// min_gain).
+// With step statistics (adjust_batch.speed_significance > 0), a worker whose steps do not show
+// its difference from the median worker is planned at the median moved by the shrunk difference.
+// A difference is "shown" when a worker's steps put its speed relative to the median away from
+// the one the plan in force was built on by more than speed_significance standard errors, and
+// lasting: the steps behind its statistics span at least persistent_windows × window_s. When
+// some difference is shown, every shown one is within the monitor's thresholds and the monitor
+// flags no persistent straggler or leader, a plan that moves only the shown workers is proposed
+// however small the shift — past hysteresis and min_replan_gain — if its gain with per-step
+// noise (the expected slowest of the noisy workers) exceeds what the steps resolve and pays over
+// the rest of the job (PayoffOf: saved_s > cost_s, both set on the action; the safety gate then
+// admits it below min_gain). A plan equivalent to one rolled back (EquivalentUndonePlan) is
+// predicted to gain what that one measured.
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
                                        const AdjustBatchConfig& cfg,
                                        const DetectionConfig* detection);
