@@ -37,7 +37,7 @@ absl::Status ValidateClusterView(const ClusterView& view) {
     if (!ids.insert(w.id).second)
       return absl::InvalidArgumentError(absl::StrCat("view: worker '", w.id, "' appears twice"));
     for (double v : {w.speed, w.last_window_speed, w.relative_speed, w.confidence, w.step_fixed_s,
-                     w.step_per_sample_s, w.shard_elapsed_s, w.step_speed, w.step_speed_rel_se})
+                     w.step_per_sample_s, w.shard_elapsed_s, w.step_speed, w.step_speed_rel_se, w.step_noise})
       if (Bad(v))
         return absl::InvalidArgumentError(
             absl::StrCat("view: worker '", w.id, "' has a negative or non-finite number"));

@@ -65,6 +65,7 @@ struct WorkerView {
   // the step timings it observes, not by the view builder; 0 = none.
   double step_speed = 0;
   double step_speed_rel_se = 0;
+  double step_noise = 0;  // relative std of one of its steps (the job's when larger); 0 = unknown
 };
 
 struct NodeView {

@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -386,6 +387,7 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
         if (it == stats.end()) continue;
         w.step_speed = it->second.speed;
         w.step_speed_rel_se = it->second.rel_se;
+        w.step_noise = it->second.rel_se * std::sqrt(it->second.steps);
       }
       decide_view = &steady;
     }
@@ -590,10 +592,10 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
       restore.version = history_.plan()->version + 1;
       restore.effective_step = BatchPlanner::EffectiveStep(view, config_.adjust_batch,
                                                            restore.predicted_step_s);
-      // The hysteresis basis is what the undone plan was decided on: speeds that moved since
-      // (a worker that turned slow meanwhile, which may be why the plan measured badly) call
-      // for a new plan, which the gate admits only when it answers something new.
-      restore.basis_share = rec.action.plan->basis_share;
+      // The restored plan keeps its own hysteresis basis: the next decision weighs the speeds
+      // measured since (the workers' steps under the undone plan included) against the plan
+      // really in force. The gate holds off the undone plan and its equivalents (safety_gate.h,
+      // rule 3), and one made later is predicted at what this one measured (ProposeBatchPlan).
       undo.plan = std::move(restore);
     } else if (rec.action.kind == ActionKind::kReallocate) {
       // Only what this action changed and is still in force: a newer REALLOCATE that set other

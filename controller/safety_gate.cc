@@ -1,5 +1,6 @@
 #include "controller/safety_gate.h"
 
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_format.h"
@@ -33,10 +34,25 @@ std::set<std::string> Lightened(const BatchPlan& plan) {
   return slow;
 }
 
-// A rollback says "this decision did not pay", not "no decision of this kind can": a batch plan
-// that lightens a worker the rolled-back plan did not answers something the rollback never
-// judged (a straggler that appeared since). Other kinds, and a rolled-back record whose payload
-// is gone, are held off as a whole.
+// Σ over the workers of |a − b| in samples (a worker missing from one plan counts with 0).
+int64_t SamplesApart(const BatchPlan& a, const BatchPlan& b) {
+  int64_t d = 0;
+  for (const auto& w : a.workers) {
+    const WorkerBatch* o = b.Find(w.worker_id);
+    d += std::abs(w.samples - (o ? o->samples : 0));
+  }
+  for (const auto& w : b.workers)
+    if (!a.Find(w.worker_id)) d += w.samples;
+  return d;
+}
+
+// A rollback says "this decision did not pay", not "no decision of this kind can": it holds off
+// the plan it undid and any plan equivalent to it, nothing else. A batch plan decides something
+// new when it lightens a worker the rolled-back plan did not (a straggler that appeared since),
+// or when it is further from the plan it undid than half the way from that plan to the one the
+// rollback restored (Σ|Δ samples|: the speeds moved since — a worker recovered part-way, the
+// one lightened turned slower — or the undone plan was a small one). Other kinds, and a
+// rolled-back record whose payload is gone, are held off as a whole.
 bool DecidesSomethingNew(const Action& action, const History& history, const AuditRecord& rollback) {
   if (action.kind != ActionKind::kAdjustBatch || !action.plan) return false;
   const AuditRecord* undone = history.FindRecord(rollback.action.rollback_of);
@@ -44,7 +60,9 @@ bool DecidesSomethingNew(const Action& action, const History& history, const Aud
   const std::set<std::string> before = Lightened(*undone->action.plan);
   for (const std::string& w : Lightened(*action.plan))
     if (!before.count(w)) return true;
-  return false;
+  if (!rollback.action.plan) return false;
+  return 2 * SamplesApart(*action.plan, *undone->action.plan) >
+         SamplesApart(*rollback.action.plan, *undone->action.plan);
 }
 
 // Relaunches of the same class as `kind` (workers: RESTART / MIGRATE; servers: RESTART_SERVER)
@@ -63,6 +81,14 @@ int64_t RelaunchesSince(const History& history, int64_t since_ms, ActionKind kin
 
 }  // namespace
 
+const AuditRecord* EquivalentUndonePlan(const Action& action, const History& history) {
+  if (action.kind != ActionKind::kAdjustBatch || !action.plan) return nullptr;
+  const AuditRecord* rb = LastRollback(history, ActionKind::kAdjustBatch);
+  if (rb == nullptr || DecidesSomethingNew(action, history, *rb)) return nullptr;
+  const AuditRecord* undone = history.FindRecord(rb->action.rollback_of);
+  return undone && undone->action.plan ? undone : nullptr;
+}
+
 SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const History& history,
                            const SafetyConfig& cfg, const std::vector<Action>& admitted_now) {
   auto veto = [](std::string reason) { return SafetyVerdict{false, std::move(reason)}; };
@@ -73,8 +99,13 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
   // or a migration is judged by the cost model instead (it is proposed only when the time it
   // saves over the remaining job beats its cost by `restart.margin`): one worker of many is a
   // small share of the job however slow it is, so min_gain would veto every relaunch in a large
-  // job — several slow workers of a 160-worker PS job cost 3 % together, 0.5 % each.
-  if (!TakesWorkerOffline(action.kind) && action.predicted_gain < cfg.min_gain)
+  // job — several slow workers of a 160-worker PS job cost 3 % together, 0.5 % each. Likewise a
+  // batch plan for a difference the workers' steps show carries what it saves over the rest of
+  // the job and what it costs (ProposeBatchPlan, PayoffOf): when it pays, a small gain is still
+  // a gain — a near-tie is not held off for ever.
+  const bool pays = action.kind == ActionKind::kAdjustBatch && action.predicted_gain > 0 &&
+                    action.cost_s > 0 && action.saved_s > action.cost_s;
+  if (!TakesWorkerOffline(action.kind) && action.predicted_gain < cfg.min_gain && !pays)
     return veto(absl::StrFormat("predicted gain %.3f below min_gain %.3f", action.predicted_gain,
                                 cfg.min_gain));
 

@@ -29,6 +29,11 @@ struct SafetyVerdict {
   std::string reason;  // why it was vetoed; empty when admitted
 };
 
+// The batch plan the newest rollback of ADJUST_BS undid, when `action` (a batch plan) is
+// equivalent to it (rule 3's test; at any age): what that plan measured is the better prediction
+// for this one. nullptr otherwise.
+const AuditRecord* EquivalentUndonePlan(const Action& action, const History& history);
+
 SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const History& history,
                            const SafetyConfig& cfg, const std::vector<Action>& admitted_now);
 

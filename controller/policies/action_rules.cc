@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/batch_planner.h"
 #include "controller/relaunch_cost_model.h"
+#include "controller/safety_gate.h"
 
 namespace pacer {
 
@@ -22,6 +23,64 @@ bool BatchesBalanced(const ClusterView& view, const History& history) {
   return true;
 }
 
+namespace {
+
+// `f` (a copy of `w`) planned at `speed`, its step-time model following (the payoff test's view:
+// predicted on the monitor's own model, a plan made on other speeds reads slower than it is).
+void SetPlannedSpeed(const WorkerView& w, double speed, WorkerView& f) {
+  if (w.step_per_sample_s > 0 && w.speed > 0)
+    f.step_per_sample_s = w.step_per_sample_s * w.speed / speed;
+  f.speed = f.last_window_speed = speed;
+}
+
+// The expected step of `plan` on `view`'s speeds when every worker's step varies with its
+// per-step noise (step_noise, relative; the median of the known ones where a worker has none):
+// E[max of the workers' normal step times] by Clark's moment-matching (the max of two normals
+// taken as a normal, folded in one worker at a time). 0 when no worker of the plan is live.
+double NoisyStepSeconds(const ClusterView& view, const BatchPlan& plan) {
+  std::vector<double> known;
+  for (const auto& w : view.workers)
+    if (w.alive && !w.restarting && w.step_noise > 0) known.push_back(w.step_noise);
+  double typical = 0;
+  if (!known.empty()) {
+    std::nth_element(known.begin(), known.begin() + static_cast<long>(known.size() / 2), known.end());
+    typical = known[known.size() / 2];
+  }
+  bool any = false;
+  double mean = 0, second = 0;  // E[max], E[max²] so far
+  for (const auto& wb : plan.workers) {
+    const WorkerView* w = view.FindWorker(wb.worker_id);
+    if (w == nullptr || !w->alive || w->restarting || !(w->speed > 0)) continue;
+    const double fixed = static_cast<double>(wb.accumulation) * w->step_fixed_s;
+    const double t = w->step_per_sample_s > 0
+                         ? fixed + w->step_per_sample_s * static_cast<double>(wb.samples)
+                         : fixed + static_cast<double>(wb.samples) / w->speed;
+    const double sd = t * (w->step_noise > 0 ? w->step_noise : typical);
+    if (!any) {
+      mean = t;
+      second = t * t + sd * sd;
+      any = true;
+      continue;
+    }
+    const double var = std::max(0.0, second - mean * mean);
+    const double theta = std::sqrt(var + sd * sd);
+    if (!(theta > 0)) {
+      mean = std::max(mean, t);
+      second = mean * mean;
+      continue;
+    }
+    const double alpha = (mean - t) / theta;
+    const double cdf = 0.5 * std::erfc(-alpha / std::sqrt(2.0));
+    const double pdf = std::exp(-0.5 * alpha * alpha) / std::sqrt(2 * M_PI);
+    const double m = mean * cdf + t * (1 - cdf) + theta * pdf;
+    second = (second)*cdf + (t * t + sd * sd) * (1 - cdf) + (mean + t) * theta * pdf;
+    mean = m;
+  }
+  return any ? mean : 0;
+}
+
+}  // namespace
+
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
                                        const AdjustBatchConfig& cfg,
                                        const DetectionConfig* detection) {
@@ -29,6 +88,11 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
   const BatchPlan* current = history.plan() ? &*history.plan() : nullptr;
   const ClusterView* planning = &view;
   ClusterView filtered;
+  bool shown = false;  // some worker's steps show the plan in force is wrong about it
+  std::map<size_t, double> shown_speed;  // those workers (index in view), at their steps' speed
+  double resolution = 0;  // the largest speed_significance × standard error among them
+  bool beyond_thresholds = false;  // one of them is slower (faster) than a straggler (leader)
+  ClusterView pinned;
   if (detection) {
     // A worker flagged but not (yet, or not surely) persistent is planned at the speed of the
     // unflagged live workers: the median of all would be the mean of a pair (the monitor's
@@ -79,6 +143,23 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
         tau2 = std::max(0.0, spread * spread - se_mid * se_mid);
       }
     }
+    // The speeds the plan in force was built on, relative to their mean (the even split's when
+    // there is none): what a "shown" difference below is measured against.
+    std::map<std::string, double> assumed;
+    if (reference > 0) {
+      const BatchPlan in_force = current ? *current : BatchPlanner::InForce(view, cfg);
+      std::vector<double> shares;
+      for (const auto& [id, share] : in_force.basis_share)
+        if (share > 0) shares.push_back(share);
+      if (!shares.empty()) {
+        // Relative to the median share, as the differences are to the median worker.
+        std::nth_element(shares.begin(), shares.begin() + static_cast<long>(shares.size() / 2),
+                         shares.end());
+        const double mid = shares[shares.size() / 2];
+        for (const auto& [id, share] : in_force.basis_share)
+          if (share > 0) assumed[id] = share / mid;
+      }
+    }
     for (size_t i = 0; i < view.workers.size(); ++i) {
       const WorkerView& w = view.workers[i];
       const bool flagged = w.straggler || w.leader;
@@ -89,7 +170,26 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
                  w.step_speed_rel_se > 0) {
         const double d = w.step_speed / reference - 1;
         const double se2 = w.step_speed_rel_se * w.step_speed_rel_se + reference_se * reference_se;
-        if (std::fabs(d) <= z * std::sqrt(se2)) planned = median * (1 + d * tau2 / (tau2 + se2));
+        const double bar = z * std::sqrt(se2);
+        if (std::fabs(d) <= bar) planned = median * (1 + d * tau2 / (tau2 + se2));
+        // Whether the plan in force is wrong about it by more than its noise explains.
+        // And lasting: the steps behind its statistics (n = (noise / se)², at most ~39 with
+        // their forgetting) span at least the monitor's persistence (persistent_windows ×
+        // window_s). In a job of 0.25 s steps they span 10 s, and a transient straggler of 20 s
+        // looks as shown as a slow worker: there the monitor's windows decide.
+        const double n_steps = w.step_noise > 0 ? std::pow(w.step_noise / w.step_speed_rel_se, 2) : 0;
+        const bool lasting = n_steps * view.job.step_time_s >=
+                             static_cast<double>(detection->persistent_windows) * detection->window_s;
+        if (auto it = assumed.find(w.id); lasting && it != assumed.end() &&
+                                          std::fabs((1 + d) / it->second - 1) > bar) {
+          shown = true;
+          shown_speed[i] = median * (1 + d);
+          resolution = std::max(resolution, bar);
+          // A difference past the monitor's thresholds is the monitor's (flagged, persistent
+          // within a few windows, then planned past the hysteresis at its own speed).
+          beyond_thresholds = beyond_thresholds || 1 + d < detection->straggler_threshold ||
+                              1 + d > detection->leader_threshold;
+        }
       }
       if (planned < 0) continue;
       if (planning == &view) {
@@ -98,18 +198,106 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
       }
       filtered.workers[i].speed = filtered.workers[i].last_window_speed = planned;
     }
+    // For the payoff test (below): the shown workers at the difference their steps show, every
+    // other one at the speed the plan in force assumed for it — a plan that moves only what the
+    // steps show, not a share that noise or a transient flag moved meanwhile.
+    if (shown) {
+      pinned = *planning;
+      for (size_t i = 0; i < view.workers.size(); ++i) {
+        const WorkerView& w = view.workers[i];
+        if (!w.alive || w.restarting) continue;
+        double v = -1;
+        if (auto it = shown_speed.find(i); it != shown_speed.end()) {
+          v = it->second;
+        } else if (auto a = assumed.find(w.id); a != assumed.end()) {
+          v = median * a->second;
+        }
+        if (v > 0) SetPlannedSpeed(w, v, pinned.workers[i]);
+      }
+    }
   }
   absl::StatusOr<std::optional<BatchProposal>> proposal =
       BatchPlanner::Propose(*planning, current, cfg);
-  if (!proposal.ok() || !proposal->has_value()) return std::nullopt;
+  if (!proposal.ok()) return std::nullopt;
+  bool must_pay = false;
+  // Only while the monitor flags no persistent straggler or leader: those are the hysteresis
+  // path's (a plan for them moves shares by more than the hysteresis), and plans made past it
+  // while they come and go (node contention, memory-capped leaders) only add switches.
+  bool flagged_persistent = false;
+  for (const auto& w : view.workers)
+    flagged_persistent = flagged_persistent || (w.alive && !w.restarting &&
+                                                (w.straggler || w.leader) && w.persistent);
+  if (!proposal->has_value() && shown && !flagged_persistent && !beyond_thresholds) {
+    // A difference the steps show, under the hysteresis (or min_replan_gain): planned when what
+    // it saves over the rest of the job pays for the switch (PayoffOf).
+    AdjustBatchConfig any = cfg;
+    any.hysteresis = 0;
+    any.min_replan_gain = 0;
+    proposal = BatchPlanner::Propose(pinned, current, any);
+    if (!proposal.ok() || !proposal->has_value() || (*proposal)->membership_changed)
+      return std::nullopt;
+    must_pay = true;
+  }
+  if (!proposal->has_value()) return std::nullopt;
   BatchProposal& p = **proposal;
   Action a;
   a.kind = ActionKind::kAdjustBatch;
   a.reason = p.reason;
-  a.predicted_gain = p.predicted_gain;
   a.mandatory = p.membership_changed;
   a.plan = std::move(p.plan);
+  a.predicted_gain = p.predicted_gain;
+  if (must_pay) {
+    // The step-time models have no noise: with per-step noise the step is the slowest of n
+    // noisy workers, above the slowest mean whatever the plan, and a difference smaller than the
+    // noise is mostly hidden in it (a 12 % slow worker among 16 at 4 % noise: predicted +10.9 %
+    // without noise, measured +5.1 %). The gain it is planned on, judged on, and must pay by is
+    // the expected one with each worker's own noise (NoisyStepSeconds).
+    const BatchPlan in_force = current ? *current : BatchPlanner::InForce(pinned, cfg);
+    const double before = NoisyStepSeconds(pinned, in_force);
+    const double after = NoisyStepSeconds(pinned, *a.plan);
+    const double collective_s = BatchPlanner::CollectiveSeconds(view, before);
+    const double expected =
+        before > 0 && after > 0 ? (before + collective_s) / (after + collective_s) - 1 : 0;
+    // A gain within what the steps resolve (the shown workers' speed_significance × standard
+    // error) is not one: a job of 0.2 s steps shows 2 % differences, and plans for them flap.
+    if (!(expected > resolution)) return std::nullopt;
+    absl::StrAppendFormat(&a.reason, "; with per-step noise %.3fs → %.3fs", before + collective_s,
+                          after + collective_s);
+    a.predicted_gain = expected;
+  }
+  // A plan equivalent to one rolled back is predicted to gain what that one measured, not what
+  // the models said (they said it then too).
+  if (const AuditRecord* undone = a.mandatory ? nullptr : EquivalentUndonePlan(a, history);
+      undone && undone->measured_gain && *undone->measured_gain < a.predicted_gain) {
+    a.predicted_gain = *undone->measured_gain;
+    absl::StrAppendFormat(&a.reason, "; predicted as its equivalent #%d measured (%.3f)",
+                          undone->id, a.predicted_gain);
+  }
+  if (must_pay) {
+    const std::optional<PlanPayoff> payoff =
+        PayoffOf(view, a.predicted_gain, a.plan->effective_step);
+    if (!payoff || payoff->saved_s <= payoff->cost_s) return std::nullopt;
+    a.saved_s = payoff->saved_s;
+    a.cost_s = payoff->cost_s;
+    absl::StrAppendFormat(&a.reason, "; steps show it: saves %.0fs of the %.0fs left for %.0fs",
+                          a.saved_s, payoff->remaining_s, a.cost_s);
+  }
   return a;
+}
+
+std::optional<PlanPayoff> PayoffOf(const ClusterView& view, double gain, int64_t effective_step) {
+  const double rate = view.job.throughput;
+  const double step_s = view.job.step_time_s;
+  if (!(rate > 0) || view.job.remaining_samples <= 0 || !(step_s > 0) || !(gain > 0))
+    return std::nullopt;
+  PlanPayoff out;
+  out.remaining_s = static_cast<double>(view.job.remaining_samples) / rate;
+  const double share = gain / (1 + gain);  // of each second left
+  const double lead_s =
+      static_cast<double>(std::max<int64_t>(0, effective_step - view.job.current_step)) * step_s;
+  out.saved_s = out.remaining_s * share;
+  out.cost_s = kPlanSwitchSteps * step_s + std::min(lead_s, out.remaining_s) * share;
+  return out;
 }
 
 std::optional<Action> EndExclusions(const ClusterView& view, const History& history,

@@ -16,9 +16,36 @@ namespace pacer {
 // hysteresis keeps the current plan or no plan is possible. With `detection`, a worker whose
 // slowdown (or speed-up) is transient or less confident than min_confidence is planned at the
 // median speed: AntDT acts on persistent stragglers only. Without it (LB-BSP), raw speeds.
+// With step statistics (adjust_batch.speed_significance > 0), a worker whose steps do not show
+// its difference from the median worker is planned at the median moved by the shrunk difference.
+// A difference is "shown" when a worker's steps put its speed relative to the median away from
+// the one the plan in force was built on by more than speed_significance standard errors, and
+// lasting: the steps behind its statistics span at least persistent_windows × window_s. When
+// some difference is shown, every shown one is within the monitor's thresholds and the monitor
+// flags no persistent straggler or leader, a plan that moves only the shown workers is proposed
+// however small the shift — past hysteresis and min_replan_gain — if its gain with per-step
+// noise (the expected slowest of the noisy workers) exceeds what the steps resolve and pays over
+// the rest of the job (PayoffOf: saved_s > cost_s, both set on the action; the safety gate then
+// admits it below min_gain). A plan equivalent to one rolled back (EquivalentUndonePlan) is
+// predicted to gain what that one measured.
 std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& history,
                                        const AdjustBatchConfig& cfg,
                                        const DetectionConfig* detection);
+
+// What a batch plan is worth over the rest of the job (ProposeBatchPlan's test for a difference
+// that the workers' steps show but the hysteresis would ignore). saved_s: the remaining time
+// (remaining_samples / throughput) × gain / (1 + gain). cost_s: kPlanSwitchSteps steps at the
+// job's step time for the switch itself (new shapes, the step at which batches change) plus the
+// gain forgone during the lead (effective step − current step, in steps: the plan waits for
+// lead_heartbeats). nullopt when the work left, the throughput or the step time is unknown, or
+// the gain is not positive.
+inline constexpr double kPlanSwitchSteps = 1;
+struct PlanPayoff {
+  double remaining_s = 0;
+  double saved_s = 0;
+  double cost_s = 0;
+};
+std::optional<PlanPayoff> PayoffOf(const ClusterView& view, double gain, int64_t effective_step);
 
 // EXCLUDE_WORKERS for sync jobs: do not wait for a worker in a short burst. A worker whose
 // step, at the batch it has now and its last window's speed (the freshest measure), would

@@ -28,6 +28,8 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "tests/controller/test_views.h"
@@ -556,6 +558,133 @@ TEST_F(DecisionTest, ARollbackHoldsOffTheSamePlanNotOneForANewStraggler) {
   ASSERT_NE(p, nullptr) << (ctl->history().audit().empty() ? "" : ctl->history().audit().back().veto_reason);
   EXPECT_LT(p->plan->Find("w0")->samples, 250);
   EXPECT_EQ(p->rollback_of, 0u);
+}
+
+// After a rollback, a plan that is not the undone one (here: the straggler partly recovered, so
+// the new plan lightens it by much less) is a new decision, admitted within safety.window_s; the
+// undone plan itself stays held off.
+TEST_F(DecisionTest, ARollbackHoldsOffOnlyAnEquivalentPlan) {
+  std::unique_ptr<Controller> ctl;
+  ClusterView v;
+  const Action plan = PlanForOneStraggler(&ctl, &v);
+  ASSERT_TRUE(plan.plan);
+  const int64_t undone_w2 = plan.plan->Find("w2")->samples;  // 0.5 / 3.5 of 1000
+  v.job.current_step = plan.plan->effective_step + 10;
+  clock_.AdvanceMs(61'000);
+  auto judged = ctl->Reconcile(At(v));
+  ASSERT_TRUE(judged.ok());
+  ASSERT_EQ(judged->dispatch.size(), 1u);
+  ASSERT_EQ(judged->dispatch[0].rollback_of, plan.id);
+
+  // w2 reads 0.48x: the plan would be the undone one again; held off.
+  MakeStraggler(v, 2, 0.48, true);
+  clock_.AdvanceMs(30'000);
+  v.job.current_step += 20;
+  auto same = ctl->Reconcile(At(v));
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(Count(*same, ActionKind::kAdjustBatch), 0);
+
+  // w2 recovered to 0.8x, still within the window: the plan it needs now (211 samples) is
+  // nearer the even split in force (250) than the undone plan (143): a different decision.
+  MakeStraggler(v, 2, 0.8, true);
+  clock_.AdvanceMs(30'000);
+  v.job.current_step += 20;
+  auto fresh = ctl->Reconcile(At(v));
+  ASSERT_TRUE(fresh.ok());
+  const Action* p = Find(*fresh, ActionKind::kAdjustBatch);
+  ASSERT_NE(p, nullptr) << ctl->history().audit().back().veto_reason;
+  EXPECT_GT(p->plan->Find("w2")->samples, undone_w2 + 50);
+  EXPECT_LT(p->plan->Find("w2")->samples, 250);
+  EXPECT_EQ(p->rollback_of, 0u);
+}
+
+// Small persistent differences. A `dedicated`-shaped policy (hysteresis 0.1, min_gain 0.03,
+// speed_significance 3): 8 workers with ±3 % step noise, w3 9 % slower on every step (its window
+// shows 0.91: unflagged, and its share moves 8 % — under the hysteresis).
+class SmallDifferenceTest : public DecisionTest {
+ protected:
+  PolicyConfig Dedicated() {
+    PolicyConfig c;
+    c.name = "test-dd";
+    c.policy = "dedicated";
+    c.detection.straggler_threshold = 0.85;
+    c.adjust_batch.hysteresis = 0.1;
+    c.adjust_batch.min_replan_gain = 0.05;
+    c.adjust_batch.speed_significance = 3;
+    c.safety.min_gain = 0.03;
+    c.safety.window_s = 600;
+    c.safety.max_actions_per_window = 10;
+    return c;
+  }
+  // `steps` steps of every worker at 1000 samples; worker i runs at speed[i] × a deterministic
+  // ±`noise` pattern (a different phase per worker).
+  void Feed(Controller& ctl, const std::vector<double>& speed, int steps, double noise) {
+    std::vector<StepTiming> batch;
+    for (int s = 0; s < steps; ++s) {
+      clock_.AdvanceMs(10'000);
+      batch.clear();
+      for (size_t i = 0; i < speed.size(); ++i) {
+        const double wobble = noise * (((s + 3 * static_cast<int>(i)) % 5) - 2) / 2.0;
+        batch.push_back(testing::Timing("w" + std::to_string(i), step_ + s,
+                                        1000 / speed[i] * (1 + wobble), 1000, clock_.NowMs()));
+      }
+      ctl.ObserveSteps(batch);
+    }
+    step_ += steps;
+  }
+  ClusterView View(double w3_window) {
+    ClusterView v = SyncView(8, 8000);
+    v.job.current_step = step_;
+    v.job.remaining_samples = 8000LL * 2000;  // 2 000 steps left: ~6 h
+    v.job.throughput = 720;
+    v.workers[3].speed = v.workers[3].last_window_speed = 100 * w3_window;
+    v.workers[3].relative_speed = w3_window;
+    return v;
+  }
+  int64_t step_ = 100;
+};
+
+TEST_F(SmallDifferenceTest, ASignificantSmallSlowdownIsPlannedWhenItPays) {
+  auto ctl = Make(Dedicated());
+  std::vector<double> speed(8, 100);
+  speed[3] = 91;
+  Feed(*ctl, speed, 40, 0.03);
+  auto r = ctl->Reconcile(At(View(0.91)));
+  ASSERT_TRUE(r.ok());
+  const Action* a = Find(*r, ActionKind::kAdjustBatch);
+  ASSERT_NE(a, nullptr) << (ctl->history().audit().empty() ? "no proposal"
+                                                           : ctl->history().audit().back().veto_reason);
+  EXPECT_LT(a->plan->Find("w3")->samples, 960);
+  EXPECT_GT(a->saved_s, a->cost_s);
+  EXPECT_GT(a->cost_s, 0);
+}
+
+// The same difference with the job nearly done does not pay for the switch: no plan.
+TEST_F(SmallDifferenceTest, NoPlanWhenTheRestOfTheJobIsTooShortToPay) {
+  auto ctl = Make(Dedicated());
+  std::vector<double> speed(8, 100);
+  speed[3] = 91;
+  Feed(*ctl, speed, 40, 0.03);
+  ClusterView v = View(0.91);
+  v.job.remaining_samples = 8000;  // one step left
+  auto r = ctl->Reconcile(At(v));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Count(*r, ActionKind::kAdjustBatch), 0);
+}
+
+// Noise alone: every worker's steps alike on average (±12 % per step), w3's window reads 0.87
+// (its share would move 12 %, past the hysteresis): its steps do not show the difference, so
+// nothing is planned, however long the job.
+TEST_F(SmallDifferenceTest, NoiseAloneIsNotPlanned) {
+  auto ctl = Make(Dedicated());
+  std::vector<double> speed(8, 100);
+  Feed(*ctl, speed, 40, 0.12);
+  for (int i = 0; i < 5; ++i) {
+    auto r = ctl->Reconcile(At(View(0.87)));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Count(*r, ActionKind::kAdjustBatch), 0) << i;
+    Feed(*ctl, speed, 3, 0.12);
+  }
 }
 
 // With a plan in force, a share that drifted past `hysteresis` does not make a new plan when the
