@@ -5,6 +5,7 @@
 // when its lease runs out.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +80,9 @@ EpochEnd Lockstep(int workers, uint64_t records, uint64_t shard, uint64_t batch,
     for (uint64_t t : trained) run.idle_slots += t == 0 && sum > 0 ? 1 : 0;
   }
   run.done = d.state().FindDataset("train")->records_done_total;
+  std::cout << workers << " ranks, " << records << " records, shard " << shard << ", batch " << batch
+            << (lose_at >= 0 ? ", every lease lost at step " + std::to_string(lose_at) : std::string())
+            << ": " << run.steps << " steps, " << run.idle_slots << " weight-0 (rank, step) slots" << std::endl;
   return run;
 }
 
