@@ -210,6 +210,7 @@ class Pacerd {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool reconcile_wanted_ = false;  // a classification changed: the housekeeping thread reconciles now
   std::thread housekeeping_;
   // The journals' series (journal/journal_metrics.h): the sharding core's and the controller's.
   std::unique_ptr<JournalMetrics> journal_metrics_;
