@@ -996,13 +996,15 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="a shorter job (CI)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--live", default="auto", choices=["auto", "tty", "lines", "off"])
-    p.add_argument("--records", type=int, default=None)
+    p.add_argument("--records", type=int, default=None,
+                   help="records per epoch; default 500000 (--quick: 120000), ps: %d (--quick: %d)"
+                        % (PS_DEFAULTS["records"], PS_DEFAULTS["records_quick"]))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--shard-size", type=int, default=None,
                    help="records per shard (a step fills its batch across leases; the straggler's last "
-                        "lease is the job's tail); default 2048, ps: %d" % PS_DEFAULTS["shard_size"])
+                        "lease is the job's tail); default 8192 (--quick: 2048), ps: %d" % PS_DEFAULTS["shard_size"])
     p.add_argument("--batch", type=int, default=None,
-                   help="initial local batch (global = 4 x this); default 2048, ps: %d" % PS_DEFAULTS["batch"])
+                   help="initial local batch (global = 4 x this); default 4096 (--quick: 2048), ps: %d" % PS_DEFAULTS["batch"])
     p.add_argument("--target-auc", type=float, default=0.72,
                    help="ps: held-out AUC every worker must reach (reported, not enforced by the trainer)")
     p.add_argument("--hidden", type=int, default=None,
@@ -1022,7 +1024,7 @@ def parse_args(argv):
                    help="share of the data trained before the contention begins; default 0.1 "
                         "(--quick and ps: 0.15)")
     p.add_argument("--poll-s", type=float, default=1.0, help="pacerctl polling period (each poll costs CPU the trainers share)")
-    p.add_argument("--run-timeout-s", type=float, default=150)
+    p.add_argument("--run-timeout-s", type=float, default=240)
     a = p.parse_args(argv)
     if a.mode == "ps":
         defaults = dict(PS_DEFAULTS, records=PS_DEFAULTS["records_quick" if a.quick else "records"],
