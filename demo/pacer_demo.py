@@ -713,8 +713,9 @@ def verdict(args, summary):
     after = mit.get("after_plan_s") or 0.0
     ran = f"The job ended {after:.1f} s after the first {what} was made"
     if after < 10.0 or (mit["jct_s"] and after < 0.25 * mit["jct_s"]):
-        return (f"{ran}: too short to gain (speed-up {fmt(speedup, '{:.2f}')}×, within run-to-run "
-                f"noise){longer}.")
+        return (f"{ran}: too short to gain reliably (speed-up {fmt(speedup, '{:.2f}')}× in this run: "
+                f"a job this short is mostly warm-up, detection and the plan's lead, and its figure "
+                f"swings from run to run){longer}.")
     if speedup is not None and speedup >= 1.05:
         tail = ""
         if mit.get("throughput_vs_bound"):
