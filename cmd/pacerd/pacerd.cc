@@ -419,7 +419,9 @@ std::string Pacerd::address() const { return HostPort{host_, port_}.ToString(); 
 
 void Pacerd::Housekeeping() {
   const auto period = std::chrono::milliseconds(
-      std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
+      options_.housekeeping_period_ms > 0
+          ? options_.housekeeping_period_ms
+          : std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
   std::unique_lock<std::mutex> l(mu_);
   auto next = std::chrono::steady_clock::now() + period;
   while (!stopping_) {
