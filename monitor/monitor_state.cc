@@ -393,8 +393,20 @@ void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>*
     s->persistence = static_cast<uint8_t>(c.persistence());
   }
   for (const auto& change : changes) {
-    workers_[change.entity].class_since_ms = end_ms;
-    Emit(window, ENTITY_WORKER, workers_[change.entity].id, change, events);
+    WorkerRecord& rec = workers_[change.entity];
+    rec.class_since_ms = end_ms;
+    // A worker that became (or stopped being) a persistent straggler runs in a new regime:
+    // its step-time fit starts again from the new regime's steps. Kept, the fit would follow a
+    // sudden slowdown over ~1 / (1 - model_forgetting) reports (50 steps) while the windows
+    // already show it, and the batch planner, which predicts a plan's gain from the fits,
+    // would predict almost none for the plan the window speeds call for. Until the next
+    // report the planner uses the window speed (WorkerView: no model).
+    auto persistent_straggler = [](const Classification& c) {
+      return c.worker_class() == WORKER_CLASS_STRAGGLER && c.persistence() == PERSISTENCE_PERSISTENT;
+    };
+    if (persistent_straggler(change.previous) != persistent_straggler(change.current))
+      rec.model = StepTimeModel(options_.model_forgetting);
+    Emit(window, ENTITY_WORKER, rec.id, change, events);
   }
 
   ServerLatencyTracker::Closed servers = server_latency_.CloseWindow();

@@ -382,7 +382,17 @@ void Pacerd::WireWorkerSessions() {
   sharding_->SetAuditHook([reconciler](const std::string& what) { reconciler->RecordOperatorEvent(what); });
   // Accepted step reports feed the controller's per-step burst rule.
   monitor_->SetStepObserver(reconciler);
-  monitor_->SetEventListener([reconciler](const std::vector<ClassificationEvent>&) { reconciler->Poke(); });
+  // A classification change (a straggler flagged, or persistent now) is what the controller
+  // acts on: it reconciles at once on the housekeeping thread, not at the next round (up to
+  // a housekeeping period, 1 s, later), as the simulator's controller does at window close.
+  monitor_->SetEventListener([this, reconciler](const std::vector<ClassificationEvent>&) {
+    reconciler->Poke();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      reconcile_wanted_ = true;
+    }
+    cv_.notify_all();  // Wait() shares cv_: notify_one could wake it instead
+  });
 }
 
 absl::Status Pacerd::Serve(const HostPort& listen, const std::shared_ptr<grpc::ServerCredentials>& creds) {
@@ -409,13 +419,25 @@ std::string Pacerd::address() const { return HostPort{host_, port_}.ToString(); 
 
 void Pacerd::Housekeeping() {
   const auto period = std::chrono::milliseconds(
-      std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
+      options_.housekeeping_period_ms > 0
+          ? options_.housekeeping_period_ms
+          : std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
   std::unique_lock<std::mutex> l(mu_);
+  auto next = std::chrono::steady_clock::now() + period;
   while (!stopping_) {
-    cv_.wait_for(l, period);  // a timer, not synchronisation: wakes early on Shutdown()
+    // A timer, not synchronisation: wakes early on Shutdown() and when the monitor's
+    // classification changed (reconcile now; the rest of the round stays on the timer).
+    cv_.wait_until(l, next, [&] { return stopping_ || reconcile_wanted_; });
     if (stopping_) break;
+    const bool round = std::chrono::steady_clock::now() >= next;
+    reconcile_wanted_ = false;
     l.unlock();
-    HousekeepingStep();
+    if (round) {
+      HousekeepingStep();
+      next = std::chrono::steady_clock::now() + period;
+    } else {
+      reconciler_->MaybeReconcile();
+    }
     l.lock();
   }
 }

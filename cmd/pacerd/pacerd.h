@@ -69,6 +69,9 @@ struct PacerdOptions {
   // SimulatedClock turn it off and call HousekeepingStep() themselves, so nothing races their
   // script (tests/testing/pacerd_harness.h).
   bool housekeeping = true;
+  // The housekeeping thread's period; 0: lease_timeout_ms / 8, within [50 ms, 1 s]. A
+  // classification change does not wait for it: the thread reconciles at once.
+  int64_t housekeeping_period_ms = 0;
   // The operator knowingly accepts a data loss (--accept-data-loss): a damaged or missing journal
   // or controller store that the data dir's IDENTITY says existed, or a journal shorter than its
   // high-water mark, is accepted instead of refused; logged at WARNING, audited (`pacerctl
@@ -210,6 +213,7 @@ class Pacerd {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool reconcile_wanted_ = false;  // a classification changed: the housekeeping thread reconciles now
   std::thread housekeeping_;
   // The journals' series (journal/journal_metrics.h): the sharding core's and the controller's.
   std::unique_ptr<JournalMetrics> journal_metrics_;

@@ -48,6 +48,31 @@ TEST(StragglerScenarioTest, PersistentThirtyPercentSlowdownIsFlaggedWithinThreeW
   EXPECT_TRUE(d.FlaggedSince(seq, {"w5"}).empty());
 }
 
+// The batch planner predicts a plan's gain from each worker's step-time fit: the fit of a worker
+// that turned a persistent straggler must describe its steps now, not a blend with the long
+// fast history before (which predicted almost no gain for the plan the windows called for).
+TEST(StragglerScenarioTest, StepModelOfAPersistentStragglerDescribesItsStepsNow) {
+  ScenarioDriver d(Cluster());
+  d.RunForMs(30 * kWindow);  // a long history of fast steps
+  d.RunForMs(3'000);
+  d.trace().AddSlowdown({Kind::kHardware, "w5", 2.5, d.now_ms()});
+  const int persistent = d.RunUntil([&] {
+    const Classification c = d.Of("w5");
+    return c.worker_class() == WORKER_CLASS_STRAGGLER && c.persistence() == PERSISTENCE_PERSISTENT;
+  }, 10);
+  ASSERT_GE(persistent, 0);
+  d.RunForMs(kWindow);  // one window of reports after the change
+  const WorkerStatus w = *d.state().Worker("w5");
+  ASSERT_GT(w.speed(), 0);
+  ASSERT_GT(w.local_batch(), 0u);
+  const double measured = w.local_batch() / w.speed();  // compute seconds per step, last window
+  const double predicted = *d.state().PredictStepSeconds("w5", w.local_batch());
+  EXPECT_NEAR(predicted / measured, 1.0, 0.15) << "predicted " << predicted << " s, measured " << measured << " s";
+  // A normal worker keeps its long fit.
+  const WorkerStatus n = *d.state().Worker("w6");
+  EXPECT_NEAR(*d.state().PredictStepSeconds("w6", n.local_batch()) / (n.local_batch() / n.speed()), 1.0, 0.15);
+}
+
 TEST(StragglerScenarioTest, TwoXSlowdownFor20SecondsIsTransientAndClears) {
   ScenarioDriver d(Cluster());
   d.RunForMs(6 * kWindow);

@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "tests/testing/pacerd_harness.h"
 
@@ -126,6 +127,48 @@ TEST(ControlLoopTest, PersistentStragglerGetsASmallerBatchThroughHeartbeats) {
   EXPECT_FALSE(plan->reason().empty());
   EXPECT_GT(plan->predicted_gain(), 0.0);
   EXPECT_EQ(plan->dispatch(), "plan sent in heartbeat replies");
+}
+
+// A classification change is acted on at once: pacerd's housekeeping thread wakes and
+// reconciles, rather than at its next round (up to a second later by default). Here its round
+// is an hour and the reconcile interval too, so only the wake can produce the plan: the job
+// runs on the real clock (the production thread), workers step every 50 ms of real time, one
+// at half speed, and a plan must reach the reconciler within the deadline.
+TEST(ControlLoopTest, AClassificationChangeIsReconciledAtOnce) {
+  PacerdHarness h({.policy = "dedicated-1s",
+                   .real_clock = true,
+                   .reconcile_interval_ms = 3'600'000,
+                   .adjust = [](PacerdOptions& o) { o.housekeeping_period_ms = 3'600'000; }});
+  ASSERT_TRUE(h.ok());
+  std::vector<std::unique_ptr<ScriptedWorker>> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    ScriptedWorker::Options o;
+    o.id = "w" + std::to_string(i);
+    o.node = "n" + std::to_string(i);
+    o.batch = kBatch;
+    workers.push_back(std::make_unique<ScriptedWorker>(h, o));
+    ASSERT_TRUE(workers.back()->Connect().ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool planned = false;
+  for (int tick = 0; !planned && std::chrono::steady_clock::now() < deadline; ++tick) {
+    for (int i = 0; i < kWorkers; ++i)
+      ASSERT_TRUE(workers[i]->Step(i == 3 ? 0.08 : 0.04, 0.09, i == 3 ? 0.01 : 0.05).ok());
+    if (tick % 10 == 9) {
+      for (auto& w : workers) {
+        HeartbeatRequest hb;
+        hb.set_step(w->step());
+        ASSERT_TRUE(w->sharding().Heartbeat(hb).ok());
+      }
+    }
+    planned = h->reconciler()->PlanFor("w3").has_value();
+    // The modelled step's length in real time (the monitor's windows are on the real clock).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(planned) << "no reconcile followed the straggler's classification";
+  const BatchPlanCommand w3 = *h->reconciler()->PlanFor("w3");
+  const BatchPlanCommand w0 = *h->reconciler()->PlanFor("w0");
+  EXPECT_LT(w3.samples(), w0.samples()) << "the straggler gets the smaller batch";
 }
 
 // The controller's state is durable: after pacerd stops (or crashes: every decision is synced
