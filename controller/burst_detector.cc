@@ -51,6 +51,17 @@ std::optional<double> BurstDetector::NewestSpeed(const std::string& worker_id,
   return 1 / it->second.per_sample_s;
 }
 
+std::optional<double> BurstDetector::StepSeconds(const std::string& worker_id,
+                                                 int64_t now_ms) const {
+  auto it = w_.find(worker_id);
+  if (it == w_.end()) return std::nullopt;
+  const Worker& w = it->second;
+  if (!Fresh(w, now_ms) || w.batch <= 0) return std::nullopt;
+  const double per_sample =
+      w.running_step > w.step ? std::max(w.per_sample_s, w.running_per_sample_s) : w.per_sample_s;
+  return per_sample * static_cast<double>(w.batch);
+}
+
 bool BurstDetector::HasFreshTimings(int64_t now_ms) const {
   for (const auto& [id, w] : w_)
     if (Fresh(w, now_ms)) return true;

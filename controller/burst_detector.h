@@ -90,6 +90,9 @@ class BurstDetector {
   // least three fresh workers, else everyone is waited for.
   BurstDecision Decide(const std::vector<std::string>& excluded_now,
                        const BurstExclusionConfig& cfg, int64_t now_ms) const;
+  // The worker's step as Decide() weighs it (seconds at its training batch, at its newest
+  // timing's pace, a running step's time so far included), when it has a fresh timing.
+  std::optional<double> StepSeconds(const std::string& worker_id, int64_t now_ms) const;
 
  private:
   struct Worker {

@@ -277,6 +277,27 @@ void Controller::ObserveSteps(const std::vector<StepTiming>& timings) {
   for (const StepTiming& t : timings) bursts_.Observe(t);
 }
 
+bool Controller::ObserveHeartbeatSteps(const std::vector<StepTiming>& timings, int64_t now_ms) {
+  if (!StepRuleConfigured() || timings.empty()) return false;
+  for (const StepTiming& t : timings) bursts_.Observe(t);
+  if (!(burst_median_s_ > 0) || !StepRuleActive(now_ms)) return false;
+  const BurstExclusionConfig& cfg = config_.burst_exclusion;
+  const std::vector<std::string>& excluded = history_.excluded_workers();
+  const std::string* last = nullptr;
+  for (const StepTiming& t : timings) {
+    if (last != nullptr && *last == t.worker_id) continue;
+    last = &t.worker_id;
+    const std::optional<double> s = bursts_.StepSeconds(t.worker_id, now_ms);
+    if (!s) continue;
+    const bool out = std::find(excluded.begin(), excluded.end(), t.worker_id) != excluded.end();
+    if (!out && *s > cfg.step_factor * burst_median_s_ &&
+        static_cast<int64_t>(excluded.size()) < cfg.max_workers)
+      return true;
+    if (out && *s <= std::min(cfg.rejoin_factor, cfg.step_factor) * burst_median_s_) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
   ReconcileResult result;
   if (!StepRuleConfigured() || !last_view_ || burst_view_.job.mode != JobMode::kSync)
@@ -291,6 +312,7 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
   } else if (bursts_.HasFreshTimings(now_ms)) {
     BurstDecision d =
         bursts_.Decide(history_.excluded_workers(), config_.burst_exclusion, now_ms);
+    burst_median_s_ = d.median_step_s;
     // Only workers the last view knows as live are excluded (a timing from a worker the
     // reconciler has not seen yet, or one restarting, is not acted on).
     auto live = [&](const std::string& id) {

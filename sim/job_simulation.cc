@@ -426,6 +426,7 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
       r.t.step = step_ + 1;
       r.t.in_progress = true;
       r.t.compute_s = next_heartbeat_ - t_;
+      r.t.wall_s = next_heartbeat_ - t_;  // the SDK's: wall seconds since the step began
       r.t.time_ms = kStartMs + static_cast<int64_t>(std::llround(next_heartbeat_ * 1000));
     }
     Timing& slot = end <= next_heartbeat_ ? due_[i] : later_[i];
