@@ -316,7 +316,8 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
     // Only workers the last view knows as live are excluded (a timing from a worker the
     // reconciler has not seen yet, or one restarting, is not acted on).
     auto live = [&](const std::string& id) {
-      const WorkerView* w = view.FindWorker(id);
+      auto it = burst_index_.find(id);
+      const WorkerView* w = it == burst_index_.end() ? nullptr : &view.workers[it->second];
       return w && w->alive && !w->restarting;
     };
     std::vector<std::string> added, excluded;
@@ -368,11 +369,13 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
     burst_view_.job = view.job;
     burst_view_.workers.clear();
     burst_view_.workers.reserve(view.workers.size());
+    burst_index_.clear();
     for (const auto& w : view.workers) {
       WorkerView v;
       v.id = w.id;
       v.alive = w.alive;
       v.restarting = w.restarting;
+      burst_index_.emplace(w.id, burst_view_.workers.size());  // the first of an id, as FindWorker
       burst_view_.workers.push_back(std::move(v));
     }
     last_view_ = true;

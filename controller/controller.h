@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "controller/action.h"
 #include "controller/burst_detector.h"
@@ -166,6 +167,7 @@ class Controller {
   std::optional<double> MeasuredGain(const AuditRecord& r, const ClusterView& view) const;
   bool last_view_ = false;
   ClusterView burst_view_;  // job facts and workers (id, alive, restarting) only
+  absl::flat_hash_map<std::string, size_t> burst_index_;  // burst_view_.workers by id
   // Worker id → when it was first seen quiet (in the view, not alive, not restarting). Not
   // durable: after a restart of pacerd the grace counts from the first view it sees, which
   // only delays a plan without the worker.
