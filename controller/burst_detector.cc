@@ -51,6 +51,17 @@ std::optional<double> BurstDetector::NewestSpeed(const std::string& worker_id,
   return 1 / it->second.per_sample_s;
 }
 
+std::optional<double> BurstDetector::StepSeconds(const std::string& worker_id,
+                                                 int64_t now_ms) const {
+  auto it = w_.find(worker_id);
+  if (it == w_.end()) return std::nullopt;
+  const Worker& w = it->second;
+  if (!Fresh(w, now_ms) || w.batch <= 0) return std::nullopt;
+  const double per_sample =
+      w.running_step > w.step ? std::max(w.per_sample_s, w.running_per_sample_s) : w.per_sample_s;
+  return per_sample * static_cast<double>(w.batch);
+}
+
 bool BurstDetector::HasFreshTimings(int64_t now_ms) const {
   for (const auto& [id, w] : w_)
     if (Fresh(w, now_ms)) return true;
@@ -63,6 +74,15 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
   auto was_excluded = [&](const std::string& id) {
     return std::find(excluded_now.begin(), excluded_now.end(), id) != excluded_now.end();
   };
+  // The excluded workers' records, found once (a hashed lookup each): a worker is told from
+  // them by address, not by comparing its id with every excluded one.
+  std::vector<const Worker*> out_now;
+  out_now.reserve(excluded_now.size());
+  for (const auto& id : excluded_now)
+    if (auto it = w_.find(id); it != w_.end()) out_now.push_back(&it->second);
+  auto record_excluded = [&](const Worker* w) {
+    return std::find(out_now.begin(), out_now.end(), w) != out_now.end();
+  };
   struct Step {
     const std::string* id;
     double s;      // seconds for a step at its training batch, at its newest timing's pace
@@ -70,6 +90,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     bool was;      // excluded now
   };
   std::vector<Step> steps;
+  steps.reserve(w_.size());
   double batch_sum = 0;
   for (const auto& [id, w] : w_) {
     if (!Fresh(w, now_ms) || w.batch <= 0) continue;
@@ -77,7 +98,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     const double per_sample = w.running_step > w.step
                                   ? std::max(w.per_sample_s, w.running_per_sample_s)
                                   : w.per_sample_s;
-    steps.push_back({&id, per_sample * b, b, was_excluded(id)});
+    steps.push_back({&id, per_sample * b, b, record_excluded(&w)});
     batch_sum += b;
   }
   std::vector<std::string> chosen;
@@ -90,24 +111,33 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     d.median_step_s = s[s.size() / 2];
     const double enter = cfg.step_factor * d.median_step_s;
     const double stay = std::min(cfg.rejoin_factor, cfg.step_factor) * d.median_step_s;
-    std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) {
+    // Only steps above the rejoin line (stay <= enter) can be out; they go first, slowest
+    // first (ties by id), and the rest is only ever counted: its slowest step is all the
+    // rates below need of it. The same order and the same sums as sorting every step.
+    const auto rest_begin = std::partition(steps.begin(), steps.end(),
+                                           [&](const Step& st) { return st.s > stay; });
+    const size_t head = static_cast<size_t>(rest_begin - steps.begin());
+    std::sort(steps.begin(), rest_begin, [](const Step& a, const Step& b) {
       return a.s != b.s ? a.s > b.s : *a.id < *b.id;
     });
+    double rest_slowest = 0;
+    for (auto it = rest_begin; it != steps.end(); ++it) rest_slowest = std::max(rest_slowest, it->s);
     // Predicted throughput (up to a constant) with `out` not waited for:
     // (1 − their share of the batch) / (slowest counted step).
     std::vector<bool> out(steps.size(), false);
     auto rate = [&](const std::vector<bool>& o) {
       double dropped = 0, slowest = 0;
-      for (size_t i = 0; i < steps.size(); ++i) {
+      for (size_t i = 0; i < head; ++i) {
         if (o[i]) dropped += steps[i].batch;
         else slowest = std::max(slowest, steps[i].s);
       }
+      slowest = std::max(slowest, rest_slowest);
       return slowest > 0 ? (1 - dropped / batch_sum) / slowest : 0;
     };
     // 1. Excluded workers still slow (above the rejoin line) stay out: an exclusion ends on
     //    the worker's own pace, not because another worker's noise changed the arithmetic.
     int64_t n_out = 0;
-    for (size_t i = 0; i + 1 < steps.size() && n_out < cfg.max_workers; ++i) {
+    for (size_t i = 0; i < head && i + 1 < steps.size() && n_out < cfg.max_workers; ++i) {
       if (steps[i].was && steps[i].s > stay) {
         out[i] = true;
         ++n_out;
@@ -120,7 +150,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     const double base = rate(out);
     std::vector<bool> trial = out, best_out = out;
     int64_t n_trial = n_out;
-    for (size_t i = 0; i + 1 < steps.size() && n_trial < cfg.max_workers; ++i) {
+    for (size_t i = 0; i < head && i + 1 < steps.size() && n_trial < cfg.max_workers; ++i) {
       if (out[i]) continue;
       if (!(steps[i].s > enter)) break;
       trial[i] = true;
@@ -132,7 +162,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
       }
     }
     if (base > 0 && best <= 1) best = 1;
-    for (size_t i = 0; i < steps.size(); ++i)
+    for (size_t i = 0; i < head; ++i)
       if (best_out[i]) chosen.push_back(*steps[i].id);
   }
   std::sort(chosen.begin(), chosen.end());

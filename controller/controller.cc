@@ -278,6 +278,27 @@ void Controller::ObserveSteps(const std::vector<StepTiming>& timings) {
   for (const StepTiming& t : timings) bursts_.Observe(t);
 }
 
+bool Controller::ObserveHeartbeatSteps(const std::vector<StepTiming>& timings, int64_t now_ms) {
+  if (!StepRuleConfigured() || timings.empty()) return false;
+  for (const StepTiming& t : timings) bursts_.Observe(t);
+  if (!(burst_median_s_ > 0) || !StepRuleActive(now_ms)) return false;
+  const BurstExclusionConfig& cfg = config_.burst_exclusion;
+  const std::vector<std::string>& excluded = history_.excluded_workers();
+  const std::string* last = nullptr;
+  for (const StepTiming& t : timings) {
+    if (last != nullptr && *last == t.worker_id) continue;
+    last = &t.worker_id;
+    const std::optional<double> s = bursts_.StepSeconds(t.worker_id, now_ms);
+    if (!s) continue;
+    const bool out = std::find(excluded.begin(), excluded.end(), t.worker_id) != excluded.end();
+    if (!out && *s > cfg.step_factor * burst_median_s_ &&
+        static_cast<int64_t>(excluded.size()) < cfg.max_workers)
+      return true;
+    if (out && *s <= std::min(cfg.rejoin_factor, cfg.step_factor) * burst_median_s_) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
   ReconcileResult result;
   if (!StepRuleConfigured() || !last_view_ || burst_view_.job.mode != JobMode::kSync)
@@ -292,10 +313,12 @@ absl::StatusOr<ReconcileResult> Controller::DecideBursts(int64_t now_ms) {
   } else if (bursts_.HasFreshTimings(now_ms)) {
     BurstDecision d =
         bursts_.Decide(history_.excluded_workers(), config_.burst_exclusion, now_ms);
+    burst_median_s_ = d.median_step_s;
     // Only workers the last view knows as live are excluded (a timing from a worker the
     // reconciler has not seen yet, or one restarting, is not acted on).
     auto live = [&](const std::string& id) {
-      const WorkerView* w = view.FindWorker(id);
+      auto it = burst_index_.find(id);
+      const WorkerView* w = it == burst_index_.end() ? nullptr : &view.workers[it->second];
       return w && w->alive && !w->restarting;
     };
     std::vector<std::string> added, excluded;
@@ -347,11 +370,13 @@ absl::StatusOr<ReconcileResult> Controller::Reconcile(const ClusterView& view) {
     burst_view_.job = view.job;
     burst_view_.workers.clear();
     burst_view_.workers.reserve(view.workers.size());
+    burst_index_.clear();
     for (const auto& w : view.workers) {
       WorkerView v;
       v.id = w.id;
       v.alive = w.alive;
       v.restarting = w.restarting;
+      burst_index_.emplace(w.id, burst_view_.workers.size());  // the first of an id, as FindWorker
       burst_view_.workers.push_back(std::move(v));
     }
     last_view_ = true;
@@ -469,10 +494,12 @@ SafetyVerdict Controller::KeepsQuietMembers(const Action& action, const ClusterV
       !history_.plan())
     return {true, ""};
   const int64_t grace_ms = static_cast<int64_t>(config_.adjust_batch.member_grace_s * 1000);
+  if (quiet_since_ms_.empty()) return {true, ""};
   for (const auto& wb : history_.plan()->workers) {
-    if (action.plan->Find(wb.worker_id)) continue;
+    // The quiet ones first (few; Find scans the plan): the same verdict, not O(workers²).
     auto quiet = quiet_since_ms_.find(wb.worker_id);
     if (quiet == quiet_since_ms_.end()) continue;  // gone from the view, or restarting: left
+    if (action.plan->Find(wb.worker_id)) continue;
     const int64_t quiet_ms = view.now_ms - quiet->second;
     if (quiet_ms < grace_ms)
       return {false, absl::StrFormat("%s, in the plan in force, quiet for %.0fs (< "

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "controller/action.h"
 #include "controller/burst_detector.h"
@@ -87,6 +88,14 @@ class Controller {
   // (adjust_batch.speed_significance; UsesStepTimings above).
   void ObserveSteps(const std::vector<StepTiming>& timings);
   absl::StatusOr<ReconcileResult> DecideBursts(int64_t now_ms);
+  // The timings one worker's heartbeat carries (HeartbeatRequest.step_timings: its newest
+  // finished step and the step it is computing, with the time so far): to the burst rule only
+  // (finished steps reach the step statistics once, through the monitor's step reports).
+  // Returns whether they are news the rule acts on, so that pacerd decides (DecideBursts)
+  // inside that heartbeat and its reply carries the decision: while StepRuleActive, the
+  // worker's step is past step_factor × the median of the rule's last decision and it is
+  // counted now, or it is excluded and back within the rejoin line. Cheap (no scan).
+  bool ObserveHeartbeatSteps(const std::vector<StepTiming>& timings, int64_t now_ms);
   bool StepRuleActive(int64_t now_ms) const;
   // A pacerd restart restored an exclusion in force (controller_store.h keeps who, the deciding
   // audit id, why and which rule). What it was decided on went with the old process -- the
@@ -137,6 +146,7 @@ class Controller {
   // said about the job (mode, who is live, whether exclusion can be carried out). Not durable:
   // after a pacerd restart the rule waits for fresh timings and the next reconcile.
   BurstDetector bursts_;
+  double burst_median_s_ = 0;  // the median step of the rule's last decision (0: none yet)
   // Per-worker step speed and its standard error (step_statistics.h), put in the view the
   // policy decides on (WorkerView::step_speed). Not durable: after a restart of pacerd a
   // worker's difference counts as shown only after two of its steps.
@@ -157,6 +167,7 @@ class Controller {
   std::optional<double> MeasuredGain(const AuditRecord& r, const ClusterView& view) const;
   bool last_view_ = false;
   ClusterView burst_view_;  // job facts and workers (id, alive, restarting) only
+  absl::flat_hash_map<std::string, size_t> burst_index_;  // burst_view_.workers by id
   // Worker id → when it was first seen quiet (in the view, not alive, not restarting). Not
   // durable: after a restart of pacerd the grace counts from the first view it sees, which
   // only delays a plan without the worker.

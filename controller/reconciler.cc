@@ -119,7 +119,60 @@ bool Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
     WaitDurable(journaled, "the new run's withdrawn plan");
     ForgetLastRunsSpeeds();
   }
+  OnHeartbeatSteps(req);
   return in_run;
+}
+
+bool Reconciler::OnHeartbeatSteps(const HeartbeatRequest& req, bool decide) {
+  if (req.step_timings_size() == 0) return false;
+  // The burst rule's evidence, stamped with its arrival; probes told as OnAcceptedSteps does
+  // (the sessions' lock, not ours).
+  std::vector<StepTiming> timings;
+  const int64_t arrived = clock_->NowMs();
+  timings.reserve(static_cast<size_t>(req.step_timings_size()));
+  for (const HeartbeatStepTiming& h : req.step_timings()) {
+    StepTiming t;
+    t.worker_id = req.worker_id();
+    t.step = static_cast<int64_t>(h.step());
+    t.compute_s = h.compute_s();
+    t.samples = static_cast<int64_t>(h.samples());
+    t.time_ms = arrived;
+    t.wall_s = h.wall_s();
+    t.in_progress = h.in_progress();
+    const int64_t wall_ms = static_cast<int64_t>(std::llround(h.wall_s() * 1000));
+    const int64_t start_ms =
+        h.in_progress() ? arrived - wall_ms : (h.time_ms() > 0 ? h.time_ms() - wall_ms : 0);
+    t.probe = parts_.sessions->ProbeStep(req.worker_id(), start_ms);
+    timings.push_back(std::move(t));
+  }
+  std::vector<std::pair<Action, CarryContext>> to_carry;
+  Pending decided;
+  {
+    absl::MutexLock l(&mu_);
+    const int64_t now = clock_->NowMs();
+    if (!controller_->ObserveHeartbeatSteps(timings, now) || !decide) return false;
+    if (!RecoverLocked().ok()) return false;  // logged
+    // Decided here, so that this heartbeat's reply carries it (a decision a heartbeat later
+    // costs every step of that second the burst's pace). Decide is O(workers log workers); the
+    // journal append is queued (no I/O under the lock).
+    last_burst_decision_ms_ = now;
+    absl::StatusOr<ReconcileResult> result = controller_->DecideBursts(now);
+    if (!result.ok()) {
+      PACER_LOG(WARNING) << "burst rule (heartbeat): " << result.status();
+      return false;
+    }
+    decided = AppendLocked();
+    for (Action& a : result->dispatch) {
+      PACER_LOG(INFO) << "controller (step rule, heartbeat of " << req.worker_id()
+                      << "): " << ActionKindName(a.kind) << " — " << a.reason;
+      to_carry.emplace_back(std::move(a), CarryContext{controller_->history().allocations()});
+    }
+  }
+  // A decision is durable before it is carried out (a restarted pacerd re-sends the exclusion
+  // in force under its audit id): this reply waits for that append, outside the lock.
+  if (to_carry.empty() || !WaitDurable(decided, "burst decisions (heartbeat)").ok()) return true;
+  CarryOut(to_carry);
+  return true;
 }
 
 bool Reconciler::MaybeReconcile() {

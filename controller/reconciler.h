@@ -77,7 +77,17 @@ class Reconciler : public StepObserver {
   // a new run begins when it shows one (the plan in force is withdrawn). Returns whether the
   // worker's process is known to belong to the current run (RunTracker::InRun): the reply
   // carries the run's batch plan only then.
+  // Then OnHeartbeatSteps(req).
   bool OnHeartbeat(const HeartbeatRequest& req);
+  // The step timings a heartbeat carries (HeartbeatRequest.step_timings) go to the burst rule;
+  // when they are news it acts on (Controller::ObserveHeartbeatSteps: the worker's step,
+  // finished or still running, is past the entry line, or an excluded worker's probe is back
+  // within the rejoin line) the rule decides here, and what it decides is journaled (waited
+  // for outside the lock) and carried out before this returns, so this heartbeat's reply
+  // carries the exclusion. `decide` false: the timings are only observed (the housekeeping
+  // round decides; the differential test's pacerd plane, which decides on the model's grid).
+  // Returns whether it decided.
+  bool OnHeartbeatSteps(const HeartbeatRequest& req, bool decide = true);
   // Register hook (ShardingServiceImpl::SetRegisterHook): a worker process started. When it
   // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
   // command of the old run is sent again, the job's step is counted anew, the next plan gets a

@@ -39,7 +39,14 @@ std::map<std::string, StepStatistics::Summary> StepStatistics::Summaries(int64_t
   rows.reserve(w_.size());
   std::vector<double> known;
   known.reserve(w_.size());
-  for (const auto& [id, w] : w_) {
+  std::vector<std::pair<const std::string*, const Worker*>> by_id;
+  by_id.reserve(w_.size());
+  for (const auto& [id, w] : w_) by_id.emplace_back(&id, &w);
+  std::sort(by_id.begin(), by_id.end(),
+            [](const auto& a, const auto& b) { return *a.first < *b.first; });
+  for (const auto& [id_ptr, w_ptr] : by_id) {
+    const std::string& id = *id_ptr;
+    const Worker& w = *w_ptr;
     const double step_ms = 1000 * w.mean * static_cast<double>(w.samples);
     if (w.count < 1 || !(w.mean > 0) ||
         static_cast<double>(now_ms - w.time_ms) > std::max(static_cast<double>(stale_ms), 3 * step_ms))

@@ -133,6 +133,9 @@ class ControlPlane {
   virtual absl::StatusOr<std::vector<Action>> DecideBursts(const std::vector<StepTiming>& timings,
                                                            int64_t decide_ms,
                                                            const ModelFacts& facts) = 0;
+  // Whether DecideBursts reads `facts` (the model builds them for every worker at every
+  // heartbeat only then: at 4 096 workers that is most of a heartbeat's cost).
+  virtual bool DecideBurstsReadsFacts() const { return true; }
   // REALLOCATE's effect on the data: the sharding service's allocation and tail backups.
   virtual absl::Status Reallocate(const Action& a, uint64_t shard_size) = 0;
 

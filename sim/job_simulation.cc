@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
@@ -31,6 +32,14 @@ MonitorOptions MonitorOptionsForPolicy(const PolicyConfig& policy) {
 }
 
 namespace {
+
+// CPU seconds of the calling thread: a policy's own cost, whatever else the machine runs.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
 
 // pacer-train-mlp's --probe-ms default: how often an excluded worker times a probe step.
 constexpr double kProbeIntervalS = 2.0;
@@ -118,6 +127,7 @@ class JobSimulation : public ActionSink {
   // controller; its decision reaches the workers in the next heartbeat's replies.
   absl::Status Heartbeat();
   void NoteStepTimings(const std::vector<double>& compute, int64_t k, double per_step_s);
+  std::vector<StepTiming> heartbeat_timings_;  // Heartbeat()'s, kept for its capacity
   // ActionSink: the model carries the action out (Dispatch); the note is what it did.
   absl::StatusOr<std::string> Carry(const Action& a, const CarryContext&) override {
     if (absl::Status s = Dispatch(a); !s.ok()) return s;
@@ -426,6 +436,7 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
       r.t.step = step_ + 1;
       r.t.in_progress = true;
       r.t.compute_s = next_heartbeat_ - t_;
+      r.t.wall_s = next_heartbeat_ - t_;  // the SDK's: wall seconds since the step began
       r.t.time_ms = kStartMs + static_cast<int64_t>(std::llround(next_heartbeat_ * 1000));
     }
     Timing& slot = end <= next_heartbeat_ ? due_[i] : later_[i];
@@ -451,7 +462,8 @@ absl::Status JobSimulation::Heartbeat() {
     if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
     was[i] = w_[i].excluded;
   }
-  std::vector<StepTiming> timings;
+  std::vector<StepTiming>& timings = heartbeat_timings_;  // reused: its capacity stays
+  timings.clear();
   for (size_t i = 0; i < w_.size(); ++i) {
     if (running_[i].set) {
       running_[i].t.worker_id = w_[i].id;
@@ -469,7 +481,8 @@ absl::Status JobSimulation::Heartbeat() {
     }
   }
   absl::StatusOr<std::vector<Action>> r =
-      cp_->DecideBursts(timings, kStartMs + static_cast<int64_t>(std::llround(hb * 1000)), Facts());
+      cp_->DecideBursts(timings, kStartMs + static_cast<int64_t>(std::llround(hb * 1000)),
+                        cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
   if (!r.ok()) return r.status();
   for (Action& a : *r) in_flight_.push_back(std::move(a));
   if (sc_.sim.decision_heartbeats == 0) {
@@ -718,6 +731,7 @@ absl::Status JobSimulation::Dispatch(const Action& a) {
 
 absl::StatusOr<PolicyRun> JobSimulation::Run() {
   const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = ThreadCpuSeconds();
   if (absl::Status s = Init(); !s.ok()) return s;
   const uint64_t total = static_cast<uint64_t>(sc_.job.total_samples);
   const double reconcile_s = sc_.sim.reconcile_s > 0 ? sc_.sim.reconcile_s : policy_.detection.window_s;
@@ -813,6 +827,7 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
   run_.sharding_updates = cp_->sharding_updates();
   run_.model_events = run_.chunks + run_.monitor_reports + run_.sharding_updates + run_.reconciles + timeline_changes;
   run_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  run_.cpu_s = ThreadCpuSeconds() - cpu0;
   return run_;
 }
 

@@ -70,6 +70,7 @@ struct PolicyRun {
   uint64_t model_events = 0;        // chunks + reports + updates + reconciles + timeline changes
   uint64_t sharding_updates = 0, monitor_reports = 0, reconciles = 0, chunks = 0;
   double wall_s = 0;
+  double cpu_s = 0;  // CPU seconds of the thread that ran it (the machine's load aside)
   std::vector<std::pair<double, double>> throughput;  // (t, samples/s) per report interval
   std::vector<ActionMark> actions;
 };

@@ -96,7 +96,8 @@ std::string FormatTable(const Comparison& c) {
            "keeps (see docs/simulator.md)\n";
   absl::StrAppendFormat(&out, "wall %.2fs, %d model events (%.0f events/s); per policy:", c.wall_s,
                         c.model_events, c.wall_s > 0 ? static_cast<double>(c.model_events) / c.wall_s : 0);
-  for (const auto& r : c.runs) absl::StrAppendFormat(&out, " %s %.2fs", r.name, r.wall_s);
+  for (const auto& r : c.runs)
+    absl::StrAppendFormat(&out, " %s %.2fs (cpu %.2fs)", r.name, r.wall_s, r.cpu_s);
   out += "\n";
   return out;
 }
@@ -137,6 +138,7 @@ std::string FormatJson(const Comparison& c) {
     p["failures"] = r.failures;
     p["fenced_reports"] = r.fenced_reports;
     p["wall_s"] = r.wall_s;
+    p["cpu_s"] = r.cpu_s;
     p["model_events"] = r.model_events;
     p["sharding_updates"] = r.sharding_updates;
     p["monitor_reports"] = r.monitor_reports;

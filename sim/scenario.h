@@ -97,15 +97,16 @@ struct SimSettings {
   double max_sim_s = 0;           // 0 = 20 × the bound
   double reconcile_s = 0;         // 0 = the policy's detection window
   // The burst rule's step path: how many heartbeats after the one that carried a step timing
-  // its decision reaches the worker. 1 (default): pacerd decides once per heartbeat interval,
-  // the worker learns it in its next heartbeat's reply. 0: pacerd decides inside the heartbeat
-  // handler and that heartbeat's reply carries it.
-  int64_t decision_heartbeats = 1;
+  // its decision reaches the worker. 0 (default): pacerd decides inside the heartbeat handler
+  // and that heartbeat's reply carries it (Reconciler::OnHeartbeatSteps, what pacerd does).
+  // 1: the decision reaches the worker in its next heartbeat's reply (pacerd before the
+  // heartbeat carried step timings: a decision once per heartbeat interval), for comparison.
+  int64_t decision_heartbeats = 0;
   // Whether a heartbeat also says how long a step still running has run (a per-step deadline:
-  // StepTiming.in_progress). false (default): only finished steps reach the rule, as pacerd
-  // feeds it today (the monitor's accepted step reports); true: what an SDK that reports its
-  // running step would add.
-  bool step_deadline = false;
+  // HeartbeatRequest.step_timings, StepTiming.in_progress). true (default): what the SDK's
+  // heartbeat carries (a StepTimer told the step's samples, as pacer-train-mlp does). false:
+  // only finished steps reach the rule (an SDK that does not report its running step).
+  bool step_deadline = true;
 };
 
 struct Scenario {

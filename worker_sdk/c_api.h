@@ -129,6 +129,9 @@ uint64_t pacer_reader_records_quarantined(const pacer_reader* reader);
 /* ---- step timer ---- */
 pacer_code pacer_step_timer_create(pacer_client* client, pacer_step_timer** out, pacer_error* err);
 void pacer_step_timer_destroy(pacer_step_timer* timer);
+/* Begins a step. Its phases are added after the fact (pacer_step_timer_add), so the client's
+ * heartbeats carry the steps this timer ended, not how long a running step has computed (the C++
+ * and Python StepTimer do, given the step's samples and phases timed as they happen). */
 void pacer_step_timer_begin(pacer_step_timer* timer, uint64_t step);
 void pacer_step_timer_add(pacer_step_timer* timer, pacer_phase phase, int64_t ns);
 /* Ends the step and queues its report on the client. */

@@ -162,6 +162,30 @@ void Client::EnqueueStep(const StepReport& report) {
   }
   steps_.push_back(report);
   steps_.back().set_worker_id(options_.worker_id);
+  newest_step_ = report;
+  newest_step_sent_ = false;
+}
+
+void Client::NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, uint64_t samples) {
+  std::lock_guard<std::mutex> l(mu_);
+  running_.clock = clock;
+  running_.running = true;
+  running_.step = step;
+  running_.begin_ns = begin_ns;
+  running_.phase_ns = 0;
+  running_.open_ns = 0;
+  running_.samples = samples;
+}
+
+void Client::NoteStepPhase(int64_t phase_ns, int64_t open_ns) {
+  std::lock_guard<std::mutex> l(mu_);
+  running_.phase_ns = phase_ns;
+  running_.open_ns = open_ns;
+}
+
+void Client::NoteStepEnded() {
+  std::lock_guard<std::mutex> l(mu_);
+  running_.running = false;
 }
 
 void Client::NoteRegroupGeneration(uint64_t generation) {
@@ -326,6 +350,31 @@ void Client::SendHeartbeat() {
       *req.add_progress() = p.request;
     }
     in_flight_ += req.progress_size();
+    if (options_.honors_exclusion) {
+      // The burst rule's evidence (HeartbeatRequest.step_timings): the newest step ended since
+      // the last heartbeat, and how long the running step has computed so far.
+      if (!newest_step_sent_) {
+        HeartbeatStepTiming* t = req.add_step_timings();
+        t->set_step(newest_step_.step());
+        t->set_compute_s(newest_step_.compute_s());
+        t->set_samples(newest_step_.samples());
+        t->set_wall_s(newest_step_.wall_s());
+        t->set_time_ms(newest_step_.time_ms());
+        newest_step_sent_ = true;
+      }
+      if (running_.running && running_.clock != nullptr && running_.samples > 0) {
+        const int64_t now = running_.clock->MonotonicNs();
+        const int64_t computing_until = running_.open_ns > 0 ? running_.open_ns : now;
+        const int64_t compute_ns =
+            std::max<int64_t>(0, computing_until - running_.begin_ns - running_.phase_ns);
+        HeartbeatStepTiming* t = req.add_step_timings();
+        t->set_step(running_.step);
+        t->set_compute_s(static_cast<double>(compute_ns) / 1e9);
+        t->set_samples(running_.samples);
+        t->set_wall_s(static_cast<double>(now - running_.begin_ns) / 1e9);
+        t->set_in_progress(true);
+      }
+    }
   }
   req.set_step(step_.load(std::memory_order_relaxed));
   req.set_plan_version(plan_.newest_version());

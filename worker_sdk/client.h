@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/sharding.pb.h"
 #include "worker_sdk/batch_plan.h"
@@ -110,6 +111,16 @@ class Client {
   void EnqueueCompletionAndFetch(const Lease& lease, const std::string& next_dataset,
                                  ReportListener* listener);
   void EnqueueStep(const StepReport& report);
+  // The step in progress, for the heartbeat's per-step deadline (HeartbeatRequest.step_timings:
+  // pacerd's burst rule sees a worker in a burst before its slow step ends, and can exclude it
+  // in the reply to that heartbeat). StepTimer calls these: a step began at `begin_ns` (on
+  // `clock`'s monotonic scale) computing `samples` (0: not said; the running step is then not
+  // reported, only finished ones); a data-wait / communication phase opened at `open_ns` (0:
+  // none open) with `phase_ns` spent in such phases before; the step ended. Sent only with
+  // options().honors_exclusion (the rule excludes nobody otherwise).
+  void NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, uint64_t samples);
+  void NoteStepPhase(int64_t phase_ns, int64_t open_ns);
+  void NoteStepEnded();
   void SetStep(uint64_t step) { step_.store(step, std::memory_order_relaxed); }
   LocalBatchPlan& batch_plan() { return plan_; }
   // A stop command arrived (finish the current step and exit).
@@ -194,6 +205,20 @@ class Client {
   std::map<uint64_t, PendingProgress> progress_;   // by lease id
   std::map<uint64_t, PendingCompletion> completions_;
   std::vector<StepReport> steps_;
+  // For the heartbeat's step timings: the newest step ended (not yet carried by a heartbeat)
+  // and the one running.
+  struct RunningStep {
+    const Clock* clock = nullptr;
+    bool running = false;
+    uint64_t step = 0;
+    int64_t begin_ns = 0;
+    int64_t phase_ns = 0;  // data wait + communication so far
+    int64_t open_ns = 0;   // a phase is open since (0: none)
+    uint64_t samples = 0;
+  };
+  RunningStep running_;
+  StepReport newest_step_;
+  bool newest_step_sent_ = true;
   uint64_t in_flight_ = 0;  // reports taken by the reporter, not yet answered
   bool urgent_ = false;
   bool stopping_ = false;

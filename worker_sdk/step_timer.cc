@@ -8,10 +8,19 @@ namespace pacer {
 
 StepTimer::StepTimer(Client* client, const Clock* clock) : client_(client), clock_(clock) {}
 
-void StepTimer::BeginStep(uint64_t step) {
+void StepTimer::BeginStep(uint64_t step, uint64_t samples) {
   step_ = step;
   phase_ns_[0] = phase_ns_[1] = 0;
   begin_ns_ = clock_->MonotonicNs();
+  if (client_ != nullptr) client_->NoteStepBegun(clock_, step, begin_ns_, samples);
+}
+
+void StepTimer::PhaseOpened(int64_t open_ns) {
+  if (client_ != nullptr) client_->NoteStepPhase(phase_ns_[0] + phase_ns_[1], open_ns);
+}
+
+void StepTimer::PhaseClosed() {
+  if (client_ != nullptr) client_->NoteStepPhase(phase_ns_[0] + phase_ns_[1], 0);
 }
 
 StepReport StepTimer::EndStep(uint32_t local_batch, uint64_t samples) {
@@ -27,7 +36,10 @@ StepReport StepTimer::EndStep(uint32_t local_batch, uint64_t samples) {
   r.set_comm_s(static_cast<double>(comm_ns) / 1e9);
   r.set_compute_s(static_cast<double>(std::max<int64_t>(0, wall_ns - data_ns - comm_ns)) / 1e9);
   r.set_time_ms(clock_->NowMs());
-  if (client_ != nullptr) client_->EnqueueStep(r);
+  if (client_ != nullptr) {
+    client_->EnqueueStep(r);
+    client_->NoteStepEnded();
+  }
   return r;
 }
 

@@ -25,8 +25,13 @@ class StepTimer {
   class Scope {
    public:
     Scope(StepTimer* timer, Phase phase)
-        : timer_(timer), phase_(phase), start_ns_(timer->clock_->MonotonicNs()) {}
-    ~Scope() { timer_->phase_ns_[static_cast<int>(phase_)] += timer_->clock_->MonotonicNs() - start_ns_; }
+        : timer_(timer), phase_(phase), start_ns_(timer->clock_->MonotonicNs()) {
+      timer_->PhaseOpened(start_ns_);
+    }
+    ~Scope() {
+      timer_->phase_ns_[static_cast<int>(phase_)] += timer_->clock_->MonotonicNs() - start_ns_;
+      timer_->PhaseClosed();
+    }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
@@ -39,14 +44,27 @@ class StepTimer {
   // `client` may be null (reports are then only returned). `clock` must outlive the timer.
   explicit StepTimer(Client* client, const Clock* clock = RealClock::Get());
 
-  void BeginStep(uint64_t step);
+  // Begins `step`. `samples` > 0: what it will compute; the heartbeats sent while it runs then
+  // say how long it has computed so far (Client::NoteStepBegun; pacerd's burst rule sees a
+  // worker in a burst before its slow step ends). Pass it only when the step's data waits and
+  // collective calls are timed with Time() scopes as they happen: a phase added afterwards
+  // (Add) would count the wait for other workers as this worker's compute. 0: only finished
+  // steps are reported.
+  void BeginStep(uint64_t step, uint64_t samples = 0);
   [[nodiscard]] Scope Time(Phase phase) { return Scope(this, phase); }
-  void Add(Phase phase, int64_t ns) { phase_ns_[static_cast<int>(phase)] += ns; }
+  void Add(Phase phase, int64_t ns) {
+    phase_ns_[static_cast<int>(phase)] += ns;
+    PhaseClosed();
+  }
   // Ends the step begun last; `local_batch` is the planned micro batch, `samples` the samples
   // actually processed (micro batches x accumulation). Queues the report on the client.
   StepReport EndStep(uint32_t local_batch, uint64_t samples);
 
  private:
+  // The running step's phases, for the client's heartbeat (no-ops without a client).
+  void PhaseOpened(int64_t open_ns);
+  void PhaseClosed();
+
   Client* client_;
   const Clock* clock_;
   uint64_t step_ = 0;

@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
     if (max_steps > 0 && step >= max_steps) break;
     const LocalBatch& plan = client.batch_plan().ForStep(step);
     client.SetStep(step);
-    timer.BeginStep(step);
+    const uint64_t planned = uint64_t{plan.micro_batch} * plan.accumulation_steps;
+    timer.BeginStep(step, planned);
     if (lockstep && client.excluded()) {
       // EXCLUDE_WORKERS: the others do not wait for this worker's gradient. It hands its
       // leases back (every record it was given is trained and reported by now), trains on
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
         } else {
           PACER_LOG(INFO) << "excluded from the job's steps: handed back " << *released << " lease(s)";
         }
-        timer.BeginStep(step);  // the release is not this step's compute
+        timer.BeginStep(step, planned);  // the release is not this step's compute
       }
       ++excluded_steps;
       uint64_t probe = 0;

@@ -231,6 +231,51 @@ TEST_F(BurstControllerTest, ExcludedWithinOneHeartbeatRejoinedByItsProbeAndAudit
   EXPECT_EQ(executed, 2);
 }
 
+// pacerd decides inside the heartbeat that brings the evidence (Reconciler::OnHeartbeat): a
+// heartbeat's timings are news when the worker's step -- a finished one, or the one it is still
+// computing, with its time so far -- is past the entry line, or an excluded worker's probe is
+// back; anything else waits for the once-a-heartbeat round.
+TEST_F(BurstControllerTest, AHeartbeatCarryingARunningSlowStepIsNewsTheRuleActsOn) {
+  Reconcile();
+  Steps(10, 0.16);
+  EXPECT_FALSE(ctl_->ObserveHeartbeatSteps({Timing("w3", 10, 0.16, 64, clock_.NowMs())},
+                                           clock_.NowMs()))
+      << "no decision has measured the median yet: the housekeeping round decides first";
+  EXPECT_TRUE(Bursts().dispatch.empty());
+  clock_.AdvanceMs(1000);
+  Steps(11, 0.16);
+  EXPECT_FALSE(ctl_->ObserveHeartbeatSteps({Timing("w3", 11, 0.17, 64, clock_.NowMs())},
+                                           clock_.NowMs()))
+      << "an ordinary step is not news";
+
+  // w3's step 12 has computed 0.5 s so far (a normal step takes 0.16 s): a per-step deadline.
+  StepTiming running = Timing("w3", 12, 0.5, 64, clock_.NowMs() + 300);
+  running.in_progress = true;
+  clock_.AdvanceMs(300);
+  ASSERT_TRUE(ctl_->ObserveHeartbeatSteps({Timing("w3", 11, 0.16, 64, clock_.NowMs()), running},
+                                          clock_.NowMs()));
+  ReconcileResult r = Bursts();
+  ASSERT_EQ(r.dispatch.size(), 1u);
+  EXPECT_EQ(r.dispatch[0].excluded_workers, std::vector<std::string>{"w3"});
+  EXPECT_FALSE(ctl_->ObserveHeartbeatSteps({running}, clock_.NowMs()))
+      << "excluded and still slow: nothing new";
+
+  // Its probe (half its batch) is back at the median's pace: news, and the rule rejoins it.
+  clock_.AdvanceMs(2000);
+  Steps(14, 0.16);
+  ASSERT_TRUE(ctl_->ObserveHeartbeatSteps({Timing("w3", 14, 0.08, 32, clock_.NowMs(), true)},
+                                          clock_.NowMs()));
+  r = Bursts();
+  ASSERT_EQ(r.dispatch.size(), 1u);
+  EXPECT_TRUE(r.dispatch[0].excluded_workers.empty());
+
+  view_.job.can_exclude_workers = false;
+  Reconcile();
+  StepTiming late = Timing("w5", 20, 2.0, 64, clock_.NowMs());
+  EXPECT_FALSE(ctl_->ObserveHeartbeatSteps({late}, clock_.NowMs()))
+      << "nothing is news while a live worker cannot carry an exclusion out";
+}
+
 TEST_F(BurstControllerTest, NothingBeforeAViewOrWhileAWorkerCannotCarryItOut) {
   Steps(11, 0.64);
   EXPECT_TRUE(Bursts().dispatch.empty()) << "no view reconciled yet";

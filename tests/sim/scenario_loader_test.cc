@@ -84,11 +84,19 @@ speeds: {median: 100}
                 "field 'sim.decision_heartbeats'");
   {
     absl::StatusOr<Scenario> sc = ParseScenario(
-        std::string(kGood) + "noise: 0.12\nnoise_dist: exponential\nsim: {decision_heartbeats: 0}\n",
+        std::string(kGood) +
+            "noise: 0.12\nnoise_dist: exponential\nsim: {decision_heartbeats: 1, step_deadline: false}\n",
         "good.yaml");
     ASSERT_TRUE(sc.ok()) << sc.status();
     EXPECT_EQ(sc->noise_dist, NoiseDist::kExponential);
-    EXPECT_EQ(sc->sim.decision_heartbeats, 0);
+    EXPECT_EQ(sc->sim.decision_heartbeats, 1);
+    EXPECT_FALSE(sc->sim.step_deadline);
+    // The defaults model what pacerd does: the decision in the reply to the heartbeat that
+    // carried the step timings, and the running step's time so far in the heartbeat.
+    absl::StatusOr<Scenario> plain = ParseScenario(kGood, "good.yaml");
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ(plain->sim.decision_heartbeats, 0);
+    EXPECT_TRUE(plain->sim.step_deadline);
   }
   ExpectRefused(std::string(kGood) + "events:\n  - {at_s: 1, kind: slowdown, worker: 99, factor: 0.5}\n",
                 "bad.yaml:6:", "field 'events[0].worker'");

@@ -307,6 +307,21 @@ absl::StatusOr<std::vector<Action>> PacerdControlPlane::DecideBursts(const std::
   std::vector<StepReport> steps;
   steps.reserve(timings.size());
   for (const StepTiming& t : timings) {
+    if (t.in_progress) {
+      // A step still running at the heartbeat: what the SDK's heartbeat says of it
+      // (HeartbeatRequest.step_timings), observed by the heartbeat path; the decision is taken
+      // below on the model's grid (see the header).
+      HeartbeatRequest hb;
+      hb.set_worker_id(t.worker_id);
+      HeartbeatStepTiming* h = hb.add_step_timings();
+      h->set_step(static_cast<uint64_t>(t.step));
+      h->set_compute_s(t.compute_s);
+      h->set_samples(static_cast<uint64_t>(t.samples));
+      h->set_wall_s(t.wall_s);
+      h->set_in_progress(true);
+      harness_->pacerd().reconciler()->OnHeartbeatSteps(hb, /*decide=*/false);
+      continue;
+    }
     StepReport r;
     r.set_worker_id(t.worker_id);
     r.set_step(static_cast<uint64_t>(t.step));

@@ -15,9 +15,13 @@
 //   decisions         the model's decision points are pacerd's, so both decide at the same
 //                     instants: CloseWindows is the monitor's Tick; Reconcile runs production's
 //                     housekeeping step (Pacerd::HousekeepingStep) with a reconcile due every
-//                     time; DecideBursts hands the heartbeat's step timings to the reconciler's
-//                     StepObserver (the route pacerd's accepted step reports take) and runs the
-//                     reconciler's MaybeDecideBursts. The model's one mean step report per
+//                     time; DecideBursts hands the heartbeat's finished step timings to the
+//                     reconciler's StepObserver (the route pacerd's accepted step reports take),
+//                     a step still running to Reconciler::OnHeartbeatSteps (what the SDK's
+//                     heartbeat says of it; observed only) and runs the reconciler's
+//                     MaybeDecideBursts: the model decides for every worker on its heartbeat
+//                     grid, where production pacerd decides inside the heartbeat that brought
+//                     the news, a worker's heartbeat at a time. The model's one mean step report per
 //                     report interval goes to the monitor's windows only (the observer is
 //                     detached from the monitor): it stands for the interval's step reports,
 //                     whose per-step timings DecideBursts brings.

@@ -148,8 +148,12 @@ absl::Status ScriptedWorker::Step(double compute_s, double wall_s, double comm_s
   return s.ok() ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-absl::StatusOr<HeartbeatResponse> ScriptedWorker::Heartbeat() {
+absl::StatusOr<HeartbeatResponse> ScriptedWorker::Heartbeat() { return Heartbeat({}); }
+
+absl::StatusOr<HeartbeatResponse> ScriptedWorker::Heartbeat(
+    const std::vector<HeartbeatStepTiming>& timings) {
   HeartbeatRequest hb;
+  for (const HeartbeatStepTiming& t : timings) *hb.add_step_timings() = t;
   hb.set_step(step_);
   hb.set_plan_version(plan_.newest_version());
   hb.set_exclusion_version(exclusion_version_);

@@ -132,6 +132,9 @@ class ScriptedWorker {
   // time `wall_s`, reported at the harness clock's time. Advances step().
   absl::Status Step(double compute_s, double wall_s, double comm_s = -1, int64_t samples = -1);
   absl::StatusOr<HeartbeatResponse> Heartbeat();
+  // The same, carrying step timings as the SDK's heartbeat does (HeartbeatRequest.step_timings:
+  // its newest finished step, the step it is computing and for how long).
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const std::vector<HeartbeatStepTiming>& timings);
 
   const std::string& id() const { return options_.id; }
   uint64_t step() const { return step_; }

@@ -610,7 +610,10 @@ PYBIND11_MODULE(_pacer, m) {
              return std::make_unique<StepTimer>(c);
            }),
            py::arg("client") = py::none(), py::keep_alive<1, 2>())
-      .def("begin_step", &StepTimer::BeginStep, py::arg("step"))
+      .def("begin_step", &StepTimer::BeginStep, py::arg("step"), py::arg("samples") = 0,
+           "Begins a step. samples > 0 (what the step computes): heartbeats sent while it runs say "
+           "how long it has computed so far; pass it only when input waits and collective calls "
+           "are timed with data_wait() / communication() blocks as they happen.")
       .def("data_wait", [](StepTimer& t) { return std::make_unique<PhaseScope>(&t, StepTimer::Phase::kDataWait); },
            py::keep_alive<0, 1>(), "A with-block counted as data wait.")
       .def("communication", [](StepTimer& t) { return std::make_unique<PhaseScope>(&t, StepTimer::Phase::kCommunication); },
