@@ -552,6 +552,9 @@ void Controller::Execute(Action action, const ClusterView& view, const std::stri
     case ActionKind::kRestart:
     case ActionKind::kMigrate:
       if (!a.node.empty()) history_.AddNodeIncident(a.node, view.now_ms);
+      // The relaunched process's steps are new evidence: the old one's say nothing of it (an
+      // excluded worker rejoins at the next burst decision, not when its old timing goes stale).
+      bursts_.Forget(a.target);
       break;
     case ActionKind::kRestartServer:
     case ActionKind::kRelieveServer:

@@ -105,7 +105,12 @@ SafetyVerdict ReviewAction(const Action& action, const ClusterView& view, const 
   // a gain — a near-tie is not held off for ever.
   const bool pays = action.kind == ActionKind::kAdjustBatch && action.predicted_gain > 0 &&
                     action.cost_s > 0 && action.saved_s > action.cost_s;
-  if (!TakesWorkerOffline(action.kind) && action.predicted_gain < cfg.min_gain && !pays)
+  // (Asynchronous jobs only for now: in a synchronous job a relaunch that min_gain used to veto
+  // leads pacerd and the simulator to different burst decisions afterwards -- the differential
+  // test -- and stays vetoed until that is understood.)
+  const bool by_cost_model =
+      TakesWorkerOffline(action.kind) && view.job.mode == JobMode::kAsync;
+  if (!by_cost_model && action.predicted_gain < cfg.min_gain && !pays)
     return veto(absl::StrFormat("predicted gain %.3f below min_gain %.3f", action.predicted_gain,
                                 cfg.min_gain));
 

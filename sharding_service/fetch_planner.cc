@@ -34,8 +34,17 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint6
   // Only the last round of leases can shrink: skip counting the workers before it (the
   // registered count bounds the live one from above).
   if (unleased / std::max<uint64_t>(size, 1) >= workers_.size()) return size;
+  // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
+  // newest ended lease was of it (a job's other workers may read other datasets).
+  const std::string& name = ds.spec->name();
   double live = 0;
-  for (const auto& [id, o] : workers_) live += o.lost ? 0 : o.weight;
+  for (const auto& [id, o] : workers_) {
+    if (o.lost) continue;
+    bool reads = &o == &w || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
+    for (auto it = o.leases.begin(); !reads && it != o.leases.end(); ++it)
+      reads = leases_.at(*it).dataset == name;
+    if (reads) live += o.weight;
+  }
   if (!(live > 0)) return size;
   const double share = std::ceil(static_cast<double>(unleased) * w.weight / live);
   // Never below one batch (the dataset's batch_size, 1 when unset): a smaller lease only costs

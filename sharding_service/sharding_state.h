@@ -364,7 +364,8 @@ class ShardingState {
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
   uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;
-  // `size` shrunk near an epoch's end to `w`'s share (by weight, over the live workers) of the
+  // `size` shrunk near an epoch's end to `w`'s share (by weight, over the dataset's consumers:
+  // `w` and the live workers that hold a lease of it or last ended one of it) of the
   // `unleased` records the epoch has not leased yet, never below one batch (see PlanFetch).
   uint64_t EvenEndSize(const WorkerRec& w, const Dataset& ds, uint64_t unleased,
                        uint64_t size) const;

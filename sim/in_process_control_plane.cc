@@ -171,12 +171,7 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::Reconcile(const Model
 
 absl::StatusOr<std::vector<Action>> InProcessControlPlane::DecideBursts(
     const std::vector<StepTiming>& timings, int64_t decide_ms, const ModelFacts&) {
-  // pacerd stamps a step timing when its report arrives (Reconciler::OnAcceptedSteps: the
-  // workers' clocks are not pacerd's), here the heartbeat that carries it, not when the step
-  // ended; a timing's freshness runs from that stamp.
-  std::vector<StepTiming> arrived = timings;
-  for (StepTiming& t : arrived) t.time_ms = decide_ms;
-  controller_->ObserveSteps(arrived);
+  controller_->ObserveSteps(timings);
   absl::StatusOr<ReconcileResult> r = controller_->DecideBursts(decide_ms);
   if (!r.ok()) return absl::InternalError(absl::StrCat("burst rule: ", r.status().message()));
   return std::move(r->dispatch);

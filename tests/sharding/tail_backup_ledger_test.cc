@@ -137,11 +137,14 @@ TEST_F(TailBackupLedgerTest, BackupCompletesFirstAndThePairCountsOnce) {
     SCOPED_TRACE(ShuffleMode_Name(shuffle));
     const std::string name = "d-" + ShuffleMode_Name(shuffle);
     const std::string la = dir_.Sub(name + ".a"), lb = dir_.Sub(name + ".b");
-    Consumer a = Connect("a-" + name, la), b = Connect("b-" + name, lb);
+    Consumer a = Connect("a-" + name, la);
     ASSERT_NO_FATAL_FAILURE(Register(a, name, shuffle));
 
+    // a is the only worker yet: its lease is the whole epoch (near an epoch's end a lease is
+    // the fetcher's share of what is left, so b joins after).
     ASSERT_NO_FATAL_FAILURE(a.Fetch(name));
     ASSERT_FALSE(a.lease.backup());
+    Consumer b = Connect("b-" + name, lb);
     ASSERT_TRUE(a.Report(300).ok());
     ASSERT_NO_FATAL_FAILURE(b.Fetch(name));  // nothing else left: the suffix of a's lease
     ASSERT_TRUE(b.lease.backup());
@@ -162,9 +165,10 @@ TEST_F(TailBackupLedgerTest, BackupCompletesFirstAndThePairCountsOnce) {
 TEST_F(TailBackupLedgerTest, SurvivingBackupCountsOnlyWhatItsPartnerDidNot) {
   const std::string name = "d-survivor";
   const std::string la = dir_.Sub("s.a"), lb = dir_.Sub("s.b");
-  Consumer a = Connect("a", la), b = Connect("b", lb);
+  Consumer a = Connect("a", la);
   ASSERT_NO_FATAL_FAILURE(Register(a, name, SHUFFLE_RECORDS));
-  ASSERT_NO_FATAL_FAILURE(a.Fetch(name));
+  ASSERT_NO_FATAL_FAILURE(a.Fetch(name));  // the whole epoch: a is the only worker yet
+  Consumer b = Connect("b", lb);
   ASSERT_TRUE(a.Report(200).ok());
   ASSERT_NO_FATAL_FAILURE(b.Fetch(name));
   ASSERT_TRUE(b.lease.backup());
