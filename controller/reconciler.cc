@@ -123,6 +123,27 @@ bool Reconciler::OnHeartbeat(const HeartbeatRequest& req) {
   return in_run;
 }
 
+// A step timing (a StepReport or a heartbeat's HeartbeatStepTiming) as the burst rule reads it:
+// stamped with its arrival, a probe when it is a step an excluded worker began after a
+// heartbeat reply carried it the exclusion -- not any step of a worker decided excluded: until
+// the reply reaches it, it trains (and once let back in, its step still running is a probe).
+// `ended_ms`: when the step ended (0: not known), the sessions' lock, not ours.
+template <typename Step>
+StepTiming Reconciler::ArrivedTiming(const std::string& worker, const Step& s, int64_t arrived_ms,
+                                     int64_t ended_ms) const {
+  StepTiming t;
+  t.worker_id = worker;
+  t.step = static_cast<int64_t>(s.step());
+  t.compute_s = s.compute_s();
+  t.samples = static_cast<int64_t>(s.samples());
+  t.time_ms = arrived_ms;
+  t.wall_s = s.wall_s();
+  const int64_t start_ms =
+      ended_ms > 0 ? ended_ms - static_cast<int64_t>(std::llround(s.wall_s() * 1000)) : 0;
+  t.probe = parts_.sessions->ProbeStep(worker, start_ms);
+  return t;
+}
+
 bool Reconciler::OnHeartbeatSteps(const HeartbeatRequest& req, bool decide) {
   if (req.step_timings_size() == 0) return false;
   // The burst rule's evidence, stamped with its arrival; probes told as OnAcceptedSteps does
@@ -131,19 +152,9 @@ bool Reconciler::OnHeartbeatSteps(const HeartbeatRequest& req, bool decide) {
   const int64_t arrived = clock_->NowMs();
   timings.reserve(static_cast<size_t>(req.step_timings_size()));
   for (const HeartbeatStepTiming& h : req.step_timings()) {
-    StepTiming t;
-    t.worker_id = req.worker_id();
-    t.step = static_cast<int64_t>(h.step());
-    t.compute_s = h.compute_s();
-    t.samples = static_cast<int64_t>(h.samples());
-    t.time_ms = arrived;
-    t.wall_s = h.wall_s();
-    t.in_progress = h.in_progress();
-    const int64_t wall_ms = static_cast<int64_t>(std::llround(h.wall_s() * 1000));
-    const int64_t start_ms =
-        h.in_progress() ? arrived - wall_ms : (h.time_ms() > 0 ? h.time_ms() - wall_ms : 0);
-    t.probe = parts_.sessions->ProbeStep(req.worker_id(), start_ms);
-    timings.push_back(std::move(t));
+    // A step still running began its wall time before the heartbeat.
+    timings.push_back(ArrivedTiming(req.worker_id(), h, arrived, h.in_progress() ? arrived : h.time_ms()));
+    timings.back().in_progress = h.in_progress();
   }
   std::vector<std::pair<Action, CarryContext>> to_carry;
   Pending decided;
@@ -311,22 +322,7 @@ void Reconciler::OnAcceptedSteps(const std::vector<StepReport>& steps) {
   std::vector<StepTiming> timings;
   timings.reserve(steps.size());
   const int64_t now = clock_->NowMs();
-  for (const StepReport& r : steps) {
-    StepTiming t;
-    t.worker_id = r.worker_id();
-    t.step = static_cast<int64_t>(r.step());
-    t.compute_s = r.compute_s();
-    t.samples = static_cast<int64_t>(r.samples());
-    t.time_ms = now;
-    t.wall_s = r.wall_s();
-    // A probe is a step an excluded worker began after a heartbeat reply carried it the
-    // exclusion, not any step of a worker decided excluded: until the reply reaches it, it
-    // trains (and once let back in, its step still running is a probe).
-    const int64_t start_ms =
-        r.time_ms() > 0 ? r.time_ms() - static_cast<int64_t>(std::llround(r.wall_s() * 1000)) : 0;
-    t.probe = parts_.sessions->ProbeStep(r.worker_id(), start_ms);
-    timings.push_back(std::move(t));
-  }
+  for (const StepReport& r : steps) timings.push_back(ArrivedTiming(r.worker_id(), r, now, r.time_ms()));
   absl::MutexLock l(&mu_);
   controller_->ObserveSteps(timings);
 }

@@ -155,6 +155,10 @@ class Reconciler : public StepObserver {
   }
 
  private:
+  // A StepReport's or a heartbeat step timing's StepTiming, stamped on arrival (reconciler.cc).
+  template <typename Step>
+  StepTiming ArrivedTiming(const std::string& worker, const Step& s, int64_t arrived_ms,
+                           int64_t ended_ms) const;
   // Step 1: what the view is built from, besides the run's job facts.
   absl::StatusOr<ViewInputs> GatherInputs();
   // Step 4 for a batch of executed actions, in order, outside mu_; notes into the audit.
