@@ -28,7 +28,7 @@ ControllerMetrics::ControllerMetrics(MetricsRegistry* r) : m_(r) {
   m_.job_step.Get();
 }
 
-void ControllerMetrics::Publish(const Reconciler& reconciler, MonitorServiceImpl& monitor) {
+void ControllerMetrics::Publish(const Reconciler& reconciler, SpeedSource& speeds) {
   ListActionsRequest req;
   req.set_limit(kMaxAuditScanned);
   ListActionsResponse resp;
@@ -67,7 +67,7 @@ void ControllerMetrics::Publish(const Reconciler& reconciler, MonitorServiceImpl
   m_.excluded_workers.Get().Set(static_cast<double>(excluded.size()));
 
   ListWorkersResponse workers;
-  if (!monitor.ListWorkers(ListWorkersRequest(), &workers).ok()) return;
+  if (!speeds.ListWorkers(&workers).ok()) return;
   for (auto& [worker, in_plan] : planned_) in_plan = false;
   for (const WorkerStatus& w : workers.workers()) {
     const auto command = reconciler.PlanFor(w.id());

@@ -16,7 +16,7 @@
 
 #include "common/metrics.h"
 #include "controller/reconciler.h"
-#include "monitor/monitor_service.h"
+#include "controller/sources.h"
 
 #define PACER_CONTROLLER_METRICS(X)                                                              \
   X(actions, Counter, "pacer_controller_actions_total",                                          \
@@ -51,7 +51,7 @@ class ControllerMetrics {
   static constexpr uint32_t kMaxAuditScanned = 256;
 
   explicit ControllerMetrics(MetricsRegistry* registry);
-  void Publish(const Reconciler& reconciler, MonitorServiceImpl& monitor);
+  void Publish(const Reconciler& reconciler, SpeedSource& speeds);
 
  private:
   ControllerMetricSeries m_;

@@ -73,7 +73,7 @@ void Reconciler::OnRegister(const RegisterWorkerRequest& req) {
 }
 
 void Reconciler::ForgetLastRunsSpeeds() {
-  if (parts_.monitor != nullptr) parts_.monitor->ForgetWorkerHistories();
+  if (parts_.speeds != nullptr) parts_.speeds->ForgetWorkerHistories();
 }
 
 std::pair<uint64_t, int64_t> Reconciler::Run() const {
@@ -200,11 +200,10 @@ bool Reconciler::MaybeReconcile() {
 absl::StatusOr<ViewInputs> Reconciler::GatherInputs() {
   ViewInputs in;
   ListWorkersResponse workers;
-  RETURN_IF_ERROR(parts_.monitor->ListWorkers(ListWorkersRequest(), &workers));
+  RETURN_IF_ERROR(parts_.speeds->ListWorkers(&workers));
   ListDatasetsResponse datasets;
-  RETURN_IF_ERROR(CallAndWait(*parts_.sharding, &ShardingServiceImpl::ListDatasets,
-                              ListDatasetsRequest(), &datasets));
-  const LeaseFacts leases = parts_.sharding->WorkerLeaseFacts();
+  RETURN_IF_ERROR(parts_.leases->ListDatasets(&datasets));
+  const LeaseFacts leases = parts_.leases->WorkerLeaseFacts();
   const auto reports = parts_.sessions->Reports();
   in.window_ms = std::max<int64_t>(workers.window_ms(), 1);
   in.workers.assign(workers.workers().begin(), workers.workers().end());
@@ -220,13 +219,9 @@ absl::StatusOr<ViewInputs> Reconciler::GatherInputs() {
       f.shard_elapsed_s = a->second;
     }
   }
-  if (parts_.agents) {
-    for (const AgentView& agent : parts_.agents->Agents()) {
-      if (agent.lost) continue;
-      for (const WorkerProcess& p : agent.workers) {
-        const bool restarting = p.state() == WORKER_STATE_BACKOFF || p.state() == WORKER_STATE_STOPPING;
-        if (restarting && in.facts.count(p.worker_id())) in.facts[p.worker_id()].restarting = true;
-      }
+  if (parts_.restarts) {
+    for (const std::string& worker : parts_.restarts->RestartingWorkers()) {
+      if (auto f = in.facts.find(worker); f != in.facts.end()) f->second.restarting = true;
     }
   }
   in.job.typical_shard_time_s = leases.typical_shard_time_s;

@@ -39,11 +39,9 @@
 #include "controller/run_tracker.h"
 #include "controller/view_builder.h"
 #include "controller/worker_sessions.h"
-#include "agent/agent_registry.h"
-#include "monitor/monitor_service.h"
+#include "controller/sources.h"
 #include "proto/pacer/controller.pb.h"
 #include "proto/pacer/sharding.pb.h"
-#include "sharding_service/sharding_service.h"
 
 namespace pacer {
 
@@ -58,17 +56,18 @@ struct ReconcilerOptions {
   int64_t run_gap_ms = 0;
 };
 
-// What the Reconciler reads and writes; pacerd's components. `agents` may be null (no agent
-// registry: nobody is ever restarting); all must outlive the Reconciler.
+// What the Reconciler reads (controller/sources.h; pacerd's adapters are in
+// cmd/pacerd/reconciler_sources.h) and writes. `restarts` may be null (no node agents: nobody is
+// ever restarting); all must outlive the Reconciler.
 struct ReconcilerParts {
-  MonitorServiceImpl* monitor = nullptr;
-  ShardingServiceImpl* sharding = nullptr;
+  SpeedSource* speeds = nullptr;
+  LeaseSource* leases = nullptr;
+  RestartSource* restarts = nullptr;
   WorkerSessions* sessions = nullptr;
-  const AgentRegistry* agents = nullptr;
   ActionSink* sink = nullptr;
 };
 
-class Reconciler : public StepObserver {
+class Reconciler {
  public:
   Reconciler(std::unique_ptr<Controller> controller, ReconcilerParts parts, const Clock* clock,
              ReconcilerOptions options);
@@ -88,7 +87,7 @@ class Reconciler : public StepObserver {
   // round decides; the differential test's pacerd plane, which decides on the model's grid).
   // Returns whether it decided.
   bool OnHeartbeatSteps(const HeartbeatRequest& req, bool decide = true);
-  // Register hook (ShardingServiceImpl::SetRegisterHook): a worker process started. When it
+  // A worker process registered (pacerd's worker-session service, after the sharding part). When it
   // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
   // command of the old run is sent again, the job's step is counted anew, the next plan gets a
   // higher version and an effective step in the new run; the audit trail says so. The monitor
@@ -96,10 +95,10 @@ class Reconciler : public StepObserver {
   void OnRegister(const RegisterWorkerRequest& req);
   // The current run: generation (1, 2, ...; 0 before any worker) and the job's step in it.
   std::pair<uint64_t, int64_t> Run() const;
-  // StepObserver (the monitor's accepted step reports): each becomes a StepTiming for the
-  // controller's per-step burst rule (controller/burst_detector.h), stamped with its arrival
-  // time; a step of a worker excluded now is its probe.
-  void OnAcceptedSteps(const std::vector<StepReport>& steps) override;
+  // The monitor's accepted step reports (pacerd: MonitorServiceImpl's step observer): each
+  // becomes a StepTiming for the controller's per-step burst rule (controller/burst_detector.h),
+  // stamped with its arrival time; a step of a worker excluded now is its probe.
+  void OnAcceptedSteps(const std::vector<StepReport>& steps);
   // The burst rule's decision, once per heartbeat interval (housekeeping calls it every round):
   // an exclusion to make or end is carried out like any action (the next heartbeat replies
   // carry it). Returns whether it decided.

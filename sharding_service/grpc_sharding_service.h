@@ -1,6 +1,7 @@
 // GrpcShardingService: the gRPC adapter of the sharding service (callback API).
 //
-// Each handler authorizes the caller and hands the request to ShardingServiceImpl; the RPC
+// Each handler authorizes the caller and hands the request to a ShardingApi (ShardingServiceImpl,
+// or in pacerd its worker-session service, cmd/pacerd/worker_session_service.h); the RPC
 // finishes when the impl's `done` runs (after the journal made the update durable), so no
 // server thread blocks on an fsync. Worker calls (RegisterWorker, FetchShard, ReportProgress,
 // CompleteShard, ReleaseShard, Heartbeat) need a credential for the request's worker_id (or the
@@ -14,39 +15,26 @@
 #include "common/auth.h"
 #include "common/identity_rules.h"
 #include "proto/pacer/sharding.grpc.pb.h"
-#include "sharding_service/sharding_service.h"
+#include "sharding_service/sharding_api.h"
 
 namespace pacer {
 
 class GrpcShardingService final : public ShardingService::CallbackService {
  public:
-  GrpcShardingService(ShardingServiceImpl* impl, const Authenticator* auth,
+  GrpcShardingService(ShardingApi* impl, const Authenticator* auth,
                       const WorkerDirectory* directory = nullptr)
       : impl_(impl), auth_(auth), directory_(directory) {}
 
-#define PACER_SHARDING_RPC(Method, Request, Response)                               \
+#define PACER_SHARDING_RPC(Method, Request, Response)                                    \
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const Request* req, \
                                    Response* resp) override;
-  PACER_SHARDING_RPC(RegisterDataset, RegisterDatasetRequest, RegisterDatasetResponse)
-  PACER_SHARDING_RPC(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse)
-  PACER_SHARDING_RPC(FetchShard, FetchShardRequest, FetchShardResponse)
-  PACER_SHARDING_RPC(ReportProgress, ProgressRequest, ProgressResponse)
-  PACER_SHARDING_RPC(CompleteShard, CompleteShardRequest, CompleteShardResponse)
-  PACER_SHARDING_RPC(ReleaseShard, ReleaseShardRequest, ReleaseShardResponse)
-  PACER_SHARDING_RPC(Heartbeat, HeartbeatRequest, HeartbeatResponse)
-  PACER_SHARDING_RPC(SaveCheckpoint, CheckpointRequest, CheckpointResponse)
-  PACER_SHARDING_RPC(RestoreCheckpoint, CheckpointRequest, CheckpointResponse)
-  PACER_SHARDING_RPC(ListDatasets, ListDatasetsRequest, ListDatasetsResponse)
-  PACER_SHARDING_RPC(SetAllocation, SetAllocationRequest, SetAllocationResponse)
-  PACER_SHARDING_RPC(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse)
-  PACER_SHARDING_RPC(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse)
-  PACER_SHARDING_RPC(ResetDataset, ResetDatasetRequest, ResetDatasetResponse)
+  PACER_SHARDING_METHODS(PACER_SHARDING_RPC)
 #undef PACER_SHARDING_RPC
 
  private:
   absl::Status CheckRegister(const Authenticator::Metadata& md, const RegisterWorkerRequest& req) const;
 
-  ShardingServiceImpl* impl_;
+  ShardingApi* impl_;
   const Authenticator* auth_;
   const WorkerDirectory* directory_;
 };

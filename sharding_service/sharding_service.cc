@@ -147,21 +147,20 @@ void ShardingServiceImpl::AppendPending() {
   pending_.clear();
 }
 
-void ShardingServiceImpl::Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
-                                const std::function<void()>& on_success) {
-  absl::StatusOr<uint64_t> seq;
-  {
-    absl::MutexLock l(&mu_);
-    seq = body();
-    // Every update the request made goes to the journal together (one group commit), also
-    // when a later step of the request failed: what was applied must be written.
-    AppendPending();
-  }
-  if (seq.ok() && on_success) on_success();
-  Reply(std::move(seq), std::move(done));
+ShardingServiceImpl::Applied ShardingServiceImpl::Run(const std::function<Applied()>& body) {
+  absl::MutexLock l(&mu_);
+  Applied seq = body();
+  // Every update the request made goes to the journal together (one group commit), also
+  // when a later step of the request failed: what was applied must be written.
+  AppendPending();
+  return seq;
 }
 
-void ShardingServiceImpl::Reply(absl::StatusOr<uint64_t> seq, Done done) {
+void ShardingServiceImpl::Serve(Done done, const std::function<Applied()>& body) {
+  AnswerWhenDurable(Run(body), std::move(done));
+}
+
+void ShardingServiceImpl::AnswerWhenDurable(Applied seq, Done done) {
   if (!seq.ok()) {
     if (seq.status().code() == absl::StatusCode::kFailedPrecondition) metrics_.rejected.Get().Increment();
     done(seq.status());
@@ -260,7 +259,7 @@ void ShardingServiceImpl::UpdateGauges() {
 
 void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
                                           RegisterDatasetResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
     if (const auto* existing = state_.FindDataset(spec.name())) {
@@ -302,7 +301,12 @@ void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
 
 void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
                                          RegisterWorkerResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  AnswerWhenDurable(ApplyRegisterWorker(req, resp), std::move(done));
+}
+
+ShardingServiceImpl::Applied ShardingServiceImpl::ApplyRegisterWorker(const RegisterWorkerRequest& req,
+                                                                      RegisterWorkerResponse* resp) {
+  return Run([&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     if (!IsValidName(req.worker_id(), kMaxWorkerIdLength)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -336,8 +340,6 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
     cancelled_.erase(req.worker_id());  // the new process never held those leases
     Touch(req.worker_id());
     return s;
-  }, [&] {
-    if (register_hook_) register_hook_(req, *resp);
   });
 }
 
@@ -412,7 +414,7 @@ uint64_t ShardingServiceImpl::FetchNext(uint64_t reported_seq, const std::string
 
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
                                      Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     return DoFetch(req.worker_id(), req.incarnation(), req.dataset(), req.request_id(), resp);
   });
@@ -471,7 +473,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& 
 
 void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressResponse* resp,
                                          Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     ASSIGN_OR_RETURN(uint64_t s, DoProgress(req, resp));
     if (req.next_dataset().empty()) return s;
@@ -483,7 +485,7 @@ void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressRes
 
 void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
                                         CompleteShardResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     absl::StatusOr<uint64_t> completed;
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
@@ -510,7 +512,7 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
 
 void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp,
                                        Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
                                            req.fencing_token());
@@ -584,7 +586,12 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::ReleaseUnknownLeases(const Heartbe
 
 void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp,
                                     Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  AnswerWhenDurable(ApplyHeartbeat(req, resp), std::move(done));
+}
+
+ShardingServiceImpl::Applied ShardingServiceImpl::ApplyHeartbeat(const HeartbeatRequest& req,
+                                                                 HeartbeatResponse* resp) {
+  return Run([&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
     RETURN_IF_ERROR(CheckStepNumber(req.step(), req.worker_id(), "heartbeat"));
@@ -622,14 +629,12 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
     }
     resp->set_lease_deadline_unix_ms(clock_->NowMs() + options_.lease_timeout_ms);
     return last;
-  }, [&] {
-    if (heartbeat_commands_) heartbeat_commands_->AddCommands(req, resp);
   });
 }
 
 void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                          Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     RETURN_IF_ERROR(ShardingState::ValidateCheckpointTag(req.tag()));
     Update u;
@@ -640,7 +645,7 @@ void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, Checkpoin
 
 void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                             Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     if (!state_.HasCheckpoint(req.tag())) {
       return absl::NotFoundError("unknown checkpoint '" + req.tag() + "'");
@@ -681,12 +686,12 @@ void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatas
       seq = state_.last_seq();
     }
   }
-  Reply(seq, std::move(done));
+  AnswerWhenDurable(seq, std::move(done));
 }
 
 void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
                                         SetAllocationResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto& a = req.allocation();
     if (state_.FindWorker(a.worker_id()) == nullptr) {
@@ -701,7 +706,7 @@ void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
 
 void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
                                         SetTailBackupResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  Serve(std::move(done), [&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     if (state_.FindDataset(req.dataset()) == nullptr) {
       return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
@@ -715,8 +720,12 @@ void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
 
 void ShardingServiceImpl::DeleteDataset(const DeleteDatasetRequest& req,
                                         DeleteDatasetResponse* resp, Done done) {
-  std::string what;
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  AnswerWhenDurable(ApplyDeleteDataset(req, resp), std::move(done));
+}
+
+ShardingServiceImpl::Applied ShardingServiceImpl::ApplyDeleteDataset(const DeleteDatasetRequest& req,
+                                                                     DeleteDatasetResponse* resp) {
+  return Run([&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto* ds = state_.FindDataset(req.dataset());
     if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
@@ -726,19 +735,19 @@ void ShardingServiceImpl::DeleteDataset(const DeleteDatasetRequest& req,
     u.mutable_delete_dataset()->set_dataset(req.dataset());
     ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
     resp->set_leases_ended(before - state_.leases().size());
-    what = absl::StrCat("dataset '", req.dataset(), "' deleted (", resp->leases_ended(),
-                        " active leases ended, ", done_total, " records done dropped)");
+    resp->set_records_done_dropped(done_total);
     return s;
-  }, [&] {
-    PACER_LOG(WARNING) << "operator: " << what;
-    if (audit_hook_) audit_hook_(what);
   });
 }
 
 void ShardingServiceImpl::ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp,
                                        Done done) {
-  std::string what;
-  Serve(std::move(done), [&]() -> absl::StatusOr<uint64_t> {
+  AnswerWhenDurable(ApplyResetDataset(req, resp), std::move(done));
+}
+
+ShardingServiceImpl::Applied ShardingServiceImpl::ApplyResetDataset(const ResetDatasetRequest& req,
+                                                                    ResetDatasetResponse* resp) {
+  return Run([&]() -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto* ds = state_.FindDataset(req.dataset());
     if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
@@ -748,13 +757,7 @@ void ShardingServiceImpl::ResetDataset(const ResetDatasetRequest& req, ResetData
     u.mutable_reset_dataset()->set_dataset(req.dataset());
     ASSIGN_OR_RETURN(uint64_t s, Commit(std::move(u)));
     resp->set_leases_ended(before - state_.leases().size());
-    what = absl::StrCat("dataset '", req.dataset(), "' reset to epoch 0 (",
-                        resp->leases_ended(), " active leases ended, ",
-                        resp->records_done_dropped(), " records done dropped)");
     return s;
-  }, [&] {
-    PACER_LOG(WARNING) << "operator: " << what;
-    if (audit_hook_) audit_hook_(what);
   });
 }
 

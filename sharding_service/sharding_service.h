@@ -30,8 +30,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/identity_rules.h"
+#include "common/lease_facts.h"
 #include "common/metrics.h"
 #include "common/recent_durations.h"
+#include "sharding_service/sharding_api.h"
 #include "sharding_service/sharding_metrics.h"
 #include "proto/pacer/sharding.pb.h"
 #include "journal/typed_journal.h"
@@ -93,61 +95,46 @@ struct ShardingServiceStats {
   JournalStats journal;
 };
 
-// What adds the control plane's commands to a heartbeat reply (see SetHeartbeatCommands).
-class HeartbeatCommandSource {
+class ShardingServiceImpl final : public ShardingApi {
  public:
-  virtual ~HeartbeatCommandSource() = default;
-  virtual void AddCommands(const HeartbeatRequest& req, HeartbeatResponse* resp) = 0;
-};
-
-// The sharding state's part of the controller's view (controller/view_builder.h).
-struct LeaseFacts {
-  std::map<std::string, double> oldest_lease_age_s;  // by worker, over the leases it holds
-  double typical_shard_time_s = 0;  // median of the last completed leases; 0 = none yet
-};
-
-class ShardingServiceImpl {
- public:
-  using Done = std::function<void(absl::Status)>;
 
   static absl::StatusOr<std::unique_ptr<ShardingServiceImpl>> Open(
       const ShardingServiceOptions& options, const Clock* clock, MetricsRegistry* metrics);
   ~ShardingServiceImpl();
 
-  void RegisterDataset(const RegisterDatasetRequest& req, RegisterDatasetResponse* resp, Done done);
-  void RegisterWorker(const RegisterWorkerRequest& req, RegisterWorkerResponse* resp, Done done);
-  void FetchShard(const FetchShardRequest& req, FetchShardResponse* resp, Done done);
-  void ReportProgress(const ProgressRequest& req, ProgressResponse* resp, Done done);
-  void CompleteShard(const CompleteShardRequest& req, CompleteShardResponse* resp, Done done);
-  void ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp, Done done);
-  void Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, Done done);
-  void SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done);
-  void RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done);
-  void ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp, Done done);
-  void SetAllocation(const SetAllocationRequest& req, SetAllocationResponse* resp, Done done);
-  void SetTailBackup(const SetTailBackupRequest& req, SetTailBackupResponse* resp, Done done);
+  void RegisterDataset(const RegisterDatasetRequest& req, RegisterDatasetResponse* resp, Done done) override;
+  void RegisterWorker(const RegisterWorkerRequest& req, RegisterWorkerResponse* resp, Done done) override;
+  void FetchShard(const FetchShardRequest& req, FetchShardResponse* resp, Done done) override;
+  void ReportProgress(const ProgressRequest& req, ProgressResponse* resp, Done done) override;
+  void CompleteShard(const CompleteShardRequest& req, CompleteShardResponse* resp, Done done) override;
+  void ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp, Done done) override;
+  void Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, Done done) override;
+  void SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done) override;
+  void RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp, Done done) override;
+  void ListDatasets(const ListDatasetsRequest& req, ListDatasetsResponse* resp, Done done) override;
+  void SetAllocation(const SetAllocationRequest& req, SetAllocationResponse* resp, Done done) override;
+  void SetTailBackup(const SetTailBackupRequest& req, SetTailBackupResponse* resp, Done done) override;
   // Operator acts (admin role): delete a dataset, or start it over at epoch 0 (same spec).
   // NOT_FOUND naming the dataset when it is unknown. Holders of its leases see them cancelled
   // in their next heartbeat; their reports are refused, a fetch of a deleted dataset is
-  // NOT_FOUND. Each success is reported to the audit hook.
-  void DeleteDataset(const DeleteDatasetRequest& req, DeleteDatasetResponse* resp, Done done);
-  void ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp, Done done);
+  // NOT_FOUND. pacerd audits each success (cmd/pacerd/worker_session_service.h).
+  void DeleteDataset(const DeleteDatasetRequest& req, DeleteDatasetResponse* resp, Done done) override;
+  void ResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp, Done done) override;
 
-  // A heartbeat reply's lease part (cancelled leases, leases released because their fetch reply
-  // was lost, the lease deadline) is filled here. Its commands (batch plan, exclusion, regroup)
-  // come from the control plane: `commands`, called for every successful Heartbeat, outside
-  // mu_, before the reply is sent (pacerd: HeartbeatReplyBuilder, cmd/pacerd/heartbeat_reply.h).
-  // Set before serving; must outlive the service.
-  void SetHeartbeatCommands(HeartbeatCommandSource* commands) { heartbeat_commands_ = commands; }
-  // Called for every successful RegisterWorker, outside mu_, before the reply: pacerd's
-  // reconciler tells a new run from a restart (docs/sharding.md, "Runs"). Set before serving.
-  using RegisterHook = std::function<void(const RegisterWorkerRequest&, const RegisterWorkerResponse&)>;
-  void SetRegisterHook(RegisterHook hook) { register_hook_ = std::move(hook); }
-  // Called, outside mu_, with a sentence for every operator act that changed the state
-  // (DeleteDataset, ResetDataset) once it is applied: pacerd puts it in the audit trail
-  // (`pacerctl actions`). Set before serving.
-  using AuditHook = std::function<void(const std::string&)>;
-  void SetAuditHook(AuditHook hook) { audit_hook_ = std::move(hook); }
+  // Heartbeat, RegisterWorker and the two operator acts in two halves, for a caller that acts
+  // between them (pacerd's worker-session service: the control plane's commands, a new run, the
+  // audit trail).
+  // Apply* validates the request and applies it under the lock, filling the sharding part of the
+  // reply -- for a heartbeat the lease part: cancelled leases, leases released because their
+  // fetch reply was lost, the lease deadline -- and hands its updates to the journal. It returns
+  // the update to wait for, or the refusal; AnswerWhenDurable answers `done` once that update
+  // is durable (at once with a refusal). Heartbeat() and the others are the two in a row.
+  using Applied = absl::StatusOr<uint64_t>;
+  Applied ApplyHeartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp);
+  Applied ApplyRegisterWorker(const RegisterWorkerRequest& req, RegisterWorkerResponse* resp);
+  Applied ApplyDeleteDataset(const DeleteDatasetRequest& req, DeleteDatasetResponse* resp);
+  Applied ApplyResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp);
+  void AnswerWhenDurable(Applied applied, Done done);
 
   // Expires leases and workers past their deadlines (call periodically). Returns how many
   // leases expired.
@@ -202,12 +189,11 @@ class ShardingServiceImpl {
   // Queues each cancelled lease for its holder's next heartbeat reply.
   void Notify(const std::vector<std::pair<std::string, uint64_t>>& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The shape of every request: runs `body` under mu_ (validate, Commit), then `on_success`
-  // outside it, then replies once the returned seq is durable.
-  void Serve(Done done, const std::function<absl::StatusOr<uint64_t>()>& body,
-             const std::function<void()>& on_success = nullptr);
-  // Replies: waits for durability of `seq` (or fails at once with `status`).
-  void Reply(absl::StatusOr<uint64_t> seq, Done done);
+  // The shape of every request: runs `body` under mu_ (validate, Commit) and hands what it
+  // applied to the journal. Returns the seq to wait for (AnswerWhenDurable) or the refusal.
+  Applied Run(const std::function<Applied()>& body);
+  // Run, then AnswerWhenDurable.
+  void Serve(Done done, const std::function<Applied()>& body);
   absl::StatusOr<uint64_t> DoProgress(const ProgressRequest& req, ProgressResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leases `worker` (or returns the lease its request `request_id` already got).
@@ -234,9 +220,6 @@ class ShardingServiceImpl {
   std::unique_ptr<MetricsRegistry> own_metrics_;
   ShardingMetrics metrics_;
   std::unique_ptr<ShardingJournal> journal_;
-  HeartbeatCommandSource* heartbeat_commands_ = nullptr;
-  RegisterHook register_hook_;
-  AuditHook audit_hook_;
 
   mutable absl::Mutex mu_;
   ShardingState state_ ABSL_GUARDED_BY(mu_);
@@ -253,10 +236,8 @@ class ShardingServiceImpl {
 
 // Runs one service method and waits for its reply: for in-process callers (tests, benchmarks)
 // that want the synchronous form of the callback API.
-template <typename Req, typename Resp>
-absl::Status CallAndWait(ShardingServiceImpl& svc,
-                         void (ShardingServiceImpl::*method)(const Req&, Resp*,
-                                                             ShardingServiceImpl::Done),
+template <typename Service, typename Req, typename Resp>
+absl::Status CallAndWait(Service& svc, void (Service::*method)(const Req&, Resp*, ShardingApi::Done),
                          const Req& req, Resp* resp) {
   std::promise<absl::Status> replied;
   (svc.*method)(req, resp, [&](absl::Status s) { replied.set_value(std::move(s)); });

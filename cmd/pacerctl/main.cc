@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
       if (!s.ok()) Fail(s, c.target, "datasets delete " + name);
       PrintDone(*format, ProtoToJson(resp),
                 "dataset '" + name + "' deleted (" + std::to_string(resp.leases_ended()) +
-                    " active leases ended)");
+                    " active leases ended, " + std::to_string(resp.records_done_dropped()) +
+                    " records done dropped)");
     } else {
       pacer::ResetDatasetRequest req;
       req.set_dataset(name);

@@ -264,7 +264,6 @@ absl::StatusOr<Pacerd::Policy> Pacerd::OpenComponents(const DataDir& dir) {
   agents_ = std::make_unique<AgentRegistry>(options.agents, clock_, &metrics_);
   // What the identity rules read of a worker (common/identity_rules.h): its registration, its agent.
   directory_ = std::make_unique<PacerdWorkerDirectory>(sharding_.get(), agents_.get());
-  sharding_grpc_ = std::make_unique<GrpcShardingService>(sharding_.get(), auth_.get(), directory_.get());
   monitor_grpc_ = std::make_unique<GrpcMonitorService>(monitor_.get(), auth_.get(), directory_.get());
   agents_->SetNodeMetricsSink([m = monitor_.get()](const NodeMetrics& nm) {
     ReportNodeRequest req;
@@ -291,11 +290,14 @@ absl::Status Pacerd::BuildControlLoop(const PolicyConfig& policy, const PacerdOp
   sessions_ = std::make_unique<WorkerSessions>();
   sink_ = std::make_unique<PacerdActionSink>(sessions_.get(), sharding_.get(), agents_.get(),
                                              options.also_carry);
+  speeds_ = std::make_unique<MonitorSpeedSource>(monitor_.get());
+  leases_ = std::make_unique<ShardingLeaseSource>(sharding_.get());
+  restarts_ = std::make_unique<AgentRestartSource>(agents_.get());
   ReconcilerParts parts;
-  parts.monitor = monitor_.get();
-  parts.sharding = sharding_.get();
+  parts.speeds = speeds_.get();
+  parts.leases = leases_.get();
+  parts.restarts = restarts_.get();
   parts.sessions = sessions_.get();
-  parts.agents = agents_.get();
   parts.sink = sink_.get();
   reconciler_ = std::make_unique<Reconciler>(std::move(controller), parts, clock_, ro);
   controller_grpc_ = std::make_unique<GrpcControllerService>(reconciler_.get(), auth_.get());
@@ -372,16 +374,12 @@ absl::Status Pacerd::RecordIdentityAndLosses(DataDir* dir) {
 
 void Pacerd::WireWorkerSessions() {
   Reconciler* reconciler = reconciler_.get();
-  replies_ = std::make_unique<HeartbeatReplyBuilder>(reconciler, sessions_.get(), rendezvous_.get());
-  sharding_->SetHeartbeatCommands(replies_.get());
-  // A worker process that starts may begin a new run of the job (controller/run_tracker.h).
-  sharding_->SetRegisterHook([reconciler](const RegisterWorkerRequest& req, const RegisterWorkerResponse&) {
-    reconciler->OnRegister(req);
-  });
-  // Operator acts on the sharding state (pacerctl datasets delete|reset) go in the audit trail.
-  sharding_->SetAuditHook([reconciler](const std::string& what) { reconciler->RecordOperatorEvent(what); });
+  worker_sessions_ = std::make_unique<WorkerSessionService>(sharding_.get(), reconciler, sessions_.get(),
+                                                            rendezvous_.get());
+  sharding_grpc_ = std::make_unique<GrpcShardingService>(worker_sessions_.get(), auth_.get(), directory_.get());
   // Accepted step reports feed the controller's per-step burst rule.
-  monitor_->SetStepObserver(reconciler);
+  steps_to_reconciler_ = std::make_unique<StepsToReconciler>(reconciler);
+  monitor_->SetStepObserver(steps_to_reconciler_.get());
   // A classification change (a straggler flagged, or persistent now) is what the controller
   // acts on: it reconciles at once on the housekeeping thread, not at the next round (up to
   // a housekeeping period, 1 s, later), as the simulator's controller does at window close.
@@ -449,7 +447,7 @@ int Pacerd::HousekeepingStep() {
   monitor_->Tick();
   reconciler_->MaybeDecideBursts();
   reconciler_->MaybeReconcile();
-  pacerd_metrics_->Publish(*agents_, *reconciler_, *monitor_, clock_->NowMs());
+  pacerd_metrics_->Publish(*agents_, *reconciler_, *speeds_, clock_->NowMs());
   if (election_) {
     pacerd_metrics_->own().ha_lease_remaining.Get().Set(
         std::max<double>(0, static_cast<double>(election_->remaining_ms()) / 1000.0));

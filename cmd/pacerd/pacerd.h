@@ -26,7 +26,8 @@
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
 #include "cmd/pacerd/data_dir_identity.h"
-#include "cmd/pacerd/heartbeat_reply.h"
+#include "cmd/pacerd/reconciler_sources.h"
+#include "cmd/pacerd/worker_session_service.h"
 #include "cmd/pacerd/pacerd_action_sink.h"
 #include "cmd/pacerd/pacerd_metrics.h"
 #include "cmd/pacerd/pacerd_worker_directory.h"
@@ -125,6 +126,9 @@ class Pacerd {
   const std::string& job_token() const { return job_token_; }
   const std::string& admin_token() const { return admin_token_; }
   ShardingServiceImpl* sharding() { return sharding_.get(); }
+  // What a worker's sharding requests reach (the gRPC adapter serves it): heartbeats and
+  // registrations answered with the control plane's part. In-process drivers call this one.
+  WorkerSessionService* worker_sessions() { return worker_sessions_.get(); }
   MonitorServiceImpl* monitor() { return monitor_.get(); }
   Reconciler* reconciler() { return reconciler_.get(); }
   WorkerSessions* sessions() { return sessions_.get(); }
@@ -170,7 +174,8 @@ class Pacerd {
   absl::Status OpenControllerStore(DataDir* dir, const std::string& policy_text);
   // IDENTITY for a data dir without one; the losses accepted, recorded and audited.
   absl::Status RecordIdentityAndLosses(DataDir* dir);
-  // Heartbeat replies, registrations, audit and step observers wired to the control loop.
+  // The worker-session service (heartbeat replies, registrations, audit) and the sharding
+  // service's gRPC adapter on it; the monitor's step and event observers.
   void WireWorkerSessions();
   absl::Status Serve(const HostPort& listen, const std::shared_ptr<grpc::ServerCredentials>& creds);
 
@@ -200,8 +205,15 @@ class Pacerd {
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<WorkerSessions> sessions_;   // the controller's side of each heartbeat
   std::unique_ptr<PacerdActionSink> sink_;     // carries out the reconciler's actions
+  // What the reconciler reads: the monitor, the sharding service and the agents as its sources.
+  std::unique_ptr<MonitorSpeedSource> speeds_;
+  std::unique_ptr<ShardingLeaseSource> leases_;
+  std::unique_ptr<AgentRestartSource> restarts_;
   std::unique_ptr<Reconciler> reconciler_;
-  std::unique_ptr<HeartbeatReplyBuilder> replies_;
+  std::unique_ptr<StepsToReconciler> steps_to_reconciler_;  // the monitor's step observer
+  // Heartbeats and registrations (the sharding part, then the control plane's), the gRPC
+  // sharding service's implementation.
+  std::unique_ptr<WorkerSessionService> worker_sessions_;
   std::unique_ptr<GrpcControllerService> controller_grpc_;
   std::unique_ptr<OperatorService> operator_grpc_;  // pacerctl status / agents / report
   std::unique_ptr<RendezvousServiceImpl> rendezvous_;

@@ -23,7 +23,7 @@ PacerdMetrics::PacerdMetrics(MetricsRegistry* r, double unix_s)
 }
 
 void PacerdMetrics::Publish(const AgentRegistry& agents, const Reconciler& reconciler,
-                            MonitorServiceImpl& monitor, int64_t now_ms) {
+                            SpeedSource& speeds, int64_t now_ms) {
   double connected = 0, leaving = 0, lost = 0, oldest_s = 0;
   std::array<double, kWorkerStates.size()> workers{};
   for (const AgentView& a : agents.Agents()) {
@@ -48,7 +48,7 @@ void PacerdMetrics::Publish(const AgentRegistry& agents, const Reconciler& recon
   agents_.agents.With({"lost"}).Set(lost);
   for (size_t i = 0; i < workers.size(); ++i) agents_.workers.With({kWorkerStates[i]}).Set(workers[i]);
   agents_.heartbeat_age.Get().Set(oldest_s);
-  controller_.Publish(reconciler, monitor);
+  controller_.Publish(reconciler, speeds);
 }
 
 }  // namespace pacer

@@ -16,7 +16,7 @@
 #include "common/metrics.h"
 #include "controller/controller_metrics.h"
 #include "controller/reconciler.h"
-#include "monitor/monitor_service.h"
+#include "controller/sources.h"
 
 #define PACER_PACERD_METRICS(X)                                                                \
   X(start_time, Gauge, "pacer_pacerd_start_time_seconds",                                      \
@@ -53,7 +53,7 @@ class PacerdMetrics {
   PacerdMetricSeries& own() { return own_; }
   // Refreshes the agents' and the controller's gauges (`now_ms` on the agents' clock).
   void Publish(const AgentRegistry& agents, const Reconciler& reconciler,
-               MonitorServiceImpl& monitor, int64_t now_ms);
+               SpeedSource& speeds, int64_t now_ms);
 
  private:
   PacerdMetricSeries own_;

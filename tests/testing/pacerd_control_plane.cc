@@ -77,7 +77,7 @@ void PacerdControlPlane::HeartbeatRound() {
     req.set_honors_exclusion(w.honors_exclusion);
     req.set_max_local_batch(static_cast<uint32_t>(std::max<int64_t>(0, w.max_local_batch)));
     HeartbeatResponse resp;
-    absl::Status s = CallAndWait(*harness_->pacerd().sharding(), &ShardingServiceImpl::Heartbeat, req, &resp);
+    absl::Status s = CallAndWait(*harness_->pacerd().worker_sessions(), &WorkerSessionService::Heartbeat, req, &resp);
     Note(s, "heartbeat " + id);
     // The worker holds what the reply carried (the model carries the decision out itself).
     for (const WorkerCommand& c : resp.commands()) {
@@ -111,7 +111,7 @@ absl::StatusOr<uint64_t> PacerdControlPlane::RegisterWorker(const std::string& i
   req.set_worker_id(id);
   req.set_node(node);
   RegisterWorkerResponse resp;
-  if (absl::Status s = CallAndWait(*harness_->pacerd().sharding(), &ShardingServiceImpl::RegisterWorker, req, &resp);
+  if (absl::Status s = CallAndWait(*harness_->pacerd().worker_sessions(), &WorkerSessionService::RegisterWorker, req, &resp);
       !s.ok()) {
     return s;
   }
