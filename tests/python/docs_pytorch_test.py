@@ -9,7 +9,9 @@ below). What the test adds, and nothing else:
   - the commands run in a temp folder where build/ and examples/ link to the real ones (and
     TMPDIR, where torchrun puts its logs, is in it);
   - the Python blocks get MyDataset and MyModel (the doc's placeholders) and run under two
-    ranks on Gloo against a pacerd of the test; the checkpoint recipe's `...` (the loop body)
+    ranks on Gloo against a pacerd of the test (the pt.weighted loop with torch's DDP as
+    written; its engine notes are prose, their numbers checked by torch_weighted_test.py);
+    the checkpoint recipe's `...` (the loop body)
     is the per-sample-loss block plus the update of the migration;
   - the set-up's install and build commands are not run (they install system packages and
     build the tree this test runs from): the flag exists and the scripts are executable.
@@ -85,6 +87,7 @@ class Blocks:
     KNOWN = {
         "setup": ("sh", "scripts/install-deps.sh --torch"),
         "migration": ("diff", " import torch, torch.distributed as dist"),
+        "weighted": ("python", "import torch, torch.distributed as dist"),
         "per_sample": ("python", "per_sample = F.cross_entropy("),
         "checkpoint": ("python", "import os"),
         "ledger": ("python", "import json"),
@@ -205,6 +208,13 @@ class DocsPytorchTest(unittest.TestCase):
         with temp_dir() as tmp, Pacerd(tmp) as d:
             self.run_ranks(PRELUDE + after + "print('DONE', loader.step)\n", tmp, d, "migration")
             with open(f"{tmp}/migration-r0.log") as f:
+                self.assertIn("DONE", f.read())
+
+    def test_weighted_loop(self):
+        """The pt.weighted loop (torch's DDP, no hook) under two ranks, to the end of the data."""
+        with temp_dir() as tmp, Pacerd(tmp) as d:
+            self.run_ranks(PRELUDE + BLOCKS["weighted"] + "print('DONE', loader.step)\n", tmp, d, "weighted")
+            with open(f"{tmp}/weighted-r0.log") as f:
                 self.assertIn("DONE", f.read())
 
     def checkpoint_script(self):
