@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""Do uneven local batches hurt BatchNorm? The arithmetic of a Pacer-planned DDP step, in one
+process, over several seeds, without a cluster's timing noise.
+
+The trainer of docs/pytorch.md (tests/python/docs_trainer.py: its dataset, its MLP, SGD 0.1 with
+momentum 0.9 and linear decay, the same 2 000 test points). A step of W ranks with local batches
+b_1..b_W is what pacer.torch computes: each rank's forward on its own b_i records (BatchNorm
+normalising with that rank's batch statistics), the gradients averaged with weights b_i/N
+(N = sum b_i), the BatchNorm running statistics averaged with the same weights. The records go
+to the step in a seeded random order; from --plan-at (fraction of the records) on, the batches
+follow the plan instead of being even; the global batch stays the same.
+
+Prints, per case, the accuracy per seed and the mean difference from the even case (points).
+Cases: even; the plan as the issue saw it (3 ranks, 16 against 88); the bench's (4 ranks, one at
+a third of the speed); the same with a floor on the local batch (the policy's
+adjust_batch.min_local_batch); and the model with GroupNorm / LayerNorm instead of BatchNorm.
+
+    /usr/bin/python3 bench/torch_bn_uneven.py [--records 120000] [--seeds 5]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "build", "python"))
+from docs_trainer import CLASSES, DIMS, SyntheticDataset  # noqa: E402
+
+
+def make_model(norm):
+    layer = {"batch": lambda: torch.nn.BatchNorm1d(64),
+             "group": lambda: torch.nn.GroupNorm(8, 64),
+             "layer": lambda: torch.nn.LayerNorm(64)}[norm]()
+    return torch.nn.Sequential(torch.nn.Linear(DIMS, 64), layer, torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
+
+
+def tensors(n, seed_base):
+    ds = SyntheticDataset(n, 0, seed_base=seed_base)
+    xs, ys = [], []
+    for i in range(n):
+        x, y, _ = ds[i]
+        xs.append(x)
+        ys.append(y)
+    return torch.stack(xs), torch.tensor(ys)
+
+
+def train(xs, ys, test, seed, norm, even, planned, plan_at, lr=0.1, decay=True):
+    torch.manual_seed(seed)
+    model = make_model(norm)
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    n = len(xs)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(1000 + seed))
+    steps = n // sum(even)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.02, 1.0 - s / steps) if decay else 1.0)
+    pos = 0
+    model.train()
+    while pos < n:
+        batches = planned if pos >= plan_at * n else even
+        total = min(sum(batches), n - pos)
+        opt.zero_grad()
+        before = [(b.running_mean.clone(), b.running_var.clone()) for b in bns]
+        acc_stats = [[torch.zeros_like(m), torch.zeros_like(v)] for m, v in before]
+        for b in batches:
+            b = min(b, n - pos)
+            if b < 2:
+                break
+            idx = order[pos:pos + b]
+            pos += b
+            for bn, (m, v) in zip(bns, before):  # every rank starts from the same statistics
+                bn.running_mean.copy_(m)
+                bn.running_var.copy_(v)
+            loss = F.cross_entropy(model(xs[idx]), ys[idx]) * (b / total)
+            loss.backward()
+            for bn, a in zip(bns, acc_stats):
+                a[0] += bn.running_mean * (b / total)
+                a[1] += bn.running_var * (b / total)
+        else:
+            for bn, a in zip(bns, acc_stats):
+                bn.running_mean.copy_(a[0])
+                bn.running_var.copy_(a[1])
+            opt.step()
+            sched.step()
+            continue
+        break
+    model.eval()
+    with torch.no_grad():
+        return (model(test[0]).argmax(dim=1) == test[1]).float().mean().item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=120000)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--plan-at", type=float, default=0.15)
+    ap.add_argument("--constant-lr", action="store_true",
+                    help="no learning-rate decay (the final accuracy then hangs on the last steps' noise)")
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    xs, ys = tensors(args.records, 0)
+    test = tensors(2000, 10**9)
+    cases = [
+        # name, norm, even batches, planned batches
+        ("issue: 3 ranks, BatchNorm, even 64/64/64", "batch", [64, 64, 64], [64, 64, 64]),
+        ("issue: 3 ranks, BatchNorm, planned 16/88/88", "batch", [64, 64, 64], [16, 88, 88]),
+        ("issue: 3 ranks, BatchNorm, floor 32: 32/80/80", "batch", [64, 64, 64], [32, 80, 80]),
+        ("issue: 3 ranks, BatchNorm, floor 48: 48/72/72", "batch", [64, 64, 64], [48, 72, 72]),
+        ("issue: 3 ranks, GroupNorm, even", "group", [64, 64, 64], [64, 64, 64]),
+        ("issue: 3 ranks, GroupNorm, planned 16/88/88", "group", [64, 64, 64], [16, 88, 88]),
+        ("issue: 3 ranks, LayerNorm, even", "layer", [64, 64, 64], [64, 64, 64]),
+        ("issue: 3 ranks, LayerNorm, planned 16/88/88", "layer", [64, 64, 64], [16, 88, 88]),
+        ("bench: 4 ranks, BatchNorm, even 64x4", "batch", [64] * 4, [64] * 4),
+        ("bench: 4 ranks, BatchNorm, planned 26/77/77/76", "batch", [64] * 4, [26, 77, 77, 76]),
+        ("bench: 4 ranks, BatchNorm, planned 8/83/83/82", "batch", [64] * 4, [8, 83, 83, 82]),
+    ]
+    # --only keeps the cases it names and the even case each is compared with
+    cases = [c for c in cases
+             if args.only in c[0] or (c[2] == c[3] and args.only.startswith(", ".join(c[0].split(", ")[:2])))]
+    base = {}
+    for name, norm, even, planned in cases:
+        accs = [train(xs, ys, test, s, norm, even, planned, args.plan_at, decay=not args.constant_lr)
+                for s in range(args.seeds)]
+        key = (name.split(":")[0], norm)
+        if even == planned:
+            base[key] = accs
+        ref = base.get(key)
+        diff = (f"mean diff vs even {100 * (statistics.mean(accs) - statistics.mean(ref)):+.2f} points "
+                f"(per seed: {', '.join(f'{100 * (a - r):+.2f}' for a, r in zip(accs, ref))})"
+                if ref is not None and even != planned else "")
+        print(f"{name:50s} acc mean {statistics.mean(accs):.4f} "
+              f"[{' '.join(f'{a:.4f}' for a in accs)}] {diff}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
