@@ -118,6 +118,7 @@ def main():
         ("bench: 4 ranks, BatchNorm, even 64x4", "batch", [64] * 4, [64] * 4),
         ("bench: 4 ranks, BatchNorm, planned 26/77/77/76", "batch", [64] * 4, [26, 77, 77, 76]),
         ("bench: 4 ranks, BatchNorm, planned 8/83/83/82", "batch", [64] * 4, [8, 83, 83, 82]),
+        ("bench: 4 ranks, BatchNorm, floor 48: 48/70/69/69", "batch", [64] * 4, [48, 70, 69, 69]),
     ]
     # --only keeps the cases it names and the even case each is compared with
     cases = [c for c in cases
