@@ -49,7 +49,7 @@ def tensors(n, seed_base):
     return torch.stack(xs), torch.tensor(ys)
 
 
-def train(xs, ys, test, seed, norm, even, planned, plan_at, lr=0.1, decay=True):
+def train(xs, ys, test, seed, norm, even, planned, plan_at, lr=0.1, decay=True, zero_steps=0):
     torch.manual_seed(seed)
     model = make_model(norm)
     bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
@@ -88,6 +88,12 @@ def train(xs, ys, test, seed, norm, even, planned, plan_at, lr=0.1, decay=True):
             sched.step()
             continue
         break
+    for _ in range(zero_steps):  # steps where no rank trained a record: zero gradients, and an
+        opt.zero_grad()          # optimizer.step() that still applies the momentum
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        sched.step()
     model.eval()
     with torch.no_grad():
         return (model(test[0]).argmax(dim=1) == test[1]).float().mean().item()
@@ -101,6 +107,9 @@ def main():
     ap.add_argument("--constant-lr", action="store_true",
                     help="no learning-rate decay (the final accuracy then hangs on the last steps' noise)")
     ap.add_argument("--only", default="", help="run only the cases whose name contains this")
+    ap.add_argument("--zero-steps", type=int, default=0,
+                    help="the planned cases end with this many steps where no rank trained a record "
+                         "(zero gradients, optimizer.step() called: momentum still moves the model)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     xs, ys = tensors(args.records, 0)
@@ -125,7 +134,8 @@ def main():
              if args.only in c[0] or (c[2] == c[3] and args.only.startswith(", ".join(c[0].split(", ")[:2])))]
     base = {}
     for name, norm, even, planned in cases:
-        accs = [train(xs, ys, test, s, norm, even, planned, args.plan_at, decay=not args.constant_lr)
+        accs = [train(xs, ys, test, s, norm, even, planned, args.plan_at, decay=not args.constant_lr,
+                      zero_steps=args.zero_steps if even != planned else 0)
                 for s in range(args.seeds)]
         key = (name.split(":")[0], norm)
         if even == planned:
