@@ -15,7 +15,13 @@ Cases: even; the plan as the issue saw it (3 ranks, 16 against 88); the bench's 
 a third of the speed); the same with a floor on the local batch (the policy's
 adjust_batch.min_local_batch); and the model with GroupNorm / LayerNorm instead of BatchNorm.
 
-    /usr/bin/python3 bench/torch_bn_uneven.py [--records 120000] [--seeds 5]
+    /usr/bin/python3 bench/torch_bn_uneven.py [--records 120000] [--seeds 5] [--only NAME]
+        [--constant-lr] [--zero-steps K]
+
+--only NAME keeps the cases whose name contains NAME (and the even case each is compared with);
+--constant-lr drops the learning-rate decay; --zero-steps K ends each planned case with K steps
+in which no rank trained a record (zero gradients, optimizer.step() still called), as pacerd's
+runs end with at the end of an epoch under a plan.
 """
 
 import argparse
