@@ -25,6 +25,8 @@ runs end with at the end of an epoch under a plan.
 """
 
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
@@ -105,6 +107,102 @@ def train(xs, ys, test, seed, norm, even, planned, plan_at, lr=0.1, decay=True, 
         return (model(test[0]).argmax(dim=1) == test[1]).float().mean().item()
 
 
+def read_steps(out):
+    """[[ids of rank 0, ids of rank 1, ...] per step] from the ledgers a docs_trainer run wrote
+    (the records that counted; a rank absent from a step trained none in it)."""
+    per = {}
+    ranks = sorted(int(f[len("ledger-"):-len(".jsonl")]) for f in os.listdir(out) if f.startswith("ledger-"))
+    steps = 0
+    for r in ranks:
+        with open(os.path.join(out, f"ledger-{r}.jsonl")) as f:
+            for line in f:
+                e = json.loads(line)
+                if "step" in e:
+                    per[(e["step"], r)] = e["ids"]
+                    steps = max(steps, e["step"] + 1)
+    with open(os.path.join(out, "result-0.json")) as f:
+        result = json.load(f)
+    steps = max(steps, result["steps"])
+    return [[per.get((s, r), []) for r in ranks] for s in range(steps)], result
+
+
+def replay(xs, ys, test, seed, steps, est_steps, sync=False, lr=0.1):
+    """The docs trainer's updates on the records each rank trained at each step of a real run,
+    as pacer.torch computes them (or, ``sync``, with BatchNorm statistics of the step's whole
+    batch, as SyncBatchNorm would); a step where no rank trained a record still calls
+    optimizer.step() on zero gradients, as the trainer does."""
+    torch.manual_seed(seed)
+    model = make_model("batch")
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.02, 1.0 - s / est_steps))
+    model.train()
+    for step in steps:
+        opt.zero_grad()
+        total = sum(len(ids) for ids in step)
+        if total == 0:
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+        elif sync:
+            idx = torch.tensor([i for ids in step for i in ids])
+            F.cross_entropy(model(xs[idx]), ys[idx]).backward()
+        else:
+            before = [(b.running_mean.clone(), b.running_var.clone()) for b in bns]
+            acc_stats = [[torch.zeros_like(m), torch.zeros_like(v)] for m, v in before]
+            for ids in step:
+                if not ids:
+                    continue
+                idx = torch.tensor(ids if len(ids) > 1 else ids * 2)  # min_batch 2: repeated
+                for bn, (m, v) in zip(bns, before):
+                    bn.running_mean.copy_(m)
+                    bn.running_var.copy_(v)
+                (F.cross_entropy(model(xs[idx]), ys[idx]) * (len(ids) / total)).backward()
+                for bn, a in zip(bns, acc_stats):
+                    a[0] += bn.running_mean * (len(ids) / total)
+                    a[1] += bn.running_var * (len(ids) / total)
+            for bn, a in zip(bns, acc_stats):
+                bn.running_mean.copy_(a[0])
+                bn.running_var.copy_(a[1])
+        opt.step()
+        sched.step()
+    model.eval()
+    with torch.no_grad():
+        return (model(test[0]).argmax(dim=1) == test[1]).float().mean().item()
+
+
+def replay_runs(args):
+    """--replay DIR: each seed's none and dedicated runs of bench/torch_straggler_bench.py --out DIR."""
+    test = tensors(2000, 10**9)
+    data = None
+    diffs = {"real": [], "replay": [], "sync": [], "recut": []}
+    for seed_dir in sorted(d for d in os.listdir(args.replay) if d.startswith("seed")):
+        seed = int(seed_dir[len("seed"):])
+        acc = {}
+        for policy in ("none", "dedicated"):
+            steps, result = read_steps(os.path.join(args.replay, seed_dir, policy, "out"))
+            n = sum(len(ids) for step in steps for ids in step)
+            if data is None or len(data[0]) < n:
+                data = tensors(n, 0)
+            est = max(1, math.ceil(n / (len(steps[0]) * args.batch)))
+            # the same records in the same order, cut into even steps (world x batch, as none's)
+            flat = [i for step in steps for ids in step for i in ids]
+            world = len(steps[0])
+            recut = [[flat[j + r * args.batch:j + (r + 1) * args.batch] for r in range(world)]
+                     for j in range(0, len(flat), world * args.batch)]
+            acc[policy] = (result["accuracy"], replay(*data, test, seed, steps, est),
+                           replay(*data, test, seed, steps, est, sync=True),
+                           replay(*data, test, seed, recut, est))
+        for k, i in (("real", 0), ("replay", 1), ("sync", 2), ("recut", 3)):
+            diffs[k].append(100 * (acc["dedicated"][i] - acc["none"][i]))
+        print(f"{seed_dir}: none / dedicated: real {acc['none'][0]:.4f} / {acc['dedicated'][0]:.4f}, "
+              f"replayed {acc['none'][1]:.4f} / {acc['dedicated'][1]:.4f}, replayed with the step's "
+              f"whole-batch statistics {acc['none'][2]:.4f} / {acc['dedicated'][2]:.4f}, the same order "
+              f"in even steps {acc['none'][3]:.4f} / {acc['dedicated'][3]:.4f}", flush=True)
+    for k, v in diffs.items():
+        print(f"dedicated - none, {k}: mean {statistics.mean(v):+.2f} points "
+              f"(per seed {', '.join(f'{x:+.2f}' for x in v)})", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=120000)
@@ -116,8 +214,14 @@ def main():
     ap.add_argument("--zero-steps", type=int, default=0,
                     help="the planned cases end with this many steps where no rank trained a record "
                          "(zero gradients, optimizer.step() called: momentum still moves the model)")
+    ap.add_argument("--replay", default="",
+                    help="a bench/torch_straggler_bench.py --out DIR: replay each seed's runs from their ledgers")
+    ap.add_argument("--batch", type=int, default=64, help="with --replay: the runs' --batch")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.replay:
+        replay_runs(args)
+        return 0
     xs, ys = tensors(args.records, 0)
     test = tensors(2000, 10**9)
     cases = [
