@@ -9,20 +9,25 @@ below). What the test adds, and nothing else:
   - the commands run in a temp folder where build/ and examples/ link to the real ones (and
     TMPDIR, where torchrun puts its logs, is in it);
   - the Python blocks get MyDataset and MyModel (the doc's placeholders) and run under two
-    ranks on Gloo against a pacerd of the test; the checkpoint recipe's `...` (the loop body)
+    ranks on Gloo against a pacerd of the test (the ledger recipe with a checkpoint every 5
+    steps instead of 200, for a short run; the pt.weighted loop with torch's DDP as
+    written; its engine notes are prose, their numbers checked by torch_weighted_test.py);
+    the checkpoint recipe's `...` (the loop body)
     is the per-sample-loss block plus the update of the migration;
   - the set-up's install and build commands are not run (they install system packages and
     build the tree this test runs from): the flag exists and the scripts are executable.
 Every process is reaped; each wait has a deadline. Skips (77) without torch.
 """
 
+import ast
+import collections
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
 import textwrap
-import types
 import unittest
 
 try:
@@ -85,6 +90,7 @@ class Blocks:
     KNOWN = {
         "setup": ("sh", "scripts/install-deps.sh --torch"),
         "migration": ("diff", " import torch, torch.distributed as dist"),
+        "weighted": ("python", "import torch, torch.distributed as dist"),
         "per_sample": ("python", "per_sample = F.cross_entropy("),
         "checkpoint": ("python", "import os"),
         "ledger": ("python", "import json"),
@@ -125,6 +131,27 @@ def diff_sides(diff):
         elif mark == "+":
             after.append(rest)
     return "\n".join(before) + "\n", "\n".join(after) + "\n"
+
+
+def recipe_script(block, ckpt_every=None, inject=""):
+    """The migrated script up to its loop, ``inject``, then the recipe ``block`` ("checkpoint" or
+    "ledger") whose loop body (its ``...``) is the per-sample-loss block and the update; with
+    ``ckpt_every`` the recipe's CKPT_EVERY (200 steps) becomes that."""
+    _, after = diff_sides(BLOCKS["migration"])
+    setup = after.split("\nfor x, y in loader:", 1)[0] + "\n"
+    update = [line for line in after.splitlines() if "loss.backward()" in line]
+    if len(update) != 1:
+        raise AssertionError(f"the migration's update line: {update}")
+    body = textwrap.indent(BLOCKS["per_sample"] + update[0].strip() + "\n", "    ")
+    recipe = BLOCKS[block]
+    if recipe.count("\n    ...\n") != 1:
+        raise AssertionError(f"the {block} recipe has no single '    ...' loop body:\n{recipe}")
+    recipe = recipe.replace("\n    ...\n", "\n" + body)
+    if ckpt_every is not None:
+        if recipe.count('CKPT, CKPT_EVERY = "ckpt.pt", 200') != 1:
+            raise AssertionError(f"the {block} recipe's CKPT_EVERY line changed:\n{recipe}")
+        recipe = recipe.replace('CKPT, CKPT_EVERY = "ckpt.pt", 200', f'CKPT, CKPT_EVERY = "ckpt.pt", {ckpt_every}')
+    return PRELUDE + setup + inject + recipe + "print('DONE', loader.step)\n"
 
 
 def workdir(tmp):
@@ -207,35 +234,48 @@ class DocsPytorchTest(unittest.TestCase):
             with open(f"{tmp}/migration-r0.log") as f:
                 self.assertIn("DONE", f.read())
 
-    def checkpoint_script(self):
-        """The migrated script up to its loop, then the checkpoint recipe whose loop body is the
-        per-sample-loss block and the update."""
-        _, after = diff_sides(BLOCKS["migration"])
-        setup = after.split("\nfor x, y in loader:", 1)[0] + "\n"
-        update = [line for line in after.splitlines() if "loss.backward()" in line]
-        self.assertEqual(len(update), 1, after)
-        body = textwrap.indent(BLOCKS["per_sample"] + update[0].strip() + "\n", "    ")
-        recipe = BLOCKS["checkpoint"]
-        self.assertEqual(recipe.count("\n    ...\n"), 1, recipe)
-        return PRELUDE + setup + recipe.replace("\n    ...\n", "\n" + body) + "print('DONE', loader.step)\n"
+    def test_weighted_loop(self):
+        """The pt.weighted loop (torch's DDP, no hook) under two ranks, to the end of the data."""
+        with temp_dir() as tmp, Pacerd(tmp) as d:
+            self.run_ranks(PRELUDE + BLOCKS["weighted"] + "print('DONE', loader.step)\n", tmp, d, "weighted")
+            with open(f"{tmp}/weighted-r0.log") as f:
+                self.assertIn("DONE", f.read())
 
     def test_checkpoint_recipe(self):
         """A first start (its step-0 checkpoint), then a start that resumes from that file."""
-        script = self.checkpoint_script()
+        script = recipe_script("checkpoint")
         with temp_dir() as tmp, Pacerd(tmp) as d:
             out = self.run_ranks(script, tmp, d, "checkpoint")
             self.assertTrue(os.path.exists(os.path.join(out, "ckpt.pt")))
             self.run_ranks(script, tmp, d, "checkpoint")
 
-    def test_ledger_recipe(self):
+    def test_ledger_recipe_runs(self):
+        """The recipe with a ledger, a first start and a resume from its last checkpoint: every
+        (epoch, index) once in the ledger (kill -9 of the job and of a rank:
+        torch_ledger_recipe_test.py)."""
+        script = recipe_script("ledger", ckpt_every=5)
+        with temp_dir() as tmp, Pacerd(tmp) as d:
+            self.run_ranks(script, tmp, d, "ledger")
+            out = self.run_ranks(script, tmp, d, "ledger")
+            seen = collections.Counter()
+            for r in range(2):
+                with open(os.path.join(out, f"ledger-{r}.jsonl")) as f:
+                    for line in f:
+                        seen.update(tuple(p) for p in json.loads(line)["records"])
+        self.assertEqual(set(seen), {(e, i) for e in range(3) for i in range(1024)})
+        self.assertEqual([p for p, n in seen.items() if n > 1], [])
+
+    def test_ledger_keep_steps_before(self):
         """keep_steps_before() keeps the lines of earlier steps and drops a line cut by a crash."""
+        tree = ast.parse(BLOCKS["ledger"])
+        func = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "keep_steps_before"]
+        self.assertEqual(len(func), 1, "the ledger recipe defines keep_steps_before")
         with temp_dir() as tmp:
             cwd = os.getcwd()
             os.chdir(tmp)
             try:
-                scope = {"dist": types.SimpleNamespace(get_rank=lambda: 1), "os": os}
-                exec(BLOCKS["ledger"], scope)
-                self.assertEqual(scope["LEDGER"], "ledger-1.jsonl")
+                scope = {"os": os, "json": json, "LEDGER": "ledger-1.jsonl"}
+                exec(ast.get_source_segment(BLOCKS["ledger"], func[0]), scope)
                 with open("ledger-1.jsonl", "w") as f:
                     for step in range(6):
                         f.write('{"step": %d, "records": [[0, %d]]}\n' % (step, step))

@@ -67,6 +67,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--cost", type=int, default=40)
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0, help="the model's initialisation and the loader's order")
     ap.add_argument("--ckpt-every", type=int, default=0, help="steps between checkpoints (0: none)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--num-workers", type=int, default=2)
@@ -75,7 +76,7 @@ def main():
     ap.add_argument("--slow-ms", type=float, default=0.0, help="tests: per-record loading stall of --slow-rank")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
     dist.init_process_group("gloo")
@@ -84,7 +85,7 @@ def main():
     dataset = SyntheticDataset(args.records, args.cost,
                                stall_s=args.slow_ms / 1000 if rank == args.slow_rank else 0.0)
     loader = pt.DataLoader(dataset, batch_size=args.batch, num_workers=args.num_workers,
-                           epochs=args.epochs, seed=3, worker_init_fn=lower_priority)
+                           epochs=args.epochs, seed=3 + args.seed, worker_init_fn=lower_priority)
     model = pt.DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(DIMS, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -18,12 +18,16 @@
 - ``DistributedDataParallel``: torch's DDP whose gradients are averaged weighted by the samples
   each rank trained on, so uneven batches still give the full-batch step; the same all-reduce
   keeps the module's buffers in step and ends the loop on every rank together.
+- ``weighted``: the same weighting for any other data-parallel engine (FSDP/FSDP2, DeepSpeed,
+  Megatron-style loops, plain DDP): ``loss = pt.weighted(loss)`` scales this rank's mean loss
+  by W n_i / N before the engine averages the gradients.
 
 Modules, one concept each:
 
 - ``loader``: ``DataLoader`` (configuration, iteration, checkpoints);
 - ``sampler``: its batch sampler, which leases records and cuts batches, and ``BatchInfo``;
 - ``ddp``: ``DistributedDataParallel``;
+- ``weighted``: ``weighted`` (loss weighting for engines other than pacer's DDP);
 - ``allreduce``: the one weighted all-reduce (``weighted_average_hook`` and its
   ``WeightedAverageState``), used by both APIs;
 - ``step``: the state of the step in flight that the loader and the all-reduce share;
@@ -42,6 +46,7 @@ from pacer.torch.allreduce import WeightedAverageState, weighted_average_hook  #
 from pacer.torch.ddp import DistributedDataParallel  # noqa: F401
 from pacer.torch.loader import CHECKPOINT_FORMAT, DataLoader  # noqa: F401
 from pacer.torch.sampler import BatchInfo  # noqa: F401
+from pacer.torch.weighted import Weighting, weighted  # noqa: F401
 from pacer.torch.lowlevel import (  # noqa: F401
     BatchPlanCallback,
     LeasedBatch,
@@ -56,6 +61,8 @@ __all__ = [
     "DataLoader",
     "BatchInfo",
     "DistributedDataParallel",
+    "weighted",
+    "Weighting",
     "CHECKPOINT_FORMAT",
     "LeasedBatch",
     "LeasedShardDataset",

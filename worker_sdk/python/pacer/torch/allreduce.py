@@ -11,6 +11,7 @@ of the group must use the same kind of state.
 """
 
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,12 @@ class WeightedAverageState:
     """
 
     def __init__(self, process_group=None):
+        if type(self) is WeightedAverageState:  # pacer.torch's own step state is a subclass
+            warnings.warn(
+                "pacer.torch.WeightedAverageState / weighted_average_hook on your own DDP model "
+                "are deprecated: use pacer.torch.DistributedDataParallel(model), or "
+                "loss = pacer.torch.weighted(loss) with another engine (see docs/pytorch.md, "
+                "\"Moving off the low-level API\")", DeprecationWarning, stacklevel=2)
         self.process_group = process_group
         self.local_batch = 0
         self.last_total = None

@@ -126,6 +126,14 @@ class DataLoader:
         return self._batch
 
     @property
+    def total_weight(self):
+        """N, the counted samples of the step in flight over all ranks: known after the backward
+        through ``pacer.torch.DistributedDataParallel`` or after ``pacer.torch.weighted(loss)``
+        (None before). 0: no rank trained a record this step (the gradient is zero; skip
+        ``optimizer.step()`` to keep momentum and weight decay from moving the model)."""
+        return SESSION.hook.last_total
+
+    @property
     def batch_info(self):
         """The ``BatchInfo`` of the batch yielded last (None before the first): the dataset
         index and epoch of each of its samples, and which of them count as trained records
@@ -140,11 +148,10 @@ class DataLoader:
                 f"{self.epochs} epoch(s); see docs/pytorch.md)")
         world, _ = dist_world(SESSION.process_group)
         self._lockstep = world > 1
-        if self._lockstep and not SESSION.model_attached:
-            raise RuntimeError(
-                "pacer.torch.DataLoader with torch.distributed (world size > 1) needs the model "
-                "wrapped with pacer.torch.DistributedDataParallel: it weights each rank's gradient "
-                "by its batch and agrees on the end of the data")
+        # With more than one rank, every step needs the model wrapped with
+        # pacer.torch.DistributedDataParallel or the loss passed through pacer.torch.weighted:
+        # either weights the ranks by their samples and agrees on the end of the data (checked
+        # at every step, below: which of the two is known only once the loop body ran).
         if self._reader is None:
             self._reader = pacer.ShardReader(self.client, dataset=self.name)
         sampler = LeaseBatchSampler(self)
@@ -160,9 +167,11 @@ class DataLoader:
                 if stepped is not None and self._lockstep:
                     if hook.last_total is None:
                         raise RuntimeError(
-                            "pacer.torch.DataLoader: the step ran no backward through the "
-                            "pacer.torch.DistributedDataParallel model (every batch needs forward "
-                            "and backward on every rank)")
+                            "pacer.torch.DataLoader with torch.distributed (world size > 1): the "
+                            "step ran no backward through a pacer.torch.DistributedDataParallel "
+                            "model and no loss through pacer.torch.weighted (one of them weights "
+                            "each rank's gradient by its batch and agrees on the end of the data; "
+                            "every batch needs it, on every rank: docs/pytorch.md)")
                     if hook.all_ended:
                         self._report_step(stepped)
                         break

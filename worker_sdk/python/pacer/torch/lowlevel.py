@@ -9,17 +9,31 @@ the dataset yields leased batches, the loop sets the weight of the weighted all-
 - ``BatchPlanCallback``: applies the controller's batch plan at the start of every step.
 - ``all_ranks_done``: the lockstep end-of-data agreement for synchronous trainers.
 
-``pacer.torch.DataLoader`` + ``pacer.torch.DistributedDataParallel`` do all of this for a
-map-style dataset; prefer them.
+``pacer.torch.DataLoader`` + ``pacer.torch.DistributedDataParallel`` (or ``pacer.torch.weighted``)
+do all of this for a map-style dataset, and more: step times that count the loader processes,
+BatchNorm statistics weighted by the samples, the end-of-epoch hand-back, exact checkpoints.
+These pieces are deprecated (a ``DeprecationWarning`` names the replacement; the migration note:
+docs/pytorch.md, "Moving off the low-level API"), except ``LeasedShardDataset`` with ``client=``,
+the one way a PyTorch loop honours EXCLUDE_WORKERS today.
 """
 
 import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 import pacer
+
+
+MIGRATION = "docs/pytorch.md, \"Moving off the low-level API\""
+
+
+def deprecated(name, instead, stacklevel=3):
+    """Warns that ``name`` of the low-level API is deprecated in favour of ``instead``."""
+    warnings.warn(f"pacer.torch.{name} is deprecated: {instead} (see {MIGRATION})",
+                  DeprecationWarning, stacklevel=stacklevel)
 
 
 class LeasedBatch:
@@ -78,6 +92,9 @@ class LeasedShardDataset(IterableDataset):
         self.lockstep = lockstep
         if client is not None and not lockstep:
             raise ValueError("client= (exclusion) needs lockstep=True")
+        if client is None:
+            deprecated("LeasedShardDataset", "use pacer.torch.DataLoader(dataset, batch_size) over a "
+                       "map-style dataset whose __getitem__ does what load(ids) did per record")
         self.client = client
 
     def __iter__(self):
@@ -127,12 +144,18 @@ class StepRecord:
         self.report = None  # the StepReport dict once the step ended
 
 
-@contextlib.contextmanager
 def timed_step(timer, step, local_batch, hook_state=None):
     """Times one step with a ``pacer.StepTimer``: wrap input waits in ``timer.data_wait()``;
     with ``hook_state`` the hook's all-reduce time counts as communication. The report is
     queued on the client (batched) when the block ends normally; a block that raises reports
-    nothing."""
+    nothing. Deprecated: ``pacer.torch.DataLoader`` times every step itself."""
+    deprecated("timed_step", "pacer.torch.DataLoader times every step itself, the loader "
+               "processes' work included; drop the timer")
+    return _timed_step(timer, step, local_batch, hook_state)
+
+
+@contextlib.contextmanager
+def _timed_step(timer, step, local_batch, hook_state):
     record = StepRecord()
     timer.begin_step(step)
     if hook_state is not None:
@@ -150,6 +173,8 @@ class BatchPlanCallback:
     ``LeasedShardDataset``) and calls ``on_change(plan)``."""
 
     def __init__(self, client, targets=(), on_change=None):
+        deprecated("BatchPlanCallback", "pacer.torch.DataLoader applies the batch plan itself "
+                   "(loader.local_batch is the batch in force)")
         self.client = client
         self.targets = list(targets)
         self.on_change = on_change
@@ -170,7 +195,10 @@ class BatchPlanCallback:
 
 def all_ranks_done(local_done, process_group=None):
     """True on every rank when every rank's data has ended (one all-reduce; call it on all
-    ranks at the same step, e.g. when ``WeightedAverageState.last_total`` was 0)."""
+    ranks at the same step, e.g. when ``WeightedAverageState.last_total`` was 0). Deprecated:
+    one pass over ``pacer.torch.DataLoader`` ends on every rank after the same step."""
+    deprecated("all_ranks_done", "one pass over pacer.torch.DataLoader ends on every rank after "
+               "the same step; drop the check")
     running = torch.tensor([0.0 if local_done else 1.0])
     dist.all_reduce(running, group=process_group)
     return running.item() == 0.0
