@@ -33,6 +33,7 @@ absl::StatusOr<TrainerStart> StartTrainer(ClientOptions client_options, const Tr
     spec.set_num_epochs(options.epochs);
     spec.set_shuffle(SHUFFLE_SHARDS);
     spec.set_seed(options.shuffle_seed);
+    spec.set_batch_size(options.batch_size);
     auto created = start.client->sharding().RegisterDataset(spec);
     if (!created.ok()) return Named("register dataset", created.status());
   }
