@@ -29,8 +29,47 @@ uint64_t ShardingState::ShardSizeFor(const WorkerRec& w, const Dataset& ds) cons
   return std::max<uint64_t>(size, 1);
 }
 
+uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint64_t unleased,
+                                    uint64_t size) const {
+  // Never below one batch (the dataset's batch_size): a worker fills a step from the leases it
+  // holds, at most its lease quota of them, and cannot complete one before the step is trained;
+  // leases smaller than a batch cut its steps short (many small steps, each a full update on a
+  // few records). Without a declared batch size (1 after the spec's defaults) nothing is known
+  // to be safe: no shrinking.
+  const uint64_t batch = ds.spec->batch_size();
+  if (batch <= 1 || batch >= size) return size;
+  // Only the last round of leases can shrink: skip counting the workers before it (the
+  // registered count bounds the live one from above).
+  if (unleased / std::max<uint64_t>(size, 1) >= workers_.size()) return size;
+  // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
+  // newest ended lease was of it (a job's other workers may read other datasets).
+  const std::string& name = ds.spec->name();
+  double live = 0;
+  for (const auto& [id, o] : workers_) {
+    if (o.lost) continue;
+    bool reads = &o == &w || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
+    for (auto it = o.leases.begin(); !reads && it != o.leases.end(); ++it)
+      reads = leases_.at(*it).dataset == name;
+    if (reads) live += o.weight;
+  }
+  if (!(live > 0)) return size;
+  const double share = std::ceil(static_cast<double>(unleased) * w.weight / live);
+  return std::clamp<uint64_t>(static_cast<uint64_t>(share), batch, size);
+}
+
+// Records of `ep` not leased yet: its partitions' fresh positions and requeued ranges.
+static uint64_t Unleased(const std::vector<ShardingState::Partition>& partitions) {
+  uint64_t n = 0;
+  for (const auto& p : partitions) {
+    n = SaturatingAdd(n, p.limit - std::min(p.frontier, p.limit));
+    for (const auto& q : p.requeue) n = SaturatingAdd(n, q.end - q.begin);
+  }
+  return n;
+}
+
 absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
-                                                   const std::string& dataset) const {
+                                                   const std::string& dataset,
+                                                   bool v2_planner) const {
   const Dataset* ds = FindDataset(dataset);
   if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + dataset + "'");
   const WorkerRec* w = FindWorker(worker);
@@ -50,9 +89,15 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
                                max_leases, ")");
     return plan;
   }
-  const uint64_t size = ShardSizeFor(*w, *ds);
+  // Near an epoch's end a lease is at most the worker's share of the records the epoch has not
+  // leased yet (guided self-scheduling): the live workers run out within about one small lease
+  // of each other, instead of one holding a whole shard while the others wait -- or, in a
+  // synchronous job, train weight-0 repeats until it is done. A stream has no end to even out.
+  const uint64_t full = ShardSizeFor(*w, *ds);
+  const bool even = !ds->is_stream() && !v2_planner;
   for (size_t i = 0; i < ds->open.size(); ++i) {
     const Epoch& ep = ds->open[i];
+    const uint64_t size = even ? EvenEndSize(*w, *ds, Unleased(ep.partitions), full) : full;
     for (uint32_t d = 0; d < ep.partitions.size(); ++d) {
       const Partition& dom = ep.partitions[d];
       if (dom.requeue.empty()) continue;
@@ -95,7 +140,8 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
       plan.epoch_index = ds->open.size();
       plan.partition = 0;
       plan.begin = 0;
-      plan.end = std::min(ds->records_per_epoch, size);
+      plan.end = std::min(ds->records_per_epoch,
+                          even ? EvenEndSize(*w, *ds, ds->records_per_epoch, full) : full);
       return plan;
     }
   }

@@ -219,7 +219,7 @@ absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_
   const CreateLeaseUpdate* u = &in;
   if (!in.decided()) {
     // A v2 update: decide now, with the planner it was written by (see the header).
-    auto plan = PlanFetch(in.worker_id(), in.dataset());
+    auto plan = PlanFetch(in.worker_id(), in.dataset(), /*v2_planner=*/true);
     if (!plan.ok()) return plan.status();
     if (plan->kind != FetchPlan::kLease && plan->kind != FetchPlan::kBackup) {
       return absl::FailedPreconditionError("nothing to lease: " + plan->reason);

@@ -258,8 +258,10 @@ class ShardingState {
   absl::StatusOr<FetchDecision> DecideFetch(const std::string& worker, const std::string& dataset,
                                             uint64_t request_id) const;
   // Its two halves: what a fetch would get, and the CreateLeaseUpdate that grants a plan (the
-  // v2 replay re-runs the planner alone).
-  absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset) const;
+  // v2 replay re-runs the planner alone, as v2 wrote it: `v2_planner` leaves out the leases
+  // that shrink near an epoch's end, so an old journal keeps its meaning).
+  absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset,
+                                      bool v2_planner = false) const;
   // The CreateLeaseUpdate (v3, with its outcome) that grants `plan` (kLease or kBackup).
   CreateLeaseUpdate DecideLease(const FetchPlan& plan, const std::string& worker,
                                 const std::string& dataset, uint64_t request_id) const;
@@ -362,6 +364,11 @@ class ShardingState {
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
   uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;
+  // `size` shrunk near an epoch's end to `w`'s share (by weight, over the dataset's consumers:
+  // `w` and the live workers that hold a lease of it or last ended one of it) of the
+  // `unleased` records the epoch has not leased yet, never below one batch (see PlanFetch).
+  uint64_t EvenEndSize(const WorkerRec& w, const Dataset& ds, uint64_t unleased,
+                       uint64_t size) const;
   Checkpoint CapturePosition(const std::string& tag, int64_t time_ms) const;
 
   std::map<std::string, Dataset> datasets_;

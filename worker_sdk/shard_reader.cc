@@ -54,6 +54,8 @@ bool ShardReader::WantLease() const {
   return LeasingOn() && Held() < 1 + static_cast<size_t>(options_.prefetch_leases);
 }
 
+bool ShardReader::LeaseOnItsWay() const { return fetching_ || next_pending_ > 0; }
+
 bool ShardReader::WantFetch() const {
   // Starving with nothing on its way: the open leases are read to their end and wait for a
   // MarkConsumed that may come only after the next batch.
@@ -226,6 +228,12 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
         starving_ = true;
         q_cv_.notify_all();
       }
+      // A WAIT is an answer to an earlier request: while a fetch or a completion that leases
+      // the next shard is on its way, kUntilPrefetched waits for that newer answer. A WAIT
+      // often says this worker holds its whole lease quota (leases read to their end whose
+      // completions went out after the last batch); returning on it would cut this batch short
+      // and hand out the next ones empty until the WAIT's retry delay passed.
+      //
       // kUntilData waits only while there is nothing to return: the next lease may be leased
       // only after the records already handed out are consumed and reported (end of an epoch),
       // so waiting with records in hand could wait forever. kUntilPrefetched stops waiting as
@@ -243,7 +251,8 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
           const bool waited_on_self = blocking == Blocking::kUntilData && holding_unconsumed &&
                                       wait_answers_ != waits_before;
           return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ || holding_off_ ||
-                 (blocking == Blocking::kUntilPrefetched && service_waiting_) || waited_on_self;
+                 (blocking == Blocking::kUntilPrefetched && service_waiting_ && !LeaseOnItsWay()) ||
+                 waited_on_self;
         });
         if (!ready_.empty()) continue;
       }

@@ -72,8 +72,9 @@ class ShardReader : public ReportListener {
   enum class Outcome { kRecords, kWait, kEndOfData };
   // How long Next() may block when no record is ready:
   //   kNever:           return at once (kWait when nothing is ready);
-  //   kUntilPrefetched: wait for a fetch in flight, but not when the service itself said WAIT
-  //                     (the other workers hold the rest of the epoch). Synchronous all-reduce
+  //   kUntilPrefetched: wait for a fetch in flight (or a completion leasing the next shard),
+  //                     but not when the service's newest answer is WAIT and nothing is on its
+  //                     way (the other workers hold the rest of the epoch). Synchronous all-reduce
   //                     trainers use this and contribute weight 0 on kWait, so that nobody
   //                     blocks a collective waiting for data a peer holds;
   //   kUntilData:       wait until records come or the data ends (independent workers) — but
@@ -169,6 +170,9 @@ class ShardReader : public ReportListener {
   // The prefetch thread should fetch alone: WantLease(), or Next() starves and nothing is on
   // its way (the open leases wait for a MarkConsumed the trainer may call only later).
   bool WantFetch() const;   // requires q_mu_
+  // A fetch or a completion that leases the next shard is in flight: its answer is newer than
+  // the last WAIT.
+  bool LeaseOnItsWay() const;  // requires q_mu_
   // Takes in what leasing answered (a fetch or a combined completion).
   void Accept(const FetchShardResponse& resp);  // requires q_mu_
   void SyncOpenCount();  // training thread: open_count_ = open_.size()

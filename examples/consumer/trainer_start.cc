@@ -33,7 +33,22 @@ absl::StatusOr<TrainerStart> StartTrainer(ClientOptions client_options, const Tr
     spec.set_num_epochs(options.epochs);
     spec.set_shuffle(SHUFFLE_SHARDS);
     spec.set_seed(options.shuffle_seed);
+    spec.set_batch_size(options.batch_size);
     auto created = start.client->sharding().RegisterDataset(spec);
+    if (created.status().code() == absl::StatusCode::kAlreadyExists) {
+      // Ranks may start with different local batches (the batch plan evens them out): a
+      // dataset another rank registered with its batch is ours too. Register again with that
+      // batch (and the shard size it implied when ours is pacerd's default), so any other
+      // difference is still refused.
+      auto listed = start.client->sharding().ListDatasets();
+      if (!listed.ok()) return Named("register dataset", listed.status());
+      for (const auto& d : listed->datasets()) {
+        if (d.spec().name() != options.dataset) continue;
+        spec.set_batch_size(d.spec().batch_size());
+        if (options.shard_size == 0) spec.set_shard_size(d.spec().shard_size());
+        created = start.client->sharding().RegisterDataset(spec);
+      }
+    }
     if (!created.ok()) return Named("register dataset", created.status());
   }
   return start;

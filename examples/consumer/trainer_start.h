@@ -22,6 +22,9 @@ struct TrainerStartOptions {
   uint64_t shard_size = 0;        // when registering; 0: pacerd's default
   uint32_t epochs = 1;            // when registering
   uint64_t shuffle_seed = 0;      // when registering (shards shuffled per epoch)
+  // When registering: the local batch (samples per step), so that pacerd never leases less
+  // than one batch (leases shrink near an epoch's end; docs/sharding.md). 0: undeclared.
+  uint64_t batch_size = 0;
 };
 
 struct TrainerStart {

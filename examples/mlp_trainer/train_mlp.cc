@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
 
   auto started = StartTrainer(copts, {.dataset = dataset, .ledger_path = ledger_path,
                                       .register_records = register_records, .shard_size = shard_size,
-                                      .epochs = epochs, .shuffle_seed = 17});
+                                      .epochs = epochs, .shuffle_seed = 17,
+                                      .batch_size = uint64_t{batch} * accumulation});
   if (!started.ok()) ExitWithError("pacer-train-mlp", std::string(started.status().message()), 1);
   Client& client = *started->client;
   auto reader_or = ShardReader::Create(&client, started->reader_options);
@@ -153,6 +154,9 @@ int main(int argc, char** argv) {
   std::vector<float> x, grad, step_grad, scratch;
   std::vector<uint32_t> labels;
   uint64_t step = 0, samples_total = 0;
+  // Steps that updated the model, and those of them where this worker trained less than its
+  // planned batch before its data ended (its reader had nothing more in time).
+  uint64_t updates = 0, short_steps = 0;
   double last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   uint64_t excluded_steps = 0;
@@ -266,6 +270,8 @@ int main(int argc, char** argv) {
     // Step decay: the final iterate, not a lucky one, is evaluated.
     if (total > 0) model.Step(step_grad, lr / (1.0f + static_cast<float>(step) / 200.0f));
     reader.MarkConsumed();
+    if (total > 0) ++updates;
+    if (samples < planned && !ended && total > 0) ++short_steps;
     samples_total += samples;
     if (samples > 0) timer.EndStep(plan.micro_batch, samples);
     ++step;
@@ -302,10 +308,12 @@ int main(int argc, char** argv) {
   const auto stats = client.stats();
   char line[512];
   std::snprintf(line, sizeof line,
-                "{\"worker\":\"%s\",\"rank\":%u,\"accuracy\":%.4f,\"steps\":%llu,\"samples\":%llu,"
+                "{\"worker\":\"%s\",\"rank\":%u,\"accuracy\":%.4f,\"steps\":%llu,"
+                "\"updates\":%llu,\"short_steps\":%llu,\"samples\":%llu,"
                 "\"final_batch\":%u,\"plans_received\":%llu,\"excluded_steps\":%llu,\"seconds\":%.2f,"
                 "\"checksum\":\"%016llx\"}",
                 client.worker_id().c_str(), rank, accuracy, static_cast<unsigned long long>(step),
+                static_cast<unsigned long long>(updates), static_cast<unsigned long long>(short_steps),
                 static_cast<unsigned long long>(samples_total), client.batch_plan().current().micro_batch,
                 static_cast<unsigned long long>(stats.plans_received),
                 static_cast<unsigned long long>(excluded_steps), secs,

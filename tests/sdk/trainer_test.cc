@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <regex>
 
@@ -133,6 +134,51 @@ TEST_F(TrainerTest, FourWorkersWithUnevenBatchesConvergeToTheTarget) {
   const DatasetInfo info = Dataset();
   EXPECT_TRUE(info.finished());
   EXPECT_EQ(info.records_done_total(), 2 * kRecords);
+}
+
+TEST_F(TrainerTest, EqualRanksTrainFullBatchesUpToEachEpochsEnd) {
+  // Leases shrink near an epoch's end (docs/sharding.md, even epoch ends). However the records
+  // are split into leases, a rank's step is its full batch until the others hold the rest of
+  // the data: no run of short steps, each a full update on a few records (with leases below
+  // one batch the demo's unmitigated run fell from 0.98 to 0.451 accuracy). 4 equal ranks, 3
+  // epochs without a barrier, 2 048-record shards, 512-sample batches.
+  constexpr int kWorkers = 4;
+  constexpr uint64_t kRecords = 60'000, kBatch = 512;
+  constexpr uint32_t kEpochs = 3;
+  std::vector<Subprocess> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    auto args = Args(i);
+    for (const std::string& a :
+         {std::string("--rank"), std::to_string(i), std::string("--world-size"),
+          std::to_string(kWorkers), std::string("--store-dir"), dir_.Sub("gloo"),
+          std::string("--batch"), std::to_string(kBatch), std::string("--register-records"),
+          std::to_string(kRecords), std::string("--epochs"), std::to_string(kEpochs),
+          std::string("--shard-size"), std::string("2048")}) {
+      args.push_back(a);
+    }
+    workers.push_back(Subprocess::Start(args, {}, dir_.Sub("w" + std::to_string(i) + ".log")));
+  }
+  for (int i = 0; i < kWorkers; ++i) {
+    const int status = workers[i].Wait(std::chrono::minutes(4));
+    ASSERT_NE(status, -1) << "worker " << i << " did not finish; log:\n" << Log(i);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker " << i << " status " << status << "; log:\n" << Log(i);
+  }
+  // One update per full global batch, and at most one more per epoch's end.
+  const double full_updates = std::ceil(double(kRecords) * kEpochs / (kWorkers * kBatch));
+  double samples = 0;
+  std::string checksum;
+  for (int i = 0; i < kWorkers; ++i) {
+    const std::string r = ReadFileOrEmpty(dir_.Sub("result-" + std::to_string(i)));
+    std::cout << r;
+    samples += Field(r, "samples");
+    if (i == 0) checksum = Checksum(r);
+    EXPECT_EQ(Checksum(r), checksum) << "ranks ended with different parameters";
+    EXPECT_LE(Field(r, "updates"), full_updates + kEpochs) << r;
+    // Short or empty steps: the last one or two of each epoch (the others hold the rest).
+    EXPECT_LE(Field(r, "short_steps"), 2 * kEpochs) << r;
+  }
+  EXPECT_EQ(samples, double(kRecords) * kEpochs) << "every record of every epoch trained once";
 }
 
 TEST_F(TrainerTest, AWorkerKilledMidShardResumesAndNoRecordIsLostOrCountedTwice) {

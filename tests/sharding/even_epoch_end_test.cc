@@ -1,0 +1,161 @@
+// Near an epoch's end leases shrink, so that equal workers of a synchronous job run out of
+// records within a step or two of each other (a worker with nothing to train steps on weight-0
+// repeats until the others are done). Pure ShardingState, driven by Update messages: N equal
+// workers in lockstep, each step every worker trains `batch` records from its leases, fetching
+// when its lease runs out.
+//
+// "Before" is the same job with no batch size declared on the dataset: the planner then leases
+// whole shards to the end, as it did before leases shrank (a lease below one batch would cut a
+// worker's steps short, so without a declared batch nothing shrinks). Each test prints both.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sharding_service/sharding_state.h"
+#include "tests/sharding/state_driver.h"
+
+namespace pacer {
+namespace {
+
+using testing::StateDriver;
+
+struct EpochEnd {
+  int64_t steps = 0;
+  int64_t idle_slots = 0;  // (worker, step) pairs with no record while another worker trained
+  uint64_t done = 0;
+  uint64_t smallest_lease = 0;            // the smallest lease that was not an epoch's remainder
+  std::vector<uint64_t> after_loss;       // records each worker trained after `lose_at`
+};
+
+struct Held {
+  uint64_t id = 0, begin = 0, end = 0, pos = 0;
+};
+
+// One epoch of `records` (shard_size `shard`) trained by `workers` equal workers, `batch`
+// records each a step. `lose_at`: after that many steps every worker's leases are lost (a
+// restart: their unconsumed suffixes go back to the front, as after a restore). `declared`:
+// the dataset declares its batch size (as the SDK's trainers register it).
+EpochEnd Lockstep(int workers, uint64_t records, uint64_t shard, uint64_t batch, bool declared,
+                  int64_t lose_at = -1) {
+  StateDriver d;
+  DatasetSpec spec = StateDriver::Records("train", records, shard);
+  if (declared) spec.set_batch_size(batch);
+  EXPECT_TRUE(d.AddDataset(spec).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < workers; ++i) {
+    ids.push_back("w" + std::to_string(i));
+    d.AddWorker(ids.back(), "n" + std::to_string(i));
+  }
+  std::vector<std::optional<Held>> held(workers);
+  EpochEnd run;
+  run.after_loss.assign(workers, 0);
+  run.smallest_lease = shard;
+  for (int64_t step = 0; step < 100000; ++step) {
+    if (step == lose_at) {
+      for (int i = 0; i < workers; ++i) {
+        if (held[i]) {
+          EXPECT_TRUE(d.End(held[i]->id, LEASE_EXPIRED, held[i]->pos - held[i]->begin).ok());
+        }
+        held[i].reset();
+      }
+    }
+    std::vector<uint64_t> trained(workers, 0);
+    bool finished = true;
+    for (int i = 0; i < workers; ++i) {
+      while (trained[i] < batch) {
+        if (!held[i]) {
+          FetchPlan::Kind kind;
+          auto l = d.Fetch(ids[i], "train", &kind);
+          if (!l) {
+            if (kind != FetchPlan::kEndOfData) finished = false;
+            break;
+          }
+          held[i] = Held{l->id, l->begin, l->end, l->begin};
+          if (l->end != records) run.smallest_lease = std::min(run.smallest_lease, l->end - l->begin);
+        }
+        const uint64_t take = std::min(batch - trained[i], held[i]->end - held[i]->pos);
+        held[i]->pos += take;
+        trained[i] += take;
+        if (held[i]->pos == held[i]->end) {
+          EXPECT_TRUE(d.Complete(held[i]->id).ok());
+          held[i].reset();
+        }
+      }
+      if (trained[i] > 0 || held[i]) finished = false;
+      if (lose_at >= 0 && step >= lose_at) run.after_loss[i] += trained[i];
+    }
+    uint64_t sum = 0;
+    for (uint64_t t : trained) sum += t;
+    if (sum == 0 && finished) break;
+    ++run.steps;
+    for (uint64_t t : trained) run.idle_slots += t == 0 && sum > 0 ? 1 : 0;
+  }
+  run.done = d.state().FindDataset("train")->records_done_total;
+  std::cout << (declared ? "after:  " : "before: ") << workers << " ranks, " << records
+            << " records, shard " << shard << ", batch " << batch
+            << (lose_at >= 0 ? ", every lease lost at step " + std::to_string(lose_at) : std::string())
+            << ": " << run.steps << " steps, " << run.idle_slots << " weight-0 (rank, step) slots";
+  if (lose_at >= 0) {
+    std::cout << "; records trained after the loss per rank:";
+    for (uint64_t n : run.after_loss) std::cout << " " << n;
+  }
+  std::cout << std::endl;
+  return run;
+}
+
+TEST(EvenEpochEndTest, TwoEqualRanksFinishWithinAStepOfEachOther) {
+  // The finding: 2 ranks, 3 000 records -- one rank spent 9 of its 29 steps on repeats.
+  const EpochEnd before = Lockstep(2, 3000, 640, 52, /*declared=*/false);
+  const EpochEnd r = Lockstep(2, 3000, 640, 52, /*declared=*/true);
+  EXPECT_EQ(before.done, 3000u);
+  EXPECT_EQ(r.done, 3000u);
+  EXPECT_LE(r.idle_slots, 2) << "steps " << r.steps;
+  EXPECT_LT(r.idle_slots, before.idle_slots);
+  EXPECT_GE(r.smallest_lease, 52u) << "a lease below one batch";
+}
+
+TEST(EvenEpochEndTest, FourEqualRanksFinishWithinTwoSteps) {
+  const EpochEnd before = Lockstep(4, 20000, 640, 32, /*declared=*/false);
+  const EpochEnd r = Lockstep(4, 20000, 640, 32, /*declared=*/true);
+  EXPECT_EQ(before.done, 20000u);
+  EXPECT_EQ(r.done, 20000u);
+  EXPECT_LE(r.idle_slots, 2 * 3) << "steps " << r.steps;
+  EXPECT_LT(r.idle_slots, before.idle_slots);
+  EXPECT_GE(r.smallest_lease, 32u) << "a lease below one batch";
+}
+
+TEST(EvenEpochEndTest, AfterARestartTheRequeuedRecordsAreShared) {
+  // The finding: after a resume all 880 remaining records went to one rank, the other repeated
+  // for all 16 of its steps. Here every lease is lost when 880 records are left (after 20 steps
+  // of 53-record batches: 3 000 - 20 x 2 x 53 = 880); the requeued suffixes are handed out in
+  // shares, not whole.
+  const EpochEnd before = Lockstep(2, 3000, 640, 53, /*declared=*/false, /*lose_at=*/20);
+  const EpochEnd r = Lockstep(2, 3000, 640, 53, /*declared=*/true, /*lose_at=*/20);
+  EXPECT_EQ(r.done, 3000u);
+  EXPECT_EQ(r.after_loss[0] + r.after_loss[1], 880u);
+  EXPECT_LE(r.idle_slots, 2) << "steps " << r.steps;
+  // Neither rank trains more than its share of the 880 and one batch.
+  EXPECT_LE(std::max(r.after_loss[0], r.after_loss[1]), 880u / 2 + 53);
+  EXPECT_LE(r.idle_slots, before.idle_slots);
+}
+
+TEST(EvenEpochEndTest, WithoutADeclaredBatchLeasesStayWhole) {
+  // A lease below one batch cuts a trainer's steps short (it fills a step from at most its
+  // lease quota of leases): the planner shrinks nothing when it does not know the batch.
+  const EpochEnd r = Lockstep(2, 3000, 640, 52, /*declared=*/false);
+  EXPECT_EQ(r.smallest_lease, 640u);
+}
+
+TEST(EvenEpochEndTest, ALeaseIsNeverBelowOneBatch) {
+  // Many ranks and few records left: the share per rank is below a batch; the lease is a batch.
+  const EpochEnd r = Lockstep(8, 5000, 640, 100, /*declared=*/true);
+  EXPECT_EQ(r.done, 5000u);
+  EXPECT_GE(r.smallest_lease, 100u);
+}
+
+}  // namespace
+}  // namespace pacer
