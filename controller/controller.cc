@@ -292,7 +292,7 @@ bool Controller::ObserveHeartbeatSteps(const std::vector<StepTiming>& timings, i
     if (!s) continue;
     const bool out = std::find(excluded.begin(), excluded.end(), t.worker_id) != excluded.end();
     if (!out && *s > cfg.step_factor * burst_median_s_ &&
-        static_cast<int64_t>(excluded.size()) < cfg.max_workers)
+        static_cast<int64_t>(excluded.size()) < BurstExclusionCap(cfg, bursts_.workers()))
       return true;
     if (out && *s <= std::min(cfg.rejoin_factor, cfg.step_factor) * burst_median_s_) return true;
   }

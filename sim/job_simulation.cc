@@ -467,11 +467,13 @@ absl::Status JobSimulation::Heartbeat() {
   for (size_t i = 0; i < w_.size(); ++i) {
     if (running_[i].set) {
       running_[i].t.worker_id = w_[i].id;
+      running_[i].t.worker_index = static_cast<uint32_t>(i + 1);  // a lookup hint
       timings.push_back(std::move(running_[i].t));
       running_[i].set = false;
     }
     if (due_[i].set) {
       due_[i].t.worker_id = w_[i].id;
+      due_[i].t.worker_index = static_cast<uint32_t>(i + 1);
       timings.push_back(std::move(due_[i].t));
       due_[i].set = false;
     }
