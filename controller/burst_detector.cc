@@ -11,7 +11,7 @@ namespace pacer {
 void BurstDetector::Observe(const StepTiming& t) {
   if (t.worker_id.empty() || t.samples <= 0 || !(t.compute_s > 0) || !std::isfinite(t.compute_s))
     return;
-  Worker& w = w_[t.worker_id];
+  Worker& w = w_.At(t.worker_id, t.worker_index);
   if (t.in_progress) {
     // A lower bound on a step that has not ended: kept apart, and only for a later step than
     // the newest finished one (the worker's batch is that step's).
@@ -44,18 +44,17 @@ bool BurstDetector::Fresh(const Worker& w, int64_t now_ms) const {
 
 std::optional<double> BurstDetector::NewestSpeed(const std::string& worker_id,
                                                  int64_t now_ms) const {
-  auto it = w_.find(worker_id);
-  if (it == w_.end() || it->second.step < 0 || !Fresh(it->second, now_ms) ||
-      !(it->second.per_sample_s > 0))
+  const Worker* w = w_.Find(worker_id);
+  if (w == nullptr || w->step < 0 || !Fresh(*w, now_ms) || !(w->per_sample_s > 0))
     return std::nullopt;
-  return 1 / it->second.per_sample_s;
+  return 1 / w->per_sample_s;
 }
 
 std::optional<double> BurstDetector::StepSeconds(const std::string& worker_id,
                                                  int64_t now_ms) const {
-  auto it = w_.find(worker_id);
-  if (it == w_.end()) return std::nullopt;
-  const Worker& w = it->second;
+  const Worker* found = w_.Find(worker_id);
+  if (found == nullptr) return std::nullopt;
+  const Worker& w = *found;
   if (!Fresh(w, now_ms) || w.batch <= 0) return std::nullopt;
   const double per_sample =
       w.running_step > w.step ? std::max(w.per_sample_s, w.running_per_sample_s) : w.per_sample_s;
@@ -63,9 +62,9 @@ std::optional<double> BurstDetector::StepSeconds(const std::string& worker_id,
 }
 
 bool BurstDetector::HasFreshTimings(int64_t now_ms) const {
-  for (const auto& [id, w] : w_)
-    if (Fresh(w, now_ms)) return true;
-  return false;
+  bool any = false;
+  w_.ForEach([&](const std::string&, const Worker& w) { any = any || Fresh(w, now_ms); });
+  return any;
 }
 
 BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now,
@@ -74,14 +73,16 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
   auto was_excluded = [&](const std::string& id) {
     return std::find(excluded_now.begin(), excluded_now.end(), id) != excluded_now.end();
   };
-  // The excluded workers' records, found once (a hashed lookup each): a worker is told from
-  // them by address, not by comparing its id with every excluded one.
+  // The excluded workers' records, found once (a hashed lookup each) and sorted by address: a
+  // worker is told from them by a binary search on its record's address, not by comparing its
+  // id with every excluded one.
   std::vector<const Worker*> out_now;
   out_now.reserve(excluded_now.size());
   for (const auto& id : excluded_now)
-    if (auto it = w_.find(id); it != w_.end()) out_now.push_back(&it->second);
+    if (const Worker* w = w_.Find(id)) out_now.push_back(w);
+  std::sort(out_now.begin(), out_now.end());
   auto record_excluded = [&](const Worker* w) {
-    return std::find(out_now.begin(), out_now.end(), w) != out_now.end();
+    return std::binary_search(out_now.begin(), out_now.end(), w);
   };
   struct Step {
     const std::string* id;
@@ -92,18 +93,19 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
   std::vector<Step> steps;
   steps.reserve(w_.size());
   double batch_sum = 0;
-  for (const auto& [id, w] : w_) {
-    if (!Fresh(w, now_ms) || w.batch <= 0) continue;
+  w_.ForEach([&](const std::string& id, const Worker& w) {
+    if (!Fresh(w, now_ms) || w.batch <= 0) return;
     const double b = static_cast<double>(w.batch);
     const double per_sample = w.running_step > w.step
                                   ? std::max(w.per_sample_s, w.running_per_sample_s)
                                   : w.per_sample_s;
-    steps.push_back({&id, per_sample * b, b, record_excluded(&w)});
+    steps.push_back({&id, per_sample * b, b, !out_now.empty() && record_excluded(&w)});
     batch_sum += b;
-  }
+  });
   std::vector<std::string> chosen;
   double best = 1;
-  if (steps.size() >= 3 && batch_sum > 0 && cfg.max_workers > 0 && cfg.step_factor > 0) {
+  const int64_t cap = BurstExclusionCap(cfg, steps.size());
+  if (steps.size() >= 3 && batch_sum > 0 && cap > 0 && cfg.step_factor > 0) {
     std::vector<double> s;
     s.reserve(steps.size());
     for (const Step& st : steps) s.push_back(st.s);
@@ -137,7 +139,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     // 1. Excluded workers still slow (above the rejoin line) stay out: an exclusion ends on
     //    the worker's own pace, not because another worker's noise changed the arithmetic.
     int64_t n_out = 0;
-    for (size_t i = 0; i < head && i + 1 < steps.size() && n_out < cfg.max_workers; ++i) {
+    for (size_t i = 0; i < head && i + 1 < steps.size() && n_out < cap; ++i) {
       if (steps[i].was && steps[i].s > stay) {
         out[i] = true;
         ++n_out;
@@ -150,7 +152,7 @@ BurstDecision BurstDetector::Decide(const std::vector<std::string>& excluded_now
     const double base = rate(out);
     std::vector<bool> trial = out, best_out = out;
     int64_t n_trial = n_out;
-    for (size_t i = 0; i < head && i + 1 < steps.size() && n_trial < cfg.max_workers; ++i) {
+    for (size_t i = 0; i < head && i + 1 < steps.size() && n_trial < cap; ++i) {
       if (out[i]) continue;
       if (!(steps[i].s > enter)) break;
       trial[i] = true;

@@ -8,7 +8,7 @@
 // (its probe: an excluded trainer times half its batch every ~2 s) is back within
 // `rejoin_factor` × the median. Workers are taken slowest first while dropping them raises the
 // predicted throughput (1 − dropped share of the batch) / (slowest counted step), at most
-// `max_workers`.
+// BurstExclusionCap (`max_workers`, or `max_fraction` of the fresh workers when that is more).
 //
 // Inputs are plain per-step timings, the same in pacerd and the simulator:
 //   - Observe(timing) for every step a worker reports (with its heartbeat, ~1 s);
@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "controller/policy_config.h"
+#include "controller/worker_slots.h"
 
 namespace pacer {
 
@@ -54,6 +54,9 @@ struct StepTiming {
   // The step's wall seconds, when known (its start is time_ms − wall_s): pacerd tells a probe
   // by when the step started (WorkerSessions::ProbeStep). 0: unknown.
   double wall_s = 0;
+  // A lookup hint, not identity: the caller's own dense index of worker_id + 1 (0: none; the
+  // simulator gives its worker index, pacerd none). worker_slots.h.
+  uint32_t worker_index = 0;
 };
 
 // What Decide() concludes. `excluded` is the whole new set (sorted); `added` and `rejoined` are
@@ -78,15 +81,15 @@ class BurstDetector {
   // no samples or a non-positive / non-finite compute_s are ignored.
   void Observe(const StepTiming& t);
   // A worker that left the job (its timings are dropped).
-  void Forget(const std::string& worker_id) { w_.erase(worker_id); }
-  void Clear() { w_.clear(); }
+  void Forget(const std::string& worker_id) { w_.Erase(worker_id); }
+  void Clear() { w_.Clear(); }
   // Whether any worker's timing is fresh at `now_ms`: the rule has inputs (pacerd feeds them).
   bool HasFreshTimings(int64_t now_ms) const;
   size_t workers() const { return w_.size(); }
   // Samples per compute second of the worker's newest finished step (or probe), when fresh.
   std::optional<double> NewestSpeed(const std::string& worker_id, int64_t now_ms) const;
 
-  // The rule (see above) with cfg.max_workers, cfg.step_factor, cfg.rejoin_factor; needs at
+  // The rule (see above) with BurstExclusionCap(cfg, fresh workers), cfg.step_factor, cfg.rejoin_factor; needs at
   // least three fresh workers, else everyone is waited for.
   BurstDecision Decide(const std::vector<std::string>& excluded_now,
                        const BurstExclusionConfig& cfg, int64_t now_ms) const;
@@ -107,9 +110,10 @@ class BurstDetector {
     double running_per_sample_s = 0;
   };
   bool Fresh(const Worker& w, int64_t now_ms) const;
-  // By worker id; hashed (a heartbeat of a 4 096-worker job is 4 096 lookups). Nothing depends
-  // on the iteration order: Decide sorts what it reads (ties by id) and sums integers.
-  absl::flat_hash_map<std::string, Worker> w_;
+  // By worker id, dense (worker_slots.h: a heartbeat of a 4 096-worker job is 4 096 timings,
+  // found by StepTiming::worker_index when the caller gives it). Nothing depends on the slots'
+  // order: Decide sorts what it reads (ties by id) and sums integers.
+  WorkerSlots<Worker> w_;
 };
 
 }  // namespace pacer

@@ -97,6 +97,12 @@ class Controller {
   // counted now, or it is excluded and back within the rejoin line. Cheap (no scan).
   bool ObserveHeartbeatSteps(const std::vector<StepTiming>& timings, int64_t now_ms);
   bool StepRuleActive(int64_t now_ms) const;
+  // The step rule's entry line in compute seconds (step_factor × the median step of its last
+  // decision; 0 before one): a step past it is a burst's. What a trainer-kept step deadline
+  // would be handed (docs/simulator.md "Scale"; modelled only: sim.trainer_deadline).
+  double BurstStepLineS() const {
+    return burst_median_s_ > 0 ? config_.burst_exclusion.step_factor * burst_median_s_ : 0;
+  }
   // A pacerd restart restored an exclusion in force (controller_store.h keeps who, the deciding
   // audit id, why and which rule). What it was decided on went with the old process -- the
   // workers' heartbeat facts (who honours exclusion), the monitor's windows, the step rule's

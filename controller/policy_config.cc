@@ -19,6 +19,11 @@ PolicyConfigError FindPolicyConfigError(const PolicyConfig& config) {
     return {"detection.leader_threshold",
             absl::InvalidArgumentError("field 'detection.leader_threshold': must be above "
                                        "detection.straggler_threshold")};
+  if (config.burst_exclusion.max_fraction > 0 && config.burst_exclusion.max_workers <= 0)
+    return {"actions.burst_exclusion.max_fraction",
+            absl::InvalidArgumentError("field 'actions.burst_exclusion.max_fraction': needs "
+                                       "actions.burst_exclusion.max_workers above 0 (0 turns the "
+                                       "rule off)")};
   if (config.burst_exclusion.step_factor > 0 &&
       config.burst_exclusion.step_factor <= 1)
     return {"actions.burst_exclusion.step_factor",

@@ -77,6 +77,10 @@ struct BackupWorkersConfig {
 // burst rule: non-dedicated; see ProposeBurstExclusions in policies/action_rules.h).
 struct BurstExclusionConfig {
   int64_t max_workers = 0;  // at most this many workers not waited for at once; 0 = off
+  // ... or this share of the job's workers, when that is more (a 4 096-worker job has ~50
+  // workers in a burst where a 128-worker one has 1 or 2: a count sized for one is wrong for
+  // the other). 0: max_workers alone. BurstExclusionCap.
+  double max_fraction = 0;
   // The step rule (controller/burst_detector.h), when per-step timings reach the controller
   // (Controller::ObserveSteps): a worker whose newest step took more than step_factor × the
   // median worker's step is not waited for, and is waited for again once its newest step (its
@@ -91,6 +95,14 @@ struct BurstExclusionConfig {
   // at the burst's speed — a worker in a shared cluster is hit again within minutes.
   double cooldown_s = 0;
 };
+
+// The most workers the burst rules leave out at once in a job of `workers`: max_workers, or
+// max_fraction of the workers when that is more; 0 (off) when max_workers is 0.
+inline int64_t BurstExclusionCap(const BurstExclusionConfig& c, size_t workers) {
+  if (c.max_workers <= 0) return 0;
+  const double share = c.max_fraction * static_cast<double>(workers);
+  return share > static_cast<double>(c.max_workers) ? static_cast<int64_t>(share) : c.max_workers;
+}
 
 struct TimeoutRelaunchConfig {
   double factor = 3.0;  // relaunch when a shard takes more than factor × typical

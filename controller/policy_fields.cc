@@ -75,6 +75,7 @@ std::vector<PolicyField> BuildFields() {
 
       PF_INT("actions.backup_workers.count", backup_workers.count, 0, 1024),
       PF_INT("actions.burst_exclusion.max_workers", burst_exclusion.max_workers, 0, 1024),
+      PF_REAL("actions.burst_exclusion.max_fraction", burst_exclusion.max_fraction, 0, 1),
       PF_REAL("actions.burst_exclusion.step_factor", burst_exclusion.step_factor, 0, 100),
       PF_REAL("actions.burst_exclusion.rejoin_factor", burst_exclusion.rejoin_factor, 1, 100),
       PF_REAL("actions.burst_exclusion.cooldown_s", burst_exclusion.cooldown_s, 0, 86400),

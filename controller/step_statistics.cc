@@ -10,7 +10,7 @@ void StepStatistics::Observe(const StepTiming& t) {
   if (t.worker_id.empty() || t.probe || t.in_progress || t.samples <= 0 ||
       !(t.compute_s > 0) || !std::isfinite(t.compute_s))
     return;
-  Worker& w = w_[t.worker_id];
+  Worker& w = w_.At(t.worker_id, t.worker_index);
   if (t.step == w.step) return;  // counted already
   if (t.step < w.step) w = Worker();  // a new run
   const double x = t.compute_s / static_cast<double>(t.samples);
@@ -41,7 +41,7 @@ std::map<std::string, StepStatistics::Summary> StepStatistics::Summaries(int64_t
   known.reserve(w_.size());
   std::vector<std::pair<const std::string*, const Worker*>> by_id;
   by_id.reserve(w_.size());
-  for (const auto& [id, w] : w_) by_id.emplace_back(&id, &w);
+  w_.ForEach([&](const std::string& id, const Worker& w) { by_id.emplace_back(&id, &w); });
   std::sort(by_id.begin(), by_id.end(),
             [](const auto& a, const auto& b) { return *a.first < *b.first; });
   for (const auto& [id_ptr, w_ptr] : by_id) {

@@ -39,8 +39,8 @@
 #include <map>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "controller/burst_detector.h"
+#include "controller/worker_slots.h"
 
 namespace pacer {
 
@@ -51,7 +51,7 @@ class StepStatistics {
   // Counts a finished training step (newer than the worker's last counted one). A step number
   // below the last counted one starts the worker again (a new run counts from 0).
   void Observe(const StepTiming& t);
-  void Forget(const std::string& worker_id) { w_.erase(worker_id); }
+  void Forget(const std::string& worker_id) { w_.Erase(worker_id); }
   size_t workers() const { return w_.size(); }
 
   struct Summary {
@@ -73,9 +73,10 @@ class StepStatistics {
     double mean = 0;        // weighted mean seconds per sample
     double m2 = 0;          // weighted Σ w (x − mean)²
   };
-  // Hashed: Observe runs for every step of every worker (a 4 096-worker job: thousands a
-  // second). Summaries reads it in id order (the sums it takes do not depend on the map).
-  absl::flat_hash_map<std::string, Worker> w_;
+  // Dense, found by StepTiming::worker_index when the caller gives it: Observe runs for every
+  // step of every worker (a 4 096-worker job: thousands a second). Summaries reads it in id
+  // order (the sums it takes do not depend on the slots).
+  WorkerSlots<Worker> w_;
 };
 
 }  // namespace pacer

@@ -70,6 +70,7 @@ class InProcessControlPlane : public ControlPlane {
   absl::StatusOr<std::vector<Action>> DecideBursts(const std::vector<StepTiming>& timings,
                                                    int64_t decide_ms, const ModelFacts&) override;
   bool DecideBurstsReadsFacts() const override { return false; }
+  double BurstStepLineS() const override { return controller_->BurstStepLineS(); }
   absl::Status Reallocate(const Action& a, uint64_t shard_size) override;
 
   std::vector<Decision> Decisions() const override;

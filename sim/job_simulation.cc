@@ -364,8 +364,12 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     }
   }
   double slowest = 0;
+  // sim.trainer_deadline (a model variant, not what pacerd does): a counted worker past the
+  // rule's line stops there and joins with weight 0 (consumes nothing this chunk).
+  const double line = step_rule_ && sc_.sim.trainer_deadline ? cp_->BurstStepLineS() : 0;
   for (int64_t i = 0; i < n; ++i)
-    if (!w_[i].excluded && w_[i].batch > 0) slowest = std::max(slowest, compute[i]);
+    if (!w_[i].excluded && w_[i].batch > 0)
+      slowest = std::max(slowest, line > 0 ? std::min(compute[i], line) : compute[i]);
   const double step_s = slowest + sc_.job.sync_cost_s;
   // An excluded worker (pacer-train-mlp) times half its batch every kProbeIntervalS so the
   // monitor keeps seeing its speed; that one step waits for the probe. Charged as an expected
@@ -394,12 +398,44 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     w.rep_wall += static_cast<double>(k) * per_step_s;
     w.rep_steps += static_cast<double>(k);
     if (w.excluded) continue;  // its gradient is dropped: it consumes no data
+    if (line > 0 && compute[i] > line) continue;  // stopped at the line: likewise
     uint64_t got = 0;
     if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
     interval_samples_ += got;
   }
   if (step_rule_) NoteStepTimings(compute, k, per_step_s);
+  const double chunk_start = t_;
   t_ += static_cast<double>(k) * per_step_s;
+  if (line > 0) {
+    // The worker that stopped at the line says so at once (a heartbeat of its own, the rule
+    // deciding inside it): it is out from its next step, not from the next heartbeat round.
+    std::vector<StepTiming> crossed;
+    for (int64_t i = 0; i < n; ++i) {
+      const SimWorker& w = w_[i];
+      if (w.excluded || w.down || w.batch <= 0 || !(compute[i] > line)) continue;
+      StepTiming t;
+      t.worker_id = w.id;
+      t.worker_index = static_cast<uint32_t>(i + 1);
+      t.step = step_ + 1;
+      t.in_progress = true;
+      t.samples = w.batch;
+      t.compute_s = compute[i];  // its pace over the part it computed, at its whole batch
+      t.wall_s = line;
+      t.time_ms = kStartMs + static_cast<int64_t>(std::llround((chunk_start + line) * 1000));
+      crossed.push_back(std::move(t));
+    }
+    if (!crossed.empty()) {
+      absl::StatusOr<std::vector<Action>> r = cp_->DecideBursts(
+          crossed, crossed.front().time_ms, cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
+      if (!r.ok()) return r.status();
+      std::vector<bool> was(w_.size());
+      for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
+      for (const Action& a : *r)
+        if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
+      for (size_t i = 0; i < w_.size(); ++i)
+        if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
+    }
+  }
   step_ += k;
   last_step_wall_ = per_step_s;
   return absl::OkStatus();
@@ -467,11 +503,13 @@ absl::Status JobSimulation::Heartbeat() {
   for (size_t i = 0; i < w_.size(); ++i) {
     if (running_[i].set) {
       running_[i].t.worker_id = w_[i].id;
+      running_[i].t.worker_index = static_cast<uint32_t>(i + 1);  // a lookup hint
       timings.push_back(std::move(running_[i].t));
       running_[i].set = false;
     }
     if (due_[i].set) {
       due_[i].t.worker_id = w_[i].id;
+      due_[i].t.worker_index = static_cast<uint32_t>(i + 1);
       timings.push_back(std::move(due_[i].t));
       due_[i].set = false;
     }

@@ -268,6 +268,7 @@ class ScenarioParser {
         {"reconcile_s", [&](const YAML::Node& v, const std::string& p) { return Real(v, p, &s.reconcile_s, 0, 3600); }},
         {"decision_heartbeats", [&](const YAML::Node& v, const std::string& p) { return Int(v, p, &s.decision_heartbeats, 0, 1); }},
         {"step_deadline", [&](const YAML::Node& v, const std::string& p) { return Bool(v, p, &s.step_deadline); }},
+        {"trainer_deadline", [&](const YAML::Node& v, const std::string& p) { return Bool(v, p, &s.trainer_deadline); }},
     };
     return Walk(node, path, f, {});
   }

@@ -15,7 +15,7 @@
 //                                                             or skewed, mean 1 and std `noise`
 //   events: [{at_s, kind, ...}]                               see EventKind below
 //   sim: {tick_s, report_interval_s, progress_interval_s, shard_size, max_sim_s, reconcile_s,
-//         decision_heartbeats, step_deadline}                                                          (ext)
+//         decision_heartbeats, step_deadline, trainer_deadline}                                                          (ext)
 //
 // Plain value type; a Scenario returned by ParseScenario has passed every range check.
 #pragma once
@@ -107,6 +107,13 @@ struct SimSettings {
   // heartbeat carries (a StepTimer told the step's samples, as pacer-train-mlp does). false:
   // only finished steps reach the rule (an SDK that does not report its running step).
   bool step_deadline = true;
+  // A model variant for comparison, NOT what pacerd and its SDK do today (default false): the
+  // trainer keeps the step rule's entry line inside its step (pacerd would hand it in the
+  // heartbeat reply); a worker whose step passes it joins the all-reduce at once with weight 0,
+  // trains none of that step's records, and says so in a heartbeat of its own, which the rule
+  // decides inside (it is out from its next step). No step waits longer than the line for
+  // anyone. docs/simulator.md "Scale" says what it gains and what building it needs.
+  bool trainer_deadline = false;
 };
 
 struct Scenario {

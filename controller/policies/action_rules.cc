@@ -318,7 +318,8 @@ std::optional<Action> EndExclusions(const ClusterView& view, const History& hist
 std::vector<Action> ProposeBurstExclusions(const ClusterView& view, const History& history,
                                            const PolicyConfig& cfg) {
   std::vector<Action> out;
-  const int64_t max_excluded = cfg.burst_exclusion.max_workers;
+  const int64_t max_excluded =
+      BurstExclusionCap(cfg.burst_exclusion, static_cast<size_t>(view.LiveWorkers()));
   if (view.job.mode != JobMode::kSync || max_excluded <= 0 || !view.job.can_exclude_workers) {
     if (auto a = EndExclusions(view, history, "burst exclusion")) out.push_back(std::move(*a));
     return out;

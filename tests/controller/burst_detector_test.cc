@@ -61,6 +61,52 @@ TEST(BurstDetector, SeveralEquallySlowWorkersAreDroppedTogether) {
   EXPECT_TRUE(d.Decide({}, Rule(2), 1500).excluded.empty());
 }
 
+// At thousands of workers dozens are in a burst at once: a count sized for a 128-worker job
+// (16) leaves most of them waited for; max_fraction scales the cap with the job.
+TEST(BurstDetector, TheCapGrowsWithTheJobWhenAFractionIsSet) {
+  BurstDetector d;
+  Steady(d, 64, 10, 1000);
+  for (int i = 0; i < 6; ++i) d.Observe(Timing("w" + std::to_string(i), 11, 0.64, 64, 1100));
+  // Two may be out: dropping two of six equally slow workers gains nothing.
+  EXPECT_TRUE(d.Decide({}, Rule(2), 1500).excluded.empty());
+  BurstExclusionConfig c = Rule(2);
+  c.max_fraction = 0.1;  // 6.4 of 64 workers: 6
+  EXPECT_EQ(BurstExclusionCap(c, 64), 6);
+  EXPECT_EQ(d.Decide({}, c, 1500).excluded.size(), 6u);
+  // The count stays the floor in a small job; no count, no rule.
+  EXPECT_EQ(BurstExclusionCap(c, 8), 2);
+  c.max_workers = 0;
+  EXPECT_EQ(BurstExclusionCap(c, 64), 0);
+}
+
+// StepTiming::worker_index is a lookup hint: a wrong one (another worker's index) changes
+// nothing, and the records are the same as without hints.
+TEST(BurstDetector, AWorkerIndexHintIsCheckedAgainstTheId) {
+  BurstDetector hinted, plain;
+  for (int i = 0; i < 8; ++i) {
+    StepTiming t = Timing("w" + std::to_string(i), 10, 0.16, 64, 1000);
+    plain.Observe(t);
+    t.worker_index = static_cast<uint32_t>(i + 1);
+    hinted.Observe(t);
+  }
+  StepTiming slow = Timing("w5", 11, 0.64, 64, 1100);
+  slow.worker_index = 3;  // w2's index
+  hinted.Observe(slow);
+  plain.Observe(Timing("w5", 11, 0.64, 64, 1100));
+  EXPECT_EQ(hinted.workers(), 8u);
+  EXPECT_EQ(hinted.StepSeconds("w2", 1500), plain.StepSeconds("w2", 1500));
+  EXPECT_EQ(hinted.StepSeconds("w5", 1500), plain.StepSeconds("w5", 1500));
+  EXPECT_EQ(hinted.Decide({}, Rule(), 1500).excluded, std::vector<std::string>{"w5"});
+  // A forgotten worker's slot is reused by the next one, found by id and by its hint.
+  hinted.Forget("w3");
+  StepTiming late = Timing("w9", 10, 0.16, 64, 1200);
+  late.worker_index = 4;
+  hinted.Observe(late);
+  EXPECT_EQ(hinted.workers(), 8u);
+  EXPECT_FALSE(hinted.StepSeconds("w3", 1500).has_value());
+  EXPECT_NEAR(*hinted.StepSeconds("w9", 1500), 0.16, 1e-12);
+}
+
 TEST(BurstDetector, ABatchPlanOrAHalfBatchProbeIsNotABurst) {
   BurstDetector d;
   Steady(d, 8, 10, 1000);

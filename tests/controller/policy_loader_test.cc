@@ -93,6 +93,11 @@ TEST(PolicyLoaderTest, OutOfRangeNamesFileLineAndField) {
   // Cross-field rules point at the field to change.
   s = Refusal("version: 1\npolicy: none\ndetection:\n  persistent_windows: 6\n  history_windows: 5\n");
   EXPECT_EQ(Msg(s).rfind("bad.yaml:4:23: field 'detection.persistent_windows'", 0), 0u) << s;
+  // A share of the job's workers without a count to start from: the rule is off (max_workers 0).
+  s = Refusal("version: 1\npolicy: non-dedicated\nactions:\n  burst_exclusion:\n    max_fraction: 0.1\n");
+  EXPECT_EQ(Msg(s).rfind("bad.yaml:5:19: field 'actions.burst_exclusion.max_fraction': needs", 0), 0u) << s;
+  s = Refusal("version: 1\npolicy: non-dedicated\nactions:\n  burst_exclusion:\n    max_workers: 4\n    max_fraction: 1.5\n");
+  EXPECT_EQ(Msg(s).rfind("bad.yaml:6:19: field 'actions.burst_exclusion.max_fraction': must be in", 0), 0u) << s;
 }
 
 TEST(PolicyLoaderTest, MalformedYamlNamesFileAndLine) {

@@ -103,5 +103,25 @@ TEST(ExactlyOnce, NoRecordLostOrCountedTwiceUnderEveryPolicy) {
   }
 }
 
+// sim.trainer_deadline is a model variant for comparison (docs/simulator.md "Scale"), off by
+// default because pacerd and its SDK do not carry it out: with it on, no step waits past the
+// burst rule's line, the job is no slower, and every record is still counted exactly once.
+TEST(ExactlyOnce, TheTrainerDeadlineVariantKeepsEveryRecordOnce) {
+  Scenario sc = Small(SimJobMode::kSync);
+  ASSERT_FALSE(sc.sim.trainer_deadline);
+  auto nd = ResolvePolicy("non-dedicated", PACER_SOURCE_DIR "/policies");
+  ASSERT_TRUE(nd.ok()) << nd.status();
+  auto off = RunComparison(sc, {*nd}, 1);
+  sc.sim.trainer_deadline = true;
+  auto on = RunComparison(sc, {*nd}, 1);
+  ASSERT_TRUE(off.ok() && on.ok());
+  const PolicyRun& r = on->runs[0];
+  EXPECT_TRUE(r.finished);
+  EXPECT_EQ(r.records_lost, 0u);
+  EXPECT_EQ(r.records_duplicated, 0u);
+  EXPECT_EQ(r.state_done_mismatch, 0u);
+  EXPECT_LE(r.jct_s, off->runs[0].jct_s);
+}
+
 }  // namespace
 }  // namespace pacer::sim
