@@ -79,12 +79,16 @@ absl::StatusOr<std::optional<NodeSample>> NodeMetricsCollector::Sample(
     m.set_cpu_busy_frac(busy_frac);
     m.set_cpu_steal_frac(static_cast<double>(now.cpu.steal - prev->cpu.steal) / total);
   }
+  // The most throttled group, not the sum: the groups read nest (the agent's group, a worker's
+  // CPU limit, a contention group inside it), so one throttled process counts in each, and each
+  // group's figure alone reaches interval x CPUs. Clamped to that bound (the kernel's and this
+  // clock's intervals differ slightly).
   uint64_t throttled = 0;
   for (const auto& [p, ns] : now.throttled_ns) {
     auto it = prev->throttled_ns.find(p);
-    if (it != prev->throttled_ns.end() && ns >= it->second) throttled += ns - it->second;
+    if (it != prev->throttled_ns.end() && ns >= it->second) throttled = std::max(throttled, ns - it->second);
   }
-  m.set_cpu_throttled_s(static_cast<double>(throttled) / 1e9);
+  m.set_cpu_throttled_s(std::min(static_cast<double>(throttled) / 1e9, interval_s * ncpu));
 
   const double hz = static_cast<double>(TicksPerSecond());
   double workers_cores = 0;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "agent/node_metrics_collector.h"
+#include "monitor/report_validator.h"
 #include "agent/proc_stats.h"
 #include "tests/testing/test_util.h"
 
@@ -125,6 +126,38 @@ TEST(NodeMetricsCollectorTest, FixtureCountersGiveExactFractions) {
   EXPECT_DOUBLE_EQ((*second)->worker_cores.at("w0"), cores);
   EXPECT_NEAR(m.other_cpu_frac(), std::max(0.0, 0.3 - cores / 2), 1e-12);
   EXPECT_EQ(m.gpu_util_size(), 0);
+}
+
+// A worker capped under --worker-cpu-limit and slowed by a contention group nested in it: both
+// groups are throttled over the same interval, and each can count up to interval x CPUs. Their
+// sum went past that bound and pacerd refused every sample as bad_node_metrics for as long as
+// the contention lasted. The node reports its most throttled group.
+TEST(NodeMetricsCollectorTest, NestedThrottledGroupsStayWithinTheIntervalsBound) {
+  TempDir dir;
+  const std::string proc = dir.Sub("proc"), cg = dir.Sub("cgroup");
+  Write(proc + "/stat", kStat1);
+  Write(proc + "/" + std::to_string(getpid()) + "/cgroup", "1:cpu:/job\n");
+  Write(cg + "/cpu/job/cpu.stat", "nr_throttled 0\nthrottled_time 0\n");
+  const std::string limit = cg + "/cpu/job/pacer-w0/cpu.stat";
+  const std::string contention = cg + "/cpu/job/pacer-w0/contention/cpu.stat";
+  Write(limit, "nr_throttled 0\nthrottled_time 0\n");
+  Write(contention, "nr_throttled 0\nthrottled_time 0\n");
+  SimulatedClock clock;
+  NodeMetricsCollector c("n1", &clock, NodeMetricsSources{proc, cg, /*use_nvml=*/false});
+  ASSERT_TRUE(c.Sample({}, {limit, contention}).ok());
+  clock.AdvanceMs(2000);
+  Write(proc + "/stat", kStat2);
+  // 2 CPUs, 2 s: each group throttled 3.9 s of the 4 CPU-seconds.
+  Write(limit, "nr_throttled 20\nthrottled_time 3900000000\n");
+  Write(contention, "nr_throttled 20\nthrottled_time 3900000000\n");
+  auto s = c.Sample({}, {limit, contention});
+  ASSERT_TRUE(s.ok() && s->has_value());
+  const NodeMetrics& m = (*s)->metrics;
+  EXPECT_DOUBLE_EQ(m.cpu_throttled_s(), 3.9);
+  MonitorOptions o;
+  EXPECT_EQ(CheckNodeMetrics(o, m.time_ms(), m), ReportIssue::kNone)
+      << "throttled " << m.cpu_throttled_s() << " s in " << m.interval_s() << " s on " << m.num_cpus()
+      << " CPUs";
 }
 
 // The live kernel: a busy child process must show as busy on the node, and as ~one core on its
