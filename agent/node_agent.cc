@@ -29,8 +29,9 @@ namespace pacer {
 constexpr size_t kMaxExitsKept = 10'000;
 constexpr size_t kMaxExecutedKept = 4096;
 
-// One heartbeat RPC. `done` is set by gRPC's callback thread under `mu` before the completion
-// is posted to the loop, so ~NodeAgent can wait for a cancelled call to let go of the loop.
+// One heartbeat RPC. `done` is set by gRPC's callback thread under `mu`, after the completion
+// is posted to the loop, so ~NodeAgent can wait for a cancelled call to let go of the loop. Owned
+// by in_flight_ and the loop's completion handler, never last by gRPC's thread.
 struct NodeAgent::HeartbeatCall {
   grpc::ClientContext ctx;
   AgentHeartbeat req;
@@ -472,14 +473,21 @@ void NodeAgent::SendHeartbeat(bool final) {
   call->ctx.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(options_.heartbeat_timeout_ms));
   in_flight_ = call;
-  stub_->async()->Heartbeat(&call->ctx, &call->req, &call->reply,
-                            [this, call](grpc::Status status) {
-                              std::lock_guard<std::mutex> l(call->mu);
-                              boost::asio::post(io_, [this, call, status] {
+  // The callback hands its reference to the loop: gRPC's thread must never drop the last one,
+  // or the call's ClientContext could be destroyed there while the process exits (gRPC then
+  // aborted the agent at exit: "ref_counted.h: assertion failed: prior > 0"). The loop's handler
+  // takes `mu` first, so it runs on only after this thread let go of the call.
+  HeartbeatCall* raw = call.get();
+  stub_->async()->Heartbeat(&raw->ctx, &raw->req, &raw->reply,
+                            [this, call = std::move(call)](grpc::Status status) mutable {
+                              HeartbeatCall* c = call.get();
+                              std::lock_guard<std::mutex> l(c->mu);
+                              boost::asio::post(io_, [this, call = std::move(call), status] {
+                                { std::lock_guard<std::mutex> released(call->mu); }
                                 OnHeartbeatDone(call, status);
                               });
-                              call->done = true;
-                              call->cv.notify_all();
+                              c->done = true;
+                              c->cv.notify_all();
                             });
 }
 
