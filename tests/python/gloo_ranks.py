@@ -13,7 +13,20 @@ import os
 import tempfile
 import time
 
+import torch
 import torch.multiprocessing as mp
+
+
+def make_model():
+    """The numerics tests' model: the same initial weights in every rank and reference."""
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
+
+
+def make_data(n):
+    """n fixed samples (inputs, class labels) for make_model, the same in every process."""
+    g = torch.Generator().manual_seed(99)
+    return torch.randn(n, 10, generator=g), torch.randint(0, 5, (n,), generator=g)
 
 
 def run_ranks(worker, world, timeout_s=180, teardown_grace_s=30):

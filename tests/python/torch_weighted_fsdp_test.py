@@ -28,22 +28,13 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import StateDictType
 
 import gloo_ranks
+from gloo_ranks import make_data, make_model
 import pacer.torch as pt
 
 WORLD = min(torch.cuda.device_count(), 4)
 SIZES = [7, 13, 44, 3][:WORLD]
 LR = 0.5
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)  # float32 on GPU (TF32 off below)
-
-
-def make_model():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
-
-
-def make_data(n):
-    g = torch.Generator().manual_seed(99)
-    return torch.randn(n, 10, generator=g), torch.randint(0, 5, (n,), generator=g)
 
 
 def reference_state(x, y, device):

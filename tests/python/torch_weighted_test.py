@@ -35,22 +35,13 @@ except ImportError as e:  # CI installs python3-torch; elsewhere this is a skip,
     sys.exit(77)
 
 import gloo_ranks
+from gloo_ranks import make_data, make_model
 import pacer.torch as pt
 
 WORLD = 3
 LR = 0.5
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # float32
 DIFFERENT = 1e-4  # an unweighted step must differ from the reference by more than this
-
-
-def make_model():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 5))
-
-
-def make_data(n):
-    g = torch.Generator().manual_seed(99)
-    return torch.randn(n, 10, generator=g), torch.randint(0, 5, (n,), generator=g)
 
 
 def reference_step(x, y):
