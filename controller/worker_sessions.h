@@ -3,7 +3,7 @@
 // A heartbeat reply carries two kinds of content. The lease part (cancelled leases, leases
 // released because their fetch reply was lost, the lease deadline) is the sharding service's
 // (sharding_service.h). The commands are the control plane's, and they are assembled here and
-// only here (pacerd's HeartbeatReplyBuilder adds the rendezvous' regroup command after these):
+// only here (pacerd's WorkerSessionService adds the rendezvous' regroup command after these):
 //
 //   command      sent while                                   WorkerCommand.reason
 //   batch_plan   the worker holds an older plan version      the deciding action's reason
