@@ -421,7 +421,7 @@ std::vector<AgentView> AgentRegistry::Agents() const {
 
 absl::StatusOr<AgentView> AgentRegistry::AgentForNode(const std::string& node) const {
   auto* self = const_cast<AgentRegistry*>(this);  // AgentOnNode only reads
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&self->mu_);
   ASSIGN_OR_RETURN(AgentEntry * a, self->AgentOnNode(node));
   AgentView v = a->view;
   v.lost = IsLost(v);
@@ -430,7 +430,7 @@ absl::StatusOr<AgentView> AgentRegistry::AgentForNode(const std::string& node) c
 
 absl::StatusOr<WorkerProcess> AgentRegistry::Worker(const std::string& worker_id) const {
   auto* self = const_cast<AgentRegistry*>(this);  // AgentOfWorker only reads
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&self->mu_);
   ASSIGN_OR_RETURN(AgentEntry * a, self->AgentOfWorker(worker_id));
   for (const WorkerProcess& w : a->view.workers) {
     if (w.worker_id() == worker_id) return w;

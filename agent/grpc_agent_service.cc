@@ -1,6 +1,8 @@
 #include "agent/grpc_agent_service.h"
 
-#include "common/reply_limit.h"
+#include <utility>
+
+#include "common/grpc_unary.h"
 
 namespace pacer {
 
@@ -38,11 +40,10 @@ absl::Status GrpcAgentService::Scope(const Authenticator::Metadata& md, const Ag
 grpc::ServerUnaryReactor* GrpcAgentService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                       const AgentHeartbeat* req,
                                                       AgentHeartbeatReply* reply) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   std::set<std::string> left_out;
-  absl::Status s = Scope(ctx->client_metadata(), *req, &left_out);
-  reactor->Finish(ReplyStatus(s.ok() ? registry_->Heartbeat(*req, reply, left_out) : s, *reply, "agent heartbeat"));
-  return reactor;
+  absl::Status allowed = Scope(ctx->client_metadata(), *req, &left_out);
+  return AnswerNow(ctx, *reply, "agent heartbeat", std::move(allowed),
+                   [&] { return registry_->Heartbeat(*req, reply, left_out); });
 }
 
 }  // namespace pacer

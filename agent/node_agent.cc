@@ -12,13 +12,13 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
-#include <condition_variable>
 #include <iostream>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/child_process.h"
 #include "common/auth.h"
 #include "common/log.h"
@@ -38,9 +38,8 @@ struct NodeAgent::HeartbeatCall {
   AgentHeartbeatReply reply;
   size_t acks_sent = 0;
   bool final = false;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
 };
 
 absl::Status ResolveTopology(NodeAgentOptions* o) {
@@ -307,8 +306,8 @@ NodeAgent::NodeAgent(NodeAgentOptions options, const Clock* clock)
 NodeAgent::~NodeAgent() {
   if (in_flight_) {
     in_flight_->ctx.TryCancel();
-    std::unique_lock<std::mutex> l(in_flight_->mu);
-    in_flight_->cv.wait(l, [&] { return in_flight_->done; });
+    absl::MutexLock l(&in_flight_->mu);
+    in_flight_->mu.Await(absl::Condition(&in_flight_->done));
   }
   kube_.reset();        // cancels a pod deletion in flight
   injector_.reset();    // removes groups, kills hogs
@@ -481,13 +480,12 @@ void NodeAgent::SendHeartbeat(bool final) {
   stub_->async()->Heartbeat(&raw->ctx, &raw->req, &raw->reply,
                             [this, call = std::move(call)](grpc::Status status) mutable {
                               HeartbeatCall* c = call.get();
-                              std::lock_guard<std::mutex> l(c->mu);
+                              absl::MutexLock l(&c->mu);
                               boost::asio::post(io_, [this, call = std::move(call), status] {
-                                { std::lock_guard<std::mutex> released(call->mu); }
+                                { absl::MutexLock released(&call->mu); }
                                 OnHeartbeatDone(call, status);
                               });
                               c->done = true;
-                              c->cv.notify_all();
                             });
 }
 

@@ -90,7 +90,7 @@ prometheus::Labels LabelCap::Resolve(std::initializer_list<std::string_view> val
   prometheus::Labels labels;
   std::vector<size_t> overflowed;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     size_t i = 0;
     for (std::string_view v : values) {
       std::string value(v.substr(0, kMaxLabelValueBytes));

@@ -35,15 +35,16 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace prometheus {
 class Exposer;
@@ -94,8 +95,8 @@ class LabelCap {
  private:
   MetricsRegistry* registry_;
   MetricDef def_;
-  std::mutex mu_;
-  std::vector<absl::flat_hash_set<std::string>> seen_;  // per label
+  absl::Mutex mu_;
+  std::vector<absl::flat_hash_set<std::string>> seen_ ABSL_GUARDED_BY(mu_);  // per label
 };
 
 }  // namespace metrics_internal

@@ -1,27 +1,21 @@
 #include "controller/grpc_controller_service.h"
 
-#include "common/reply_limit.h"
+#include "common/grpc_unary.h"
 
 namespace pacer {
 
 grpc::ServerUnaryReactor* GrpcControllerService::ListActions(grpc::CallbackServerContext* ctx,
                                                              const ListActionsRequest* req,
                                                              ListActionsResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireWorkerSide(ctx->client_metadata(), "list actions");
-  if (s.ok()) reconciler_->ListActions(*req, resp);
-  reactor->Finish(ReplyStatus(s, *resp, "ListActions"));
-  return reactor;
+  return AnswerNow(ctx, *resp, "ListActions", auth_->RequireWorkerSide(ctx->client_metadata(), "list actions"),
+                   [&] { reconciler_->ListActions(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* GrpcControllerService::ApplyPolicy(grpc::CallbackServerContext* ctx,
                                                              const ApplyPolicyRequest* req,
                                                              ApplyPolicyResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
-  if (s.ok()) s = reconciler_->ApplyPolicy(req->yaml(), req->file_name(), resp);
-  reactor->Finish(ReplyStatus(s, *resp, "ApplyPolicy"));
-  return reactor;
+  return AnswerNow(ctx, *resp, "ApplyPolicy", auth_->Require(ctx->client_metadata(), Role::kAdmin),
+                   [&] { return reconciler_->ApplyPolicy(req->yaml(), req->file_name(), resp); });
 }
 
 }  // namespace pacer

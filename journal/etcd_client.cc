@@ -141,7 +141,7 @@ void EtcdClient::SetupContext(grpc::ClientContext* ctx, int64_t deadline_ms) {
   if (deadline_ms > 0) {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   }
-  std::lock_guard<std::mutex> l(token_mu_);
+  absl::MutexLock l(&token_mu_);
   if (!token_.empty()) ctx->AddMetadata("token", token_);
 }
 
@@ -170,7 +170,7 @@ absl::Status EtcdClient::Authenticate() {
     etcdserverpb::AuthenticateResponse resp;
     last = m.auth->Authenticate(&ctx, req, &resp);
     if (last.ok()) {
-      std::lock_guard<std::mutex> l(token_mu_);
+      absl::MutexLock l(&token_mu_);
       token_ = resp.token();
       return absl::OkStatus();
     }
@@ -319,7 +319,7 @@ absl::StatusOr<int64_t> EtcdClient::LeaseKeepAliveOnce(int64_t id, int64_t timeo
 absl::StatusOr<v3electionpb::LeaderKey> EtcdClient::Campaign(grpc::ClientContext* ctx, const std::string& name,
                                                              int64_t lease, const std::string& value) {
   {
-    std::lock_guard<std::mutex> l(token_mu_);
+    absl::MutexLock l(&token_mu_);
     if (!token_.empty()) ctx->AddMetadata("token", token_);
   }
   v3electionpb::CampaignRequest req;

@@ -15,15 +15,16 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "etcd/election.grpc.pb.h"
 #include "etcd/rpc.grpc.pb.h"
 
@@ -139,8 +140,8 @@ class EtcdClient {
   const EtcdClientOptions options_;
   std::vector<Member> members_;
   std::atomic<size_t> current_{0};
-  mutable std::mutex token_mu_;
-  std::string token_;
+  mutable absl::Mutex token_mu_;
+  std::string token_ ABSL_GUARDED_BY(token_mu_);
 };
 
 }  // namespace pacer

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/cond_wait.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -22,39 +23,39 @@ EtcdElection::~EtcdElection() { Stop(); }
 
 void EtcdElection::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stopping_ = true;
     if (campaign_ctx_) campaign_ctx_->TryCancel();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (keepalive_.joinable()) keepalive_.join();
 }
 
 bool EtcdElection::IsLeader() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return leading_ && !lost_ && NowMs() < valid_until_ms_;
 }
 
 int64_t EtcdElection::remaining_ms() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (!leading_ || lost_) return 0;
   return valid_until_ms_ - NowMs();
 }
 
 EtcdFence EtcdElection::fence() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return fence_;
 }
 
 void EtcdElection::set_on_lost(std::function<void(const std::string&)> fn) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   on_lost_ = std::move(fn);
 }
 
 void EtcdElection::Lost(const std::string& why) {
   std::function<void(const std::string&)> fn;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (!leading_ || lost_) return;
     lost_ = true;
     leading_ = false;
@@ -68,13 +69,13 @@ absl::Status EtcdElection::GrantLease() {
   const int64_t sent = NowMs();
   ASSIGN_OR_RETURN(etcdserverpb::LeaseGrantResponse grant, client_->LeaseGrant(options_.ttl_s));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     lease_id_ = grant.id();
     lease_lost_ = false;
     valid_until_ms_ = sent + options_.ttl_s * 1000;
     if (!keepalive_.joinable() && !stopping_) keepalive_ = std::thread([this] { KeepAliveLoop(); });
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
@@ -82,17 +83,17 @@ void EtcdElection::KeepAliveLoop() {
   const int64_t ttl_ms = options_.ttl_s * 1000;
   const int64_t period_ms = std::max<int64_t>(ttl_ms / 4, 100);
   int64_t next_ms = NowMs() + period_ms;
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   while (!stopping_ && !lost_) {
     const int64_t wake = leading_ ? std::min(next_ms, valid_until_ms_) : next_ms;
-    cv_.wait_for(l, std::chrono::milliseconds(std::max<int64_t>(0, wake - NowMs())));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(std::max<int64_t>(0, wake - NowMs())));
     if (stopping_ || lost_) break;
     const int64_t now = NowMs();
     if (now >= valid_until_ms_) {
       if (leading_) {
-        l.unlock();
+        mu_.Unlock();
         Lost(absl::StrCat("no keepalive acknowledged within the lease's ", options_.ttl_s, " s TTL"));
-        l.lock();
+        mu_.Lock();
         break;
       }
       if (!lease_lost_) {
@@ -105,10 +106,10 @@ void EtcdElection::KeepAliveLoop() {
     const int64_t id = lease_id_;
     if (id == 0 || lease_lost_) continue;
     const int64_t budget = leading_ ? std::max<int64_t>(1, valid_until_ms_ - now) : period_ms;
-    l.unlock();
+    mu_.Unlock();
     const int64_t sent = NowMs();
     absl::StatusOr<int64_t> ttl = client_->LeaseKeepAliveOnce(id, std::min(budget, period_ms * 2));
-    l.lock();
+    mu_.Lock();
     if (lease_id_ != id) continue;  // replaced meanwhile
     if (!ttl.ok()) {
       PACER_LOG(WARNING) << "etcd election: keepalive of lease " << id << " failed: " << ttl.status().message();
@@ -116,9 +117,9 @@ void EtcdElection::KeepAliveLoop() {
     }
     if (*ttl <= 0) {
       if (leading_) {
-        l.unlock();
+        mu_.Unlock();
         Lost(absl::StrCat("etcd says lease ", id, " is gone"));
-        l.lock();
+        mu_.Lock();
         break;
       }
       lease_lost_ = true;
@@ -148,15 +149,15 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
   std::string reported;
   int64_t backoff_ms = 50;
   auto pause = [&]() -> bool {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait_for(l, std::chrono::milliseconds(backoff_ms), [&] { return stopping_; });
+    absl::MutexLock l(&mu_);
+    CvWaitFor(cv_, mu_, std::chrono::milliseconds(backoff_ms), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
     return !stopping_;
   };
   for (;;) {
     int64_t lease;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (stopping_) return absl::CancelledError("stopped while campaigning");
       lease = lease_lost_ ? 0 : lease_id_.load();
     }
@@ -172,7 +173,7 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
     std::unique_ptr<grpc::ClientContext> ctx = client_->StreamContext(0);
     grpc::ClientContext* raw = ctx.get();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (stopping_) return absl::CancelledError("stopped while campaigning");
       campaign_ctx_ = std::move(ctx);
     }
@@ -181,30 +182,30 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
     std::thread reporter;
     if (on_waiting) {
       reporter = std::thread([&] {
-        std::unique_lock<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         while (waiting && !stopping_) {
-          l.unlock();
+          mu_.Unlock();
           absl::StatusOr<mvccpb::KeyValue> leader = client_->Leader(options_.name);
           const std::string now = leader.ok() ? leader->value() : "";
           if (!now.empty() && now != reported && now != options_.value && waiting) {
             reported = now;
             on_waiting(now);
           }
-          l.lock();
-          cv_.wait_for(l, std::chrono::seconds(1), [&] { return !waiting || stopping_; });
+          mu_.Lock();
+          CvWaitFor(cv_, mu_, std::chrono::seconds(1), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !waiting || stopping_; });
         }
       });
     }
     absl::StatusOr<v3electionpb::LeaderKey> won = client_->Campaign(raw, options_.name, lease, options_.value);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       waiting = false;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (reporter.joinable()) reporter.join();
     bool lease_lost;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       campaign_ctx_.reset();
       if (stopping_) return absl::CancelledError("stopped while campaigning");
       lease_lost = lease_lost_;
@@ -227,11 +228,11 @@ absl::Status EtcdElection::Campaign(const std::function<void(const std::string& 
     absl::Status confirmed = ConfirmKey(fence);
     if (!confirmed.ok()) {
       PACER_LOG(WARNING) << "etcd election: " << confirmed.message() << "; campaigning again";
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       lease_lost_ = true;
       continue;
     }
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (NowMs() >= valid_until_ms_) {
       lease_lost_ = true;  // won too late to trust the lease: campaign again on a new one
       continue;
@@ -248,7 +249,7 @@ absl::Status EtcdElection::Resign() {
   EtcdFence fence;
   int64_t lease;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (!leading_ || lost_) return absl::OkStatus();
     lost_ = true;
     leading_ = false;

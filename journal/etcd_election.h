@@ -23,14 +23,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "journal/etcd_client.h"
 
@@ -82,17 +81,17 @@ class EtcdElection {
 
   EtcdClient* const client_;
   const EtcdElectionOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
   std::atomic<int64_t> lease_id_{0};
-  int64_t valid_until_ms_ = 0;  // steady clock; leadership (and the lease) trusted until then
-  bool leading_ = false;
-  bool lost_ = false;
-  bool lease_lost_ = false;     // the lease expired while campaigning: grant another
-  bool stopping_ = false;
-  EtcdFence fence_;
+  int64_t valid_until_ms_ ABSL_GUARDED_BY(mu_) = 0;  // steady clock; leadership (and the lease) trusted until then
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool lease_lost_ ABSL_GUARDED_BY(mu_) = false;     // the lease expired while campaigning: grant another
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  EtcdFence fence_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_lost_;
-  std::unique_ptr<grpc::ClientContext> campaign_ctx_;  // the Campaign in flight (to cancel it)
+  std::unique_ptr<grpc::ClientContext> campaign_ctx_ ABSL_GUARDED_BY(mu_);  // the Campaign in flight (to cancel it)
   std::thread keepalive_;
 };
 

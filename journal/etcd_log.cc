@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cond_wait.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -60,21 +59,24 @@ absl::StatusOr<std::unique_ptr<EtcdLog>> EtcdLog::Open(EtcdLogOptions options, c
   std::unique_ptr<EtcdLog> log(new EtcdLog(std::move(options)));
   ASSIGN_OR_RETURN(Opened opened, log->options_.wait_promoted ? log->Follow(replay)
                                                               : log->OpenAndReplay(replay, /*may_write=*/true));
-  log->last_seq_ = log->durable_seq_ = opened.last_seq;
-  log->stats_.durable_seq = opened.last_seq;
-  log->last_snapshot_seq_ = opened.snapshot_seq;
-  log->pinned_ = std::move(opened.pinned);
-  log->recovery_ = opened.recovery;
+  {
+    absl::MutexLock l(&log->mu_);  // no other thread yet: for the annotations
+    log->last_seq_ = log->durable_seq_ = opened.last_seq;
+    log->stats_.durable_seq = opened.last_seq;
+    log->last_snapshot_seq_ = opened.snapshot_seq;
+    log->pinned_ = std::move(opened.pinned);
+    log->recovery_ = opened.recovery;
+  }
   log->writer_ = std::thread([l = log.get()] { l->WriterLoop(); });
   return log;
 }
 
 EtcdLog::~EtcdLog() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (writer_.joinable()) writer_.join();
 }
 
@@ -315,11 +317,11 @@ class JournalWatch {
       : client_(client), prefix_(std::move(prefix)), thread_([this] { Run(); }) {}
   ~JournalWatch() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stopping_ = true;
       if (ctx_) ctx_->TryCancel();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
   }
   bool TakeEvent() { return event_.exchange(false); }
@@ -329,7 +331,7 @@ class JournalWatch {
     for (;;) {
       std::unique_ptr<grpc::ClientContext> ctx = client_->StreamContext(0);
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         if (stopping_) return;
         ctx_ = ctx.get();
       }
@@ -347,21 +349,21 @@ class JournalWatch {
       stream->WritesDone();
       ctx->TryCancel();
       const grpc::Status s = stream->Finish();
-      std::unique_lock<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       ctx_ = nullptr;
       if (stopping_) return;
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE) client_->Rotate();
       event_ = true;  // something may have been missed while the stream was down
-      cv_.wait_for(l, std::chrono::seconds(1), [&] { return stopping_; });
+      CvWaitFor(cv_, mu_, std::chrono::seconds(1), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
     }
   }
 
   EtcdClient* const client_;
   const std::string prefix_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  grpc::ClientContext* ctx_ = nullptr;  // the stream open now (to cancel it)
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the stream open now (to cancel it)
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> event_{false};
   std::thread thread_;  // last: started once the rest is set
 };
@@ -421,34 +423,34 @@ absl::StatusOr<EtcdLog::Opened> EtcdLog::Follow(const Replay& replay) {
 
 void EtcdLog::Append(uint64_t seq, std::string bytes) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     last_seq_ = seq;
     stats_.appends++;
     queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void EtcdLog::AppendAll(std::vector<std::pair<uint64_t, std::string>> updates) {
   if (updates.empty()) return;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (auto& [seq, bytes] : updates) {
       last_seq_ = seq;
       stats_.appends++;
       queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
     }
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void EtcdLog::WriteSnapshot(uint64_t seq, std::shared_ptr<const google::protobuf::MessageLite> snapshot,
                             std::vector<PinnedEntry> pinned) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     queue_.push_back(Entry{seq, {}, std::move(snapshot), std::move(pinned)});
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void EtcdLog::AddRecord(const std::string& key, const std::string& record, std::vector<Op>* ops) const {
@@ -601,9 +603,9 @@ void EtcdLog::TakeWaiters(uint64_t up_to, std::vector<Done>* ready) {
 }
 
 void EtcdLog::WriterLoop() {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (;;) {
-    cv_.wait(l, [&] { return stopping_ || (!queue_.empty() && health_.ok()); });
+    CvWait(cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || (!queue_.empty() && health_.ok()); });
     if (queue_.empty() || !health_.ok()) {
       if (stopping_) return;
       continue;
@@ -612,7 +614,7 @@ void EtcdLog::WriterLoop() {
     group.swap(queue_);
     std::set<std::string> pinned_after = pinned_;
     writing_ = true;
-    l.unlock();
+    mu_.Unlock();
 
     uint64_t snapshot_seq = 0;
     uint64_t pinned_written = 0;
@@ -628,7 +630,7 @@ void EtcdLog::WriterLoop() {
 
     std::vector<Done> ready;
     std::function<void(const std::string&)> fenced;
-    l.lock();
+    mu_.Lock();
     writing_ = false;
     stats_.batches += txns;
     if (st.ok()) {
@@ -657,18 +659,18 @@ void EtcdLog::WriterLoop() {
       }
     }
     const absl::Status result = health_;
-    l.unlock();
+    mu_.Unlock();
     if (fenced) fenced(std::string(st.message()));  // leadership ends before anyone hears of the failure
-    durable_cv_.notify_all();
+    durable_cv_.SignalAll();
     for (Done& d : ready) d(result);
-    l.lock();
+    mu_.Lock();
   }
 }
 
 absl::Status EtcdLog::ReadFrom(uint64_t seq, const EntryFn& on_update) const {
   uint64_t snapshot_seq, durable;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     snapshot_seq = last_snapshot_seq_;
     durable = durable_seq_;
   }
@@ -687,7 +689,7 @@ absl::Status EtcdLog::ReadFrom(uint64_t seq, const EntryFn& on_update) const {
 void EtcdLog::WhenDurable(uint64_t seq, Done done) {
   absl::Status status;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (health_.ok() && durable_seq_ < seq) {
       waiters_.emplace(seq, std::move(done));
       return;
@@ -698,24 +700,24 @@ void EtcdLog::WhenDurable(uint64_t seq, Done done) {
 }
 
 absl::Status EtcdLog::Flush() {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   const uint64_t target = last_seq_;
-  durable_cv_.wait(l, [&] { return durable_seq_ >= target || !health_.ok(); });
+  CvWait(durable_cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return durable_seq_ >= target || !health_.ok(); });
   return health_;
 }
 
 absl::Status EtcdLog::health() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return health_;
 }
 
 absl::Status EtcdLog::Recover(const Replay& replay) {
   uint64_t acknowledged;
   {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (health_.ok()) return absl::OkStatus();
     if (fenced_) return health_;  // a deposed leader recovers nothing: it steps down
-    durable_cv_.wait(l, [&] { return !writing_; });
+    CvWait(durable_cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; });
     queue_.clear();
     acknowledged = durable_seq_;
   }
@@ -724,7 +726,7 @@ absl::Status EtcdLog::Recover(const Replay& replay) {
     return absl::DataLossError(absl::StrCat("etcd journal at '", options_.prefix, "' holds updates up to ",
                                             opened.last_seq, ", but ", acknowledged, " were acknowledged"));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   last_seq_ = durable_seq_ = opened.last_seq;
   stats_.durable_seq = durable_seq_;
   last_snapshot_seq_ = opened.snapshot_seq;
@@ -732,22 +734,22 @@ absl::Status EtcdLog::Recover(const Replay& replay) {
   recovery_ = opened.recovery;
   health_ = absl::OkStatus();
   stats_.recoveries++;
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
 uint64_t EtcdLog::last_seq() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return last_seq_;
 }
 
 JournalStats EtcdLog::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return stats_;
 }
 
 JournalRecovery EtcdLog::recovery() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return recovery_;
 }
 

@@ -49,16 +49,16 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "journal/durable_log.h"
 #include "journal/etcd_client.h"
 #include "journal/etcd_election.h"
@@ -160,27 +160,27 @@ class EtcdLog final : public DurableLog {
   absl::Status WriteOps(const std::vector<Op>& ops, size_t* txns);
   absl::Status WriteTxn(const std::vector<const Op*>& ops);
   void WriterLoop();
-  void TakeWaiters(uint64_t up_to, std::vector<Done>* ready);
+  void TakeWaiters(uint64_t up_to, std::vector<Done>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string UpdateKey(uint64_t seq) const;
   std::string SnapshotKey(uint64_t seq) const;
   std::string PinnedKey(const std::string& key) const;
 
   const EtcdLogOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable durable_cv_;
-  std::vector<Entry> queue_;
-  std::multimap<uint64_t, Done> waiters_;
-  uint64_t last_seq_ = 0;
-  uint64_t durable_seq_ = 0;
-  uint64_t last_snapshot_seq_ = 0;
-  std::set<std::string> pinned_;  // owner keys of the pinned entries in etcd
-  absl::Status health_;
-  bool fenced_ = false;
-  bool stopping_ = false;
-  bool writing_ = false;
-  JournalStats stats_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::CondVar durable_cv_;
+  std::vector<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, Done> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t durable_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_snapshot_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> pinned_ ABSL_GUARDED_BY(mu_);  // owner keys of the pinned entries in etcd
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  bool fenced_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  JournalStats stats_ ABSL_GUARDED_BY(mu_);
   JournalRecovery recovery_;
   std::thread writer_;
 };

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cond_wait.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -154,7 +155,10 @@ absl::StatusOr<std::unique_ptr<RocksLog>> RocksLog::Open(const JournalOptions& o
   std::unique_ptr<RocksLog> j(new RocksLog(options, std::move(env)));
   auto opened = j->OpenAndReplay(replay, 0);
   if (!opened.ok()) return opened.status();
-  j->Install(std::move(*opened));
+  {
+    absl::MutexLock l(&j->mu_);  // no other thread yet: for the annotations
+    j->Install(std::move(*opened));
+  }
   j->writer_ = std::thread([p = j.get()] { p->WriterLoop(); });
   if (j->marks_ack_) {
     j->hwm_thread_ = std::thread([p = j.get()] { p->MarkLoop(); });
@@ -445,7 +449,7 @@ void RocksLog::Install(Opened opened) {
   last_seq_ = written_seq_ = durable_seq_ = opened.last_seq;
   ++epoch_;
   {
-    std::lock_guard<std::mutex> h(hwm_mu_);
+    absl::MutexLock h(&hwm_mu_);
     hwm_ = std::move(opened.hwm);
     hwm_seq_.store(hwm_->seq());
   }
@@ -459,19 +463,19 @@ void RocksLog::Install(Opened opened) {
 
 RocksLog::~RocksLog() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  hwm_cv_.notify_all();
-  mark_cv_.notify_all();
+  cv_.SignalAll();
+  hwm_cv_.SignalAll();
+  mark_cv_.SignalAll();
   if (writer_.joinable()) writer_.join();  // then the marker marks what it wrote, and exits
   if (hwm_thread_.joinable()) hwm_thread_.join();
   if (!db_) return;
   bool healthy;
   uint64_t durable;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     healthy = health_.ok();
     durable = durable_seq_;
   }
@@ -479,7 +483,7 @@ RocksLog::~RocksLog() {
     // A clean close: the mark is exact (with marks_ack_ it already is: the marker has marked
     // everything written before it exited). Without per-group fsync, sync the WAL first.
     rocksdb::Status st = options_.sync ? rocksdb::Status::OK() : db_->SyncWAL();
-    std::lock_guard<std::mutex> h(hwm_mu_);
+    absl::MutexLock h(&hwm_mu_);
     if (st.ok() && hwm_ && hwm_->seq() != durable) {
       if (auto s = hwm_->Advance(durable); !s.ok()) {
         PACER_LOG(WARNING) << s;
@@ -492,39 +496,39 @@ RocksLog::~RocksLog() {
 }
 
 void RocksLog::Append(uint64_t seq, std::string bytes) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   PACER_CHECK(seq == last_seq_ + 1) << "journal append out of order: " << seq << " after " << last_seq_;
   last_seq_ = seq;
   queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
   stats_.appends++;
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void RocksLog::AppendAll(std::vector<std::pair<uint64_t, std::string>> updates) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (auto& [seq, bytes] : updates) {
     PACER_CHECK(seq == last_seq_ + 1) << "journal append out of order: " << seq << " after " << last_seq_;
     last_seq_ = seq;
     queue_.push_back(Entry{seq, std::move(bytes), nullptr, {}});
     stats_.appends++;
   }
-  if (!updates.empty()) cv_.notify_one();  // one wake-up: the writer takes them as one group
+  if (!updates.empty()) cv_.Signal();  // one wake-up: the writer takes them as one group
 }
 
 void RocksLog::WriteSnapshot(uint64_t seq,
                              std::shared_ptr<const google::protobuf::MessageLite> snapshot,
                              std::vector<PinnedEntry> pinned) {
   // Serialized by the writer: the caller (the owner, under its lock) only moves it here.
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   // A group's record is deleted whole with the snapshot that covers its first update: a
   // snapshot must cover every update appended before it, or the later ones would go with it.
   PACER_CHECK(seq == last_seq_) << "snapshot at " << seq << " with updates appended up to " << last_seq_;
   queue_.push_back(Entry{seq, std::string(), std::move(snapshot), std::move(pinned)});
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 absl::Status RocksLog::ReadFrom(uint64_t seq, const EntryFn& on_update) const {
-  std::lock_guard<std::mutex> l(mu_);  // db_ is replaced by Recover()
+  absl::MutexLock l(&mu_);  // db_ is replaced by Recover()
   if (!db_) return health_;
   if (seq <= last_snapshot_seq_) {
     return absl::FailedPreconditionError(
@@ -581,7 +585,7 @@ absl::Status RocksLog::ReadRecords(rocksdb::DB& db, uint64_t from, bool exact,
 void RocksLog::WhenDurable(uint64_t seq, Done done) {
   absl::Status status;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (health_.ok() && durable_seq_ < seq) {
       waiters_.emplace(seq, std::move(done));
       return;
@@ -592,36 +596,36 @@ void RocksLog::WhenDurable(uint64_t seq, Done done) {
 }
 
 absl::Status RocksLog::Flush() {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   const uint64_t target = last_seq_;
-  durable_cv_.wait(l, [&] { return durable_seq_ >= target || !health_.ok(); });
+  CvWait(durable_cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return durable_seq_ >= target || !health_.ok(); });
   return health_;
 }
 
 absl::Status RocksLog::health() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return health_;
 }
 
 uint64_t RocksLog::last_seq() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return last_seq_;
 }
 
 JournalStats RocksLog::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   JournalStats s = stats_;
   s.hwm_seq = hwm_seq_.load();
   return s;
 }
 
 JournalRecovery RocksLog::recovery() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return recovery_;
 }
 
 absl::Status RocksLog::Recover(const Replay& replay) {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (health_.ok()) return absl::OkStatus();
   // The writer is idle: it never writes past a failure, it only discards what is queued.
   // Updates queued after the failure were applied in memory but never acknowledged: dropped.
@@ -658,24 +662,24 @@ void RocksLog::TakeWaiters(uint64_t up_to, std::vector<Done>* ready) {
 }
 
 void RocksLog::MarkLoop() {
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (;;) {
     // Steps 2 and 3 of "Acknowledging a group" (rocks_log.h).
-    mark_cv_.wait(l, [&] { return (health_.ok() && written_seq_ > durable_seq_) || writer_done_; });
+    CvWait(mark_cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return (health_.ok() && written_seq_ > durable_seq_) || writer_done_; });
     if (!health_.ok() || written_seq_ <= durable_seq_) break;  // the writer is done: all marked
     const uint64_t target = written_seq_;  // every group written so far, in one mark
     const uint64_t epoch = epoch_;
-    l.unlock();
+    mu_.Unlock();
     absl::Status st;
     {
-      std::lock_guard<std::mutex> h(hwm_mu_);
+      absl::MutexLock h(&hwm_mu_);
       // (Never lowered: after a Recover() the new mark already holds at least this.)
       if (target > hwm_->seq()) st = hwm_->Advance(target);
       hwm_seq_.store(hwm_->seq());
     }
     std::vector<Done> ready;
     absl::Status status;
-    l.lock();
+    mu_.Lock();
     if (epoch != epoch_) continue;  // Recover() reopened the log meanwhile, with its own mark
     if (!st.ok()) {
       // Not acknowledged: the same as a failed WAL write (rocks_log.h, DurableLog's step 5).
@@ -695,24 +699,24 @@ void RocksLog::MarkLoop() {
       stats_.hwm_writes++;
       TakeWaiters(durable_seq_, &ready);
     }
-    l.unlock();
-    durable_cv_.notify_all();
+    mu_.Unlock();
+    durable_cv_.SignalAll();
     for (auto& done : ready) done(status);
-    l.lock();
+    mu_.Lock();
   }
 }
 
 void RocksLog::HwmLoop() {
   const auto period = std::chrono::milliseconds(std::max<int64_t>(1, options_.hwm_interval_ms));
-  std::unique_lock<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   while (!stopping_) {
-    hwm_cv_.wait_for(l, period, [&] { return stopping_; });  // a timer; wakes early on stop
+    CvWaitFor(hwm_cv_, mu_, period, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });  // a timer; wakes early on stop
     if (stopping_) break;
     const uint64_t durable = durable_seq_;
     const bool healthy = health_.ok();
-    l.unlock();
+    mu_.Unlock();
     if (healthy) {
-      std::lock_guard<std::mutex> h(hwm_mu_);
+      absl::MutexLock h(&hwm_mu_);
       if (durable > hwm_->seq()) {
         // A failure (a full disk) keeps the older, lower mark: always safe, only less exact.
         if (auto s = hwm_->Advance(durable); !s.ok()) {
@@ -721,7 +725,7 @@ void RocksLog::HwmLoop() {
         hwm_seq_.store(hwm_->seq());
       }
     }
-    l.lock();
+    mu_.Lock();
   }
 }
 
@@ -734,11 +738,11 @@ void RocksLog::WriterLoop() {
     uint64_t previous_snapshot = 0;
     std::set<std::string> pinned;  // on disk once this batch is written
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock l(&mu_);
+      CvWait(cv_, mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty() && stopping_) {
         writer_done_ = true;  // the marker marks what was written, then exits
-        mark_cv_.notify_one();
+        mark_cv_.Signal();
         break;
       }
       batch_entries.swap(queue_);
@@ -806,7 +810,7 @@ void RocksLog::WriterLoop() {
     std::vector<Done> ready;
     absl::Status status;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (!st.ok()) {
         if (health_.ok()) health_ = WriteFailure(st, options_.dir);  // (or the mark failed first)
         stats_.failed_writes++;
@@ -834,7 +838,7 @@ void RocksLog::WriterLoop() {
         }
         if (max_seq > written_seq_) written_seq_ = max_seq;
         if (marks_ack_) {
-          mark_cv_.notify_one();  // acknowledged once the mark holds it (MarkLoop)
+          mark_cv_.Signal();  // acknowledged once the mark holds it (MarkLoop)
         } else {
           durable_seq_ = written_seq_;
           stats_.durable_seq = durable_seq_;
@@ -843,7 +847,7 @@ void RocksLog::WriterLoop() {
       }
       status = health_;
     }
-    durable_cv_.notify_all();
+    durable_cv_.SignalAll();
     batch_entries.clear();
     for (auto& done : ready) done(status);
   }

@@ -67,16 +67,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <optional>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "journal/durable_log.h"
 #include "journal/high_water_mark.h"
 
@@ -131,14 +131,14 @@ class RocksLog final : public DurableLog {
   // The records from the one holding update `from` (exact: starting at `from`) to the end,
   // each update >= from into `fn`; a gap or a corrupt record is DATA_LOSS.
   absl::Status ReadRecords(rocksdb::DB& db, uint64_t from, bool exact, const EntryFn& fn) const;
-  void Install(Opened opened);  // under mu_ (or before the threads start)
+  void Install(Opened opened) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriterLoop();
   // Acknowledges what the writer wrote once the mark holds it (mark_before_ack).
   void MarkLoop();
   // Lets the mark follow every hwm_interval_ms (sync=false or mark_before_ack=false).
   void HwmLoop();
   // Moves the waiters for seqs <= up_to to `ready`, to be run without mu_. Under mu_.
-  void TakeWaiters(uint64_t up_to, std::vector<Done>* ready);
+  void TakeWaiters(uint64_t up_to, std::vector<Done>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Entry {
     uint64_t seq;
@@ -152,31 +152,31 @@ class RocksLog final : public DurableLog {
   std::shared_ptr<rocksdb::FileSystem> fs_;
   std::unique_ptr<rocksdb::Env> env_;  // owns a composite env when options_.fs is set
   std::unique_ptr<rocksdb::DB> db_;    // null after a failed Recover()
-  mutable std::mutex mu_;
-  std::condition_variable cv_;          // wakes the writer
-  std::condition_variable durable_cv_;  // wakes Flush()
-  std::condition_variable hwm_cv_;      // wakes HwmLoop (stop)
-  std::condition_variable mark_cv_;     // wakes the marker (a group written, or the writer done)
-  std::vector<Entry> queue_;
-  std::multimap<uint64_t, Done> waiters_;
-  uint64_t last_seq_ = 0;           // last appended
-  uint64_t written_seq_ = 0;        // last written (synced) to RocksDB
-  uint64_t durable_seq_ = 0;        // last acknowledged: written and, with marks_ack_, marked
-  uint64_t last_snapshot_seq_ = 0;  // newest snapshot on disk
-  uint64_t epoch_ = 0;              // +1 at each Install(): a mark of an older epoch is moot
-  std::set<std::string> pinned_;    // keys of the pinned entries on disk
-  bool upgrade_format_ = false;     // an older readable format: rewrite it with the next group
-  absl::Status health_;
-  absl::Status failure_;  // the write failure a failed Recover() still reports
-  bool stopping_ = false;
-  bool writer_done_ = false;  // the writer has written everything queued and exited
-  JournalStats stats_;
-  JournalRecovery recovery_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;          // wakes the writer
+  absl::CondVar durable_cv_;  // wakes Flush()
+  absl::CondVar hwm_cv_;      // wakes HwmLoop (stop)
+  absl::CondVar mark_cv_;     // wakes the marker (a group written, or the writer done)
+  std::vector<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, Done> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;           // last appended
+  uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;        // last written (synced) to RocksDB
+  uint64_t durable_seq_ ABSL_GUARDED_BY(mu_) = 0;        // last acknowledged: written and, with marks_ack_, marked
+  uint64_t last_snapshot_seq_ ABSL_GUARDED_BY(mu_) = 0;  // newest snapshot on disk
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;              // +1 at each Install(): a mark of an older epoch is moot
+  std::set<std::string> pinned_ ABSL_GUARDED_BY(mu_);    // keys of the pinned entries on disk
+  bool upgrade_format_ ABSL_GUARDED_BY(mu_) = false;     // an older readable format: rewrite it with the next group
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);  // the write failure a failed Recover() still reports
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;  // the writer has written everything queued and exited
+  JournalStats stats_ ABSL_GUARDED_BY(mu_);
+  JournalRecovery recovery_ ABSL_GUARDED_BY(mu_);
   // A group is acknowledged only once the mark holds it (sync && mark_before_ack).
   const bool marks_ack_;
   // Lock order: mu_ before hwm_mu_; the mark is written holding hwm_mu_ only.
-  std::mutex hwm_mu_;
-  std::unique_ptr<HighWaterMark> hwm_;  // guarded by hwm_mu_; replaced at each (re)open
+  absl::Mutex hwm_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::unique_ptr<HighWaterMark> hwm_ ABSL_GUARDED_BY(hwm_mu_);  // replaced at each (re)open
   std::atomic<uint64_t> hwm_seq_{0};  // == hwm_->seq(), readable without hwm_mu_
   std::thread writer_;
   std::thread hwm_thread_;  // MarkLoop or HwmLoop

@@ -1,20 +1,8 @@
 #include "monitor/grpc_monitor_service.h"
 
-#include "common/reply_limit.h"
+#include "common/grpc_unary.h"
 
 namespace pacer {
-
-// One line per RPC: authorize (`Check`, with the call's metadata `md` and request `req` in
-// scope), delegate, finish.
-#define PACER_MONITOR_HANDLER(Method, Request, Response, Check)                                 \
-  grpc::ServerUnaryReactor* GrpcMonitorService::Method(grpc::CallbackServerContext* ctx,        \
-                                                       const Request* req, Response* resp) {    \
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                  \
-    const auto& md = ctx->client_metadata();                                                    \
-    absl::Status s = (Check);                                                                   \
-    reactor->Finish(ReplyStatus(s.ok() ? impl_->Method(*req, resp) : s, *resp, #Method));        \
-    return reactor;                                                                             \
-  }
 
 namespace {
 
@@ -62,13 +50,36 @@ absl::Status GrpcMonitorService::CheckRegister(const Authenticator::Metadata& md
                     : absl::OkStatus();
 }
 
-PACER_MONITOR_HANDLER(RegisterWorker, MonitorRegisterRequest, MonitorRegisterResponse, CheckRegister(md, *req))
-PACER_MONITOR_HANDLER(ReportSteps, ReportStepsRequest, ReportStepsResponse, RequireOwnReports(*auth_, md, *req))
-PACER_MONITOR_HANDLER(ReportNode, ReportNodeRequest, ReportNodeResponse,
-                      auth_->RequireNode(md, req->metrics().node(), "report node"))
-PACER_MONITOR_HANDLER(ListWorkers, ListWorkersRequest, ListWorkersResponse,
-                      auth_->RequireWorkerSide(md, "list workers"))
+grpc::ServerUnaryReactor* GrpcMonitorService::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                             const MonitorRegisterRequest* req,
+                                                             MonitorRegisterResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerNow(ctx, *resp, "RegisterWorker", CheckRegister(md, *req),
+                   [&] { return impl_->RegisterWorker(*req, resp); });
+}
 
-#undef PACER_MONITOR_HANDLER
+grpc::ServerUnaryReactor* GrpcMonitorService::ReportSteps(grpc::CallbackServerContext* ctx,
+                                                          const ReportStepsRequest* req,
+                                                          ReportStepsResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerNow(ctx, *resp, "ReportSteps", RequireOwnReports(*auth_, md, *req),
+                   [&] { return impl_->ReportSteps(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* GrpcMonitorService::ReportNode(grpc::CallbackServerContext* ctx,
+                                                         const ReportNodeRequest* req,
+                                                         ReportNodeResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerNow(ctx, *resp, "ReportNode", auth_->RequireNode(md, req->metrics().node(), "report node"),
+                   [&] { return impl_->ReportNode(*req, resp); });
+}
+
+grpc::ServerUnaryReactor* GrpcMonitorService::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                          const ListWorkersRequest* req,
+                                                          ListWorkersResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerNow(ctx, *resp, "ListWorkers", auth_->RequireWorkerSide(md, "list workers"),
+                   [&] { return impl_->ListWorkers(*req, resp); });
+}
 
 }  // namespace pacer

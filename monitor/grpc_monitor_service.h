@@ -23,14 +23,14 @@ class GrpcMonitorService final : public Monitor::CallbackService {
                      const WorkerDirectory* directory = nullptr)
       : impl_(impl), auth_(auth), directory_(directory) {}
 
-#define PACER_MONITOR_RPC(Method, Request, Response)                                        \
-  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const Request* req, \
-                                   Response* resp) override;
-  PACER_MONITOR_RPC(RegisterWorker, MonitorRegisterRequest, MonitorRegisterResponse)
-  PACER_MONITOR_RPC(ReportSteps, ReportStepsRequest, ReportStepsResponse)
-  PACER_MONITOR_RPC(ReportNode, ReportNodeRequest, ReportNodeResponse)
-  PACER_MONITOR_RPC(ListWorkers, ListWorkersRequest, ListWorkersResponse)
-#undef PACER_MONITOR_RPC
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx, const MonitorRegisterRequest* req,
+                                           MonitorRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportSteps(grpc::CallbackServerContext* ctx, const ReportStepsRequest* req,
+                                        ReportStepsResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportNode(grpc::CallbackServerContext* ctx, const ReportNodeRequest* req,
+                                       ReportNodeResponse* resp) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const ListWorkersRequest* req,
+                                        ListWorkersResponse* resp) override;
 
  private:
   absl::Status CheckRegister(const Authenticator::Metadata& md, const MonitorRegisterRequest& req) const;

@@ -1,6 +1,6 @@
 #include "rendezvous/grpc_rendezvous_service.h"
 
-#include "common/reply_limit.h"
+#include "common/grpc_unary.h"
 
 namespace pacer {
 namespace {
@@ -29,28 +29,36 @@ class WaitingGet final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-// `Call` is evaluated with the request `req`, the reply `resp` and the caller's credential
-// `who` (its Describe(): the store charges what a caller writes to it) in scope.
-#define PACER_RENDEZVOUS_HANDLER(Method, Request, Response, Call)                              \
-  grpc::ServerUnaryReactor* GrpcRendezvousService::Method(grpc::CallbackServerContext* ctx,    \
-                                                          const Request* req, Response* resp) { \
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                 \
-    absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());                \
-    absl::Status s = caller.status();                                                          \
-    if (s.ok()) s = auth_->RequireWorkerSide(ctx->client_metadata(), "rendezvous " #Method);    \
-    if (s.ok()) {                                                                              \
-      const std::string who = caller->Describe();                                              \
-      s = (Call);                                                                              \
-    }                                                                                          \
-    reactor->Finish(ReplyStatus(s, *resp, #Method));                                           \
-    return reactor;                                                                            \
-  }
+// Set, Add and Check need a worker-side credential; the store charges what a caller writes to
+// its credential (Describe()).
+absl::StatusOr<std::string> GrpcRendezvousService::StoreCaller(grpc::CallbackServerContext* ctx,
+                                                               const char* what) const {
+  absl::StatusOr<Principal> caller = auth_->Identify(ctx->client_metadata());
+  if (!caller.ok()) return caller.status();
+  RETURN_IF_ERROR(auth_->RequireWorkerSide(ctx->client_metadata(), what));
+  return caller->Describe();
+}
 
-PACER_RENDEZVOUS_HANDLER(Set, RendezvousSetRequest, RendezvousSetResponse, impl_->Set(*req, resp, who))
-PACER_RENDEZVOUS_HANDLER(Add, RendezvousAddRequest, RendezvousAddResponse, impl_->Add(*req, resp, who))
-PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse, impl_->Check(*req, resp))
+grpc::ServerUnaryReactor* GrpcRendezvousService::Set(grpc::CallbackServerContext* ctx,
+                                                     const RendezvousSetRequest* req,
+                                                     RendezvousSetResponse* resp) {
+  absl::StatusOr<std::string> who = StoreCaller(ctx, "rendezvous Set");
+  return AnswerNow(ctx, *resp, "Set", who.status(), [&] { return impl_->Set(*req, resp, *who); });
+}
 
-#undef PACER_RENDEZVOUS_HANDLER
+grpc::ServerUnaryReactor* GrpcRendezvousService::Add(grpc::CallbackServerContext* ctx,
+                                                     const RendezvousAddRequest* req,
+                                                     RendezvousAddResponse* resp) {
+  absl::StatusOr<std::string> who = StoreCaller(ctx, "rendezvous Add");
+  return AnswerNow(ctx, *resp, "Add", who.status(), [&] { return impl_->Add(*req, resp, *who); });
+}
+
+grpc::ServerUnaryReactor* GrpcRendezvousService::Check(grpc::CallbackServerContext* ctx,
+                                                       const RendezvousCheckRequest* req,
+                                                       RendezvousCheckResponse* resp) {
+  absl::StatusOr<std::string> who = StoreCaller(ctx, "rendezvous Check");
+  return AnswerNow(ctx, *resp, "Check", who.status(), [&] { return impl_->Check(*req, resp); });
+}
 
 // Join and Reform act as the request's worker; only the chief (or the job / admin token) opens
 // the group, so no stray Join can fix the world size for everyone. A worker credential joins at
@@ -58,29 +66,26 @@ PACER_RENDEZVOUS_HANDLER(Check, RendezvousCheckRequest, RendezvousCheckResponse,
 grpc::ServerUnaryReactor* GrpcRendezvousService::Join(grpc::CallbackServerContext* ctx,
                                                       const RendezvousJoinRequest* req,
                                                       RendezvousJoinResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto caller = auth_->Identify(ctx->client_metadata());
   absl::Status s = caller.status();
   if (s.ok()) s = auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous join");
   RendezvousJoinRequest join = *req;
   if (s.ok() && directory_ != nullptr) {
-    absl::StatusOr<int32_t> rank = CheckJoin(*caller, *directory_, req->worker_id(), req->rank(), req->incarnation());
+    absl::StatusOr<int32_t> rank =
+        CheckJoin(*caller, *directory_, req->worker_id(), req->rank(), req->incarnation());
     if (rank.ok()) join.set_rank(*rank);
     s = rank.status();
   }
-  if (s.ok()) s = impl_->Join(join, resp, JoinAuthority{caller->chief()});
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return AnswerNow(ctx, *resp, "Join", s,
+                   [&] { return impl_->Join(join, resp, JoinAuthority{caller->chief()}); });
 }
 
 grpc::ServerUnaryReactor* GrpcRendezvousService::Reform(grpc::CallbackServerContext* ctx,
                                                         const RendezvousReformRequest* req,
                                                         RendezvousReformResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous reform");
-  if (s.ok()) s = impl_->Reform(*req, resp);
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
+  return AnswerNow(ctx, *resp, "Reform",
+                   auth_->RequireWorker(ctx->client_metadata(), req->worker_id(), "rendezvous reform"),
+                   [&] { return impl_->Reform(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* GrpcRendezvousService::Get(grpc::CallbackServerContext* ctx,

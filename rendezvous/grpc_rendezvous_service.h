@@ -37,6 +37,9 @@ class GrpcRendezvousService final : public Rendezvous::CallbackService {
                                   RendezvousCheckResponse* resp) override;
 
  private:
+  // The caller's Describe() if it holds a worker-side credential.
+  absl::StatusOr<std::string> StoreCaller(grpc::CallbackServerContext* ctx, const char* what) const;
+
   RendezvousServiceImpl* impl_;
   const Authenticator* auth_;
   const WorkerDirectory* directory_;

@@ -1,6 +1,8 @@
 #include "sharding_service/grpc_sharding_service.h"
 
-#include "common/reply_limit.h"
+#include <utility>
+
+#include "common/grpc_unary.h"
 
 namespace pacer {
 
@@ -13,43 +15,120 @@ absl::Status GrpcShardingService::CheckRegister(const Authenticator::Metadata& m
                     : absl::OkStatus();
 }
 
-// One line per RPC: authorize, delegate, finish when the impl is done. `Check` is evaluated with
-// the call's metadata `md` and request `req` in scope and yields an absl::Status.
-#define PACER_SHARDING_HANDLER(Method, Request, Response, Check)                                \
-  grpc::ServerUnaryReactor* GrpcShardingService::Method(grpc::CallbackServerContext* ctx,       \
-                                                        const Request* req, Response* resp) {   \
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                                  \
-    const auto& md = ctx->client_metadata();                                                    \
-    if (absl::Status s = (Check); !s.ok()) {                                                    \
-      reactor->Finish(ToGrpcStatus(s));                                                         \
-      return reactor;                                                                           \
-    }                                                                                           \
-    impl_->Method(*req, resp, [reactor, resp](absl::Status s) {                                 \
-      reactor->Finish(ReplyStatus(s, *resp, #Method));                                          \
-    });                                                                                         \
-    return reactor;                                                                             \
-  }
+// Each handler: authorize with the call's metadata, hand the request to the ShardingApi, finish
+// when it answers (common/grpc_unary.h).
 
-#define PACER_WORKER_SIDE(what) auth_->RequireWorkerSide(md, what)
-#define PACER_AS_WORKER(what) auth_->RequireWorker(md, req->worker_id(), what)
+grpc::ServerUnaryReactor* GrpcShardingService::RegisterDataset(grpc::CallbackServerContext* ctx,
+                                                               const RegisterDatasetRequest* req,
+                                                               RegisterDatasetResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "RegisterDataset", auth_->RequireWorkerSide(md, "register dataset"),
+                     [&](ShardingApi::Done done) { impl_->RegisterDataset(*req, resp, std::move(done)); });
+}
 
-PACER_SHARDING_HANDLER(RegisterDataset, RegisterDatasetRequest, RegisterDatasetResponse, PACER_WORKER_SIDE("register dataset"))
-PACER_SHARDING_HANDLER(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse, CheckRegister(md, *req))
-PACER_SHARDING_HANDLER(FetchShard, FetchShardRequest, FetchShardResponse, PACER_AS_WORKER("fetch shard"))
-PACER_SHARDING_HANDLER(ReportProgress, ProgressRequest, ProgressResponse, PACER_AS_WORKER("report progress"))
-PACER_SHARDING_HANDLER(CompleteShard, CompleteShardRequest, CompleteShardResponse, PACER_AS_WORKER("complete shard"))
-PACER_SHARDING_HANDLER(ReleaseShard, ReleaseShardRequest, ReleaseShardResponse, PACER_AS_WORKER("release shard"))
-PACER_SHARDING_HANDLER(Heartbeat, HeartbeatRequest, HeartbeatResponse, PACER_AS_WORKER("heartbeat"))
-PACER_SHARDING_HANDLER(SaveCheckpoint, CheckpointRequest, CheckpointResponse, auth_->RequireChief(md, "save checkpoint"))
-PACER_SHARDING_HANDLER(RestoreCheckpoint, CheckpointRequest, CheckpointResponse, auth_->RequireChief(md, "restore checkpoint"))
-PACER_SHARDING_HANDLER(ListDatasets, ListDatasetsRequest, ListDatasetsResponse, PACER_WORKER_SIDE("list datasets"))
-PACER_SHARDING_HANDLER(SetAllocation, SetAllocationRequest, SetAllocationResponse, auth_->Require(md, Role::kAdmin))
-PACER_SHARDING_HANDLER(SetTailBackup, SetTailBackupRequest, SetTailBackupResponse, auth_->Require(md, Role::kAdmin))
-PACER_SHARDING_HANDLER(DeleteDataset, DeleteDatasetRequest, DeleteDatasetResponse, auth_->Require(md, Role::kAdmin))
-PACER_SHARDING_HANDLER(ResetDataset, ResetDatasetRequest, ResetDatasetResponse, auth_->Require(md, Role::kAdmin))
+grpc::ServerUnaryReactor* GrpcShardingService::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                              const RegisterWorkerRequest* req,
+                                                              RegisterWorkerResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "RegisterWorker", CheckRegister(md, *req),
+                     [&](ShardingApi::Done done) { impl_->RegisterWorker(*req, resp, std::move(done)); });
+}
 
-#undef PACER_AS_WORKER
-#undef PACER_WORKER_SIDE
-#undef PACER_SHARDING_HANDLER
+grpc::ServerUnaryReactor* GrpcShardingService::FetchShard(grpc::CallbackServerContext* ctx,
+                                                          const FetchShardRequest* req,
+                                                          FetchShardResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "FetchShard", auth_->RequireWorker(md, req->worker_id(), "fetch shard"),
+                     [&](ShardingApi::Done done) { impl_->FetchShard(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::ReportProgress(grpc::CallbackServerContext* ctx,
+                                                              const ProgressRequest* req,
+                                                              ProgressResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "ReportProgress",
+                     auth_->RequireWorker(md, req->worker_id(), "report progress"),
+                     [&](ShardingApi::Done done) { impl_->ReportProgress(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::CompleteShard(grpc::CallbackServerContext* ctx,
+                                                             const CompleteShardRequest* req,
+                                                             CompleteShardResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "CompleteShard", auth_->RequireWorker(md, req->worker_id(), "complete shard"),
+                     [&](ShardingApi::Done done) { impl_->CompleteShard(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::ReleaseShard(grpc::CallbackServerContext* ctx,
+                                                            const ReleaseShardRequest* req,
+                                                            ReleaseShardResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "ReleaseShard", auth_->RequireWorker(md, req->worker_id(), "release shard"),
+                     [&](ShardingApi::Done done) { impl_->ReleaseShard(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                         const HeartbeatRequest* req,
+                                                         HeartbeatResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "Heartbeat", auth_->RequireWorker(md, req->worker_id(), "heartbeat"),
+                     [&](ShardingApi::Done done) { impl_->Heartbeat(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::SaveCheckpoint(grpc::CallbackServerContext* ctx,
+                                                              const CheckpointRequest* req,
+                                                              CheckpointResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "SaveCheckpoint", auth_->RequireChief(md, "save checkpoint"),
+                     [&](ShardingApi::Done done) { impl_->SaveCheckpoint(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::RestoreCheckpoint(grpc::CallbackServerContext* ctx,
+                                                                 const CheckpointRequest* req,
+                                                                 CheckpointResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "RestoreCheckpoint", auth_->RequireChief(md, "restore checkpoint"),
+                     [&](ShardingApi::Done done) { impl_->RestoreCheckpoint(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::ListDatasets(grpc::CallbackServerContext* ctx,
+                                                            const ListDatasetsRequest* req,
+                                                            ListDatasetsResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "ListDatasets", auth_->RequireWorkerSide(md, "list datasets"),
+                     [&](ShardingApi::Done done) { impl_->ListDatasets(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::SetAllocation(grpc::CallbackServerContext* ctx,
+                                                             const SetAllocationRequest* req,
+                                                             SetAllocationResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "SetAllocation", auth_->Require(md, Role::kAdmin),
+                     [&](ShardingApi::Done done) { impl_->SetAllocation(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::SetTailBackup(grpc::CallbackServerContext* ctx,
+                                                             const SetTailBackupRequest* req,
+                                                             SetTailBackupResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "SetTailBackup", auth_->Require(md, Role::kAdmin),
+                     [&](ShardingApi::Done done) { impl_->SetTailBackup(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::DeleteDataset(grpc::CallbackServerContext* ctx,
+                                                             const DeleteDatasetRequest* req,
+                                                             DeleteDatasetResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "DeleteDataset", auth_->Require(md, Role::kAdmin),
+                     [&](ShardingApi::Done done) { impl_->DeleteDataset(*req, resp, std::move(done)); });
+}
+
+grpc::ServerUnaryReactor* GrpcShardingService::ResetDataset(grpc::CallbackServerContext* ctx,
+                                                            const ResetDatasetRequest* req,
+                                                            ResetDatasetResponse* resp) {
+  const Authenticator::Metadata& md = ctx->client_metadata();
+  return AnswerLater(ctx, resp, "ResetDataset", auth_->Require(md, Role::kAdmin),
+                     [&](ShardingApi::Done done) { impl_->ResetDataset(*req, resp, std::move(done)); });
+}
 
 }  // namespace pacer

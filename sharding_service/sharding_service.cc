@@ -259,7 +259,7 @@ void ShardingServiceImpl::UpdateGauges() {
 
 void ShardingServiceImpl::RegisterDataset(const RegisterDatasetRequest& req,
                                           RegisterDatasetResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     ASSIGN_OR_RETURN(DatasetSpec spec, ShardingState::NormalizeSpec(req.spec()));
     if (const auto* existing = state_.FindDataset(spec.name())) {
@@ -306,7 +306,7 @@ void ShardingServiceImpl::RegisterWorker(const RegisterWorkerRequest& req,
 
 ShardingServiceImpl::Applied ShardingServiceImpl::ApplyRegisterWorker(const RegisterWorkerRequest& req,
                                                                       RegisterWorkerResponse* resp) {
-  return Run([&]() -> Applied {
+  return Run([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     if (!IsValidName(req.worker_id(), kMaxWorkerIdLength)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -350,7 +350,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
                                                       FetchShardResponse* resp) {
   RETURN_IF_ERROR(state_.CheckWorker(worker, incarnation));
   Touch(worker);
-  auto leased = [&](const ShardingState::LeaseRec& lease) {
+  auto leased = [&](const ShardingState::LeaseRec& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     resp->set_outcome(FetchShardResponse::LEASED);
     *resp->mutable_lease() = state_.DescribeLease(lease);
     resp->mutable_lease()->set_request_id(request_id);
@@ -414,7 +414,7 @@ uint64_t ShardingServiceImpl::FetchNext(uint64_t reported_seq, const std::string
 
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,
                                      Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     return DoFetch(req.worker_id(), req.incarnation(), req.dataset(), req.request_id(), resp);
   });
@@ -473,7 +473,7 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoProgress(const ProgressRequest& 
 
 void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressResponse* resp,
                                          Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     ASSIGN_OR_RETURN(uint64_t s, DoProgress(req, resp));
     if (req.next_dataset().empty()) return s;
@@ -485,7 +485,7 @@ void ShardingServiceImpl::ReportProgress(const ProgressRequest& req, ProgressRes
 
 void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
                                         CompleteShardResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     absl::StatusOr<uint64_t> completed;
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
@@ -512,7 +512,7 @@ void ShardingServiceImpl::CompleteShard(const CompleteShardRequest& req,
 
 void ShardingServiceImpl::ReleaseShard(const ReleaseShardRequest& req, ReleaseShardResponse* resp,
                                        Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     if (absl::Status s = state_.CheckLease(req.worker_id(), req.incarnation(), req.lease_id(),
                                            req.fencing_token());
@@ -591,7 +591,7 @@ void ShardingServiceImpl::Heartbeat(const HeartbeatRequest& req, HeartbeatRespon
 
 ShardingServiceImpl::Applied ShardingServiceImpl::ApplyHeartbeat(const HeartbeatRequest& req,
                                                                  HeartbeatResponse* resp) {
-  return Run([&]() -> Applied {
+  return Run([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     RETURN_IF_ERROR(state_.CheckWorker(req.worker_id(), req.incarnation()));
     RETURN_IF_ERROR(CheckStepNumber(req.step(), req.worker_id(), "heartbeat"));
@@ -634,7 +634,7 @@ ShardingServiceImpl::Applied ShardingServiceImpl::ApplyHeartbeat(const Heartbeat
 
 void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                          Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     RETURN_IF_ERROR(ShardingState::ValidateCheckpointTag(req.tag()));
     Update u;
@@ -645,7 +645,7 @@ void ShardingServiceImpl::SaveCheckpoint(const CheckpointRequest& req, Checkpoin
 
 void ShardingServiceImpl::RestoreCheckpoint(const CheckpointRequest& req, CheckpointResponse* resp,
                                             Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     if (!state_.HasCheckpoint(req.tag())) {
       return absl::NotFoundError("unknown checkpoint '" + req.tag() + "'");
@@ -691,7 +691,7 @@ void ShardingServiceImpl::ListDatasets(const ListDatasetsRequest& req, ListDatas
 
 void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
                                         SetAllocationResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto& a = req.allocation();
     if (state_.FindWorker(a.worker_id()) == nullptr) {
@@ -706,7 +706,7 @@ void ShardingServiceImpl::SetAllocation(const SetAllocationRequest& req,
 
 void ShardingServiceImpl::SetTailBackup(const SetTailBackupRequest& req,
                                         SetTailBackupResponse* resp, Done done) {
-  Serve(std::move(done), [&]() -> Applied {
+  Serve(std::move(done), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     if (state_.FindDataset(req.dataset()) == nullptr) {
       return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
@@ -725,7 +725,7 @@ void ShardingServiceImpl::DeleteDataset(const DeleteDatasetRequest& req,
 
 ShardingServiceImpl::Applied ShardingServiceImpl::ApplyDeleteDataset(const DeleteDatasetRequest& req,
                                                                      DeleteDatasetResponse* resp) {
-  return Run([&]() -> Applied {
+  return Run([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto* ds = state_.FindDataset(req.dataset());
     if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");
@@ -747,7 +747,7 @@ void ShardingServiceImpl::ResetDataset(const ResetDatasetRequest& req, ResetData
 
 ShardingServiceImpl::Applied ShardingServiceImpl::ApplyResetDataset(const ResetDatasetRequest& req,
                                                                     ResetDatasetResponse* resp) {
-  return Run([&]() -> Applied {
+  return Run([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Applied {
     RETURN_IF_ERROR(Ready());
     const auto* ds = state_.FindDataset(req.dataset());
     if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + req.dataset() + "'");

@@ -8,7 +8,7 @@ LocalBatchPlan::LocalBatchPlan(LocalBatch initial) : current_(initial) {
 
 bool LocalBatchPlan::Offer(const BatchPlanCommand& c) {
   if (c.micro_batch() == 0 || c.accumulation_steps() == 0) return false;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (c.version() <= newest_version_.load(std::memory_order_relaxed)) return false;
   LocalBatch b;
   b.version = c.version();
@@ -24,7 +24,7 @@ bool LocalBatchPlan::Offer(const BatchPlanCommand& c) {
 
 const LocalBatch& LocalBatchPlan::ForStep(uint64_t step) {
   if (!has_pending_.load(std::memory_order_acquire)) return current_;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   // Newest plan whose effective step has come wins; older ones it supersedes are dropped.
   size_t apply = pending_.size();
   for (size_t i = 0; i < pending_.size(); ++i) {

@@ -16,9 +16,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/pacer/sharding.pb.h"
 
 namespace pacer {
@@ -48,8 +49,8 @@ class LocalBatchPlan {
   LocalBatch current_;  // training thread only
   std::atomic<bool> has_pending_{false};
   std::atomic<uint64_t> newest_version_{0};
-  std::mutex mu_;
-  std::vector<LocalBatch> pending_;  // guarded by mu_; ascending version
+  absl::Mutex mu_;
+  std::vector<LocalBatch> pending_ ABSL_GUARDED_BY(mu_);  // ascending version
 };
 
 }  // namespace pacer

@@ -108,7 +108,7 @@ absl::Status Client::RegisterWithMonitor() {
 }
 
 void Client::EnqueueProgress(const Lease& lease, uint64_t records_done) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (completions_.count(lease.lease_id())) return;
   auto [it, inserted] = progress_.try_emplace(lease.lease_id());
   ProgressRequest& r = it->second.request;
@@ -123,19 +123,18 @@ void Client::EnqueueProgress(const Lease& lease, uint64_t records_done) {
 
 void Client::EnqueueCompletion(const Lease& lease) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     progress_.erase(lease.lease_id());
     completions_[lease.lease_id()].lease = lease;
     urgent_ = true;
   }
-  wake_.notify_one();
 }
 
 void Client::EnqueueCompletionAndFetch(const Lease& lease, const std::string& next_dataset,
                                        ReportListener* listener) {
   absl::Status refused;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     progress_.erase(lease.lease_id());
     PendingCompletion& c = completions_[lease.lease_id()];
     c.lease = lease;
@@ -150,12 +149,11 @@ void Client::EnqueueCompletionAndFetch(const Lease& lease, const std::string& ne
     urgent_ = true;
   }
   if (!refused.ok()) DeliverNext(listener, lease.lease_id(), refused);
-  wake_.notify_one();
 }
 
 void Client::EnqueueStep(const StepReport& report) {
   if (!monitor_enabled_.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (steps_.size() >= kMaxQueuedSteps) {
     steps_.erase(steps_.begin());  // the monitor was unreachable for long: oldest go first
     ++stats_.steps_dropped;
@@ -167,7 +165,7 @@ void Client::EnqueueStep(const StepReport& report) {
 }
 
 void Client::NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, uint64_t samples) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   running_.clock = clock;
   running_.running = true;
   running_.step = step;
@@ -178,13 +176,13 @@ void Client::NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, 
 }
 
 void Client::NoteStepPhase(int64_t phase_ns, int64_t open_ns) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   running_.phase_ns = phase_ns;
   running_.open_ns = open_ns;
 }
 
 void Client::NoteStepEnded() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   running_.running = false;
 }
 
@@ -196,27 +194,27 @@ void Client::NoteRegroupGeneration(uint64_t generation) {
 }
 
 std::string Client::stop_reason() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return stop_reason_;
 }
 
 absl::Status Client::health() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return health_;
 }
 
 ClientStats Client::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return stats_;
 }
 
 void Client::AddListener(ReportListener* listener) {
-  std::lock_guard<std::mutex> l(listeners_mu_);
+  absl::MutexLock l(&listeners_mu_);
   listeners_.push_back(listener);
 }
 
 void Client::RemoveListener(ReportListener* listener) {
-  std::lock_guard<std::mutex> l(listeners_mu_);
+  absl::MutexLock l(&listeners_mu_);
   listeners_.erase(std::remove(listeners_.begin(), listeners_.end(), listener), listeners_.end());
 }
 
@@ -225,12 +223,10 @@ bool Client::Drained() const {
 }
 
 absl::Status Client::Flush(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> l(mu_);
+  auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return Drained() || !health_.ok() || stopping_; };
+  absl::MutexLock l(&mu_);
   urgent_ = true;
-  wake_.notify_one();
-  const bool done = drained_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] {
-    return Drained() || !health_.ok() || stopping_;
-  });
+  const bool done = mu_.AwaitWithTimeout(absl::Condition(&over), absl::Milliseconds(timeout_ms));
   if (!health_.ok()) return health_;
   if (!done || !Drained()) {
     return absl::DeadlineExceededError("flush: reports still unacknowledged after " +
@@ -248,12 +244,10 @@ void Client::Close(int64_t flush_timeout_ms) {
       }
     }
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stopping_ = true;
     }
     sharding_->Cancel();
-    wake_.notify_all();
-    drained_.notify_all();
     if (reporter_.joinable()) reporter_.join();
     AbandonNextLeases(absl::CancelledError("client closed"));
   });
@@ -261,12 +255,11 @@ void Client::Close(int64_t flush_timeout_ms) {
 
 void Client::LatchPermanent(const absl::Status& s) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (health_.ok()) {
       health_ = s;
       PACER_LOG(ERROR) << "worker '" << options_.worker_id << "': " << s.message();
     }
-    drained_.notify_all();
   }
   AbandonNextLeases(s);  // nothing more is sent: whoever waits for a next lease must not
 }
@@ -274,7 +267,7 @@ void Client::LatchPermanent(const absl::Status& s) {
 void Client::DeliverNext(ReportListener* listener, uint64_t completed_lease_id,
                          const absl::StatusOr<FetchShardResponse>& next) {
   {
-    std::lock_guard<std::mutex> l(listeners_mu_);
+    absl::MutexLock l(&listeners_mu_);
     if (std::find(listeners_.begin(), listeners_.end(), listener) != listeners_.end()) {
       listener->OnNextLease(completed_lease_id, next);
       return;
@@ -290,7 +283,7 @@ void Client::DeliverNext(ReportListener* listener, uint64_t completed_lease_id,
 void Client::AbandonNextLeases(const absl::Status& why) {
   std::vector<std::pair<ReportListener*, uint64_t>> waiting;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (auto& [id, c] : completions_) {
       if (c.next_for == nullptr) continue;
       waiting.emplace_back(c.next_for, id);
@@ -302,16 +295,16 @@ void Client::AbandonNextLeases(const absl::Status& why) {
 }
 
 void Client::Acknowledge(uint64_t lease_id, uint64_t records_done) {
-  std::lock_guard<std::mutex> l(listeners_mu_);
+  absl::MutexLock l(&listeners_mu_);
   for (ReportListener* r : listeners_) r->OnAcknowledged(lease_id, records_done);
 }
 
 void Client::Cancelled(uint64_t lease_id) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     ++stats_.leases_cancelled;
   }
-  std::lock_guard<std::mutex> l(listeners_mu_);
+  absl::MutexLock l(&listeners_mu_);
   for (ReportListener* r : listeners_) r->OnLeaseCancelled(lease_id);
 }
 
@@ -319,8 +312,11 @@ void Client::ReporterLoop() {
   auto next = std::chrono::steady_clock::now();
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(mu_);
-      wake_.wait_until(l, next, [&] { return stopping_ || urgent_; });
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || urgent_; };
+      absl::MutexLock l(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&woken),
+                           absl::FromChrono(std::max(next - std::chrono::steady_clock::now(),
+                                                     std::chrono::steady_clock::duration::zero())));
       if (stopping_) break;
       urgent_ = false;
     }
@@ -334,14 +330,12 @@ void Client::ReportOnce() {
   SendHeartbeat();
   SendCompletions();
   SendSteps();
-  std::lock_guard<std::mutex> l(mu_);
-  if (Drained()) drained_.notify_all();
 }
 
 void Client::SendHeartbeat() {
   HeartbeatRequest req;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (const auto& [id, p] : progress_) {
       if (req.progress_size() >= kMaxProgressPerHeartbeat) {
         urgent_ = true;  // the rest goes in the next round, at once
@@ -387,7 +381,7 @@ void Client::SendHeartbeat() {
   std::vector<uint64_t> cancelled;
   std::vector<std::pair<ReportListener*, uint64_t>> next_abandoned;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     in_flight_ -= req.progress_size();
     if (!resp.ok()) {
       ++stats_.heartbeat_failures;
@@ -462,7 +456,7 @@ void Client::SendHeartbeat() {
 void Client::SendCompletions() {
   std::vector<PendingCompletion> todo;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (const auto& [id, c] : completions_) todo.push_back(c);
     in_flight_ += todo.size();
   }
@@ -485,7 +479,7 @@ void Client::SendCompletions() {
       }
       if (!r.ok()) {
         // Sent again (if at all) as a plain completion: the listener fetches on its own.
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         if (auto it = completions_.find(lease.lease_id());
             it != completions_.end() && it->second.next_for == todo[i].next_for) {
           it->second.next_for = nullptr;
@@ -498,7 +492,7 @@ void Client::SendCompletions() {
     }
     const uint64_t len = lease.end() - lease.begin();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       --in_flight_;
       if (s.ok()) {
         completions_.erase(lease.lease_id());
@@ -516,7 +510,7 @@ void Client::SendCompletions() {
       if (!Retryable(s.code()) && s.code() != absl::StatusCode::kCancelled) {
         LatchPermanent(Annotate(s, "complete shard"));
       }
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       in_flight_ -= todo.size() - i - 1;  // the rest stays queued for the next round
       return;
     }
@@ -527,7 +521,7 @@ void Client::SendSteps() {
   if (!monitor_enabled_.load(std::memory_order_relaxed)) return;
   ReportStepsRequest req;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     const size_t n = std::min(steps_.size(), kMaxStepsPerRequest);
     if (n == 0) return;
     for (size_t i = 0; i < n; ++i) *req.add_steps() = std::move(steps_[i]);
@@ -541,7 +535,7 @@ void Client::SendSteps() {
     ReportStepsResponse resp;
     absl::Status s = FromGrpcStatus(monitor_->ReportSteps(&ctx, req, &resp));
     if (!s.ok()) {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (s.code() == absl::StatusCode::kUnimplemented) {
         monitor_enabled_ = false;
         return;
@@ -558,13 +552,13 @@ void Client::SendSteps() {
     auto unknown = resp.rejected_by_reason().find("unknown_worker");
     const bool forgotten = unknown != resp.rejected_by_reason().end() && unknown->second > 0;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       stats_.steps_sent += resp.accepted() + resp.clamped();
       if (!forgotten || attempt == 1) stats_.steps_rejected += resp.rejected();
     }
     // pacerd restarted: the monitor's state is soft. Declare the worker again and resend once.
     if (!forgotten || attempt == 1 || !RegisterWithMonitor().ok()) return;
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     ++stats_.monitor_reregistrations;
   }
 }

@@ -36,17 +36,18 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <mutex>  // std::once_flag
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/sharding.pb.h"
@@ -182,10 +183,10 @@ class Client {
   void DeliverNext(ReportListener* listener, uint64_t completed_lease_id,
                    const absl::StatusOr<FetchShardResponse>& next);
   // Every queued completion that asked for a next lease gets `why` instead and stays a plain
-  // completion. Requires mu_ not held.
-  void AbandonNextLeases(const absl::Status& why);
+  // completion.
+  void AbandonNextLeases(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   void LatchPermanent(const absl::Status& s);
-  bool Drained() const;  // requires mu_
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientOptions options_;
   std::unique_ptr<ShardingClient> sharding_;
@@ -199,12 +200,12 @@ class Client {
   std::atomic<uint64_t> exclusion_{0};  // version << 1 | excluded (reporter thread writes)
   std::atomic<bool> monitor_enabled_{true};
 
-  mutable std::mutex mu_;  // guards everything below until the thread
-  std::condition_variable wake_;     // the reporter waits on it
-  std::condition_variable drained_;  // Flush waits on it
-  std::map<uint64_t, PendingProgress> progress_;   // by lease id
-  std::map<uint64_t, PendingCompletion> completions_;
-  std::vector<StepReport> steps_;
+  // Guards everything below until listeners_mu_. The reporter and Flush wait on it
+  // (absl::Mutex::Await: conditions are re-evaluated whenever it is released).
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, PendingProgress> progress_ ABSL_GUARDED_BY(mu_);  // by lease id
+  std::map<uint64_t, PendingCompletion> completions_ ABSL_GUARDED_BY(mu_);
+  std::vector<StepReport> steps_ ABSL_GUARDED_BY(mu_);
   // For the heartbeat's step timings: the newest step ended (not yet carried by a heartbeat)
   // and the one running.
   struct RunningStep {
@@ -216,18 +217,18 @@ class Client {
     int64_t open_ns = 0;   // a phase is open since (0: none)
     uint64_t samples = 0;
   };
-  RunningStep running_;
-  StepReport newest_step_;
-  bool newest_step_sent_ = true;
-  uint64_t in_flight_ = 0;  // reports taken by the reporter, not yet answered
-  bool urgent_ = false;
-  bool stopping_ = false;
-  std::string stop_reason_;
-  absl::Status health_;
-  ClientStats stats_;
+  RunningStep running_ ABSL_GUARDED_BY(mu_);
+  StepReport newest_step_ ABSL_GUARDED_BY(mu_);
+  bool newest_step_sent_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reports taken by the reporter, not yet answered
+  bool urgent_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_reason_ ABSL_GUARDED_BY(mu_);
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  ClientStats stats_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex listeners_mu_;
-  std::vector<ReportListener*> listeners_;  // guarded by listeners_mu_
+  absl::Mutex listeners_mu_;
+  std::vector<ReportListener*> listeners_ ABSL_GUARDED_BY(listeners_mu_);
 
   std::thread reporter_;
   std::once_flag closed_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/cond_wait.h"
 #include "common/log.h"
 
 namespace pacer {
@@ -26,10 +27,10 @@ ShardReader::ShardReader(Client* client, ShardReaderOptions options)
 ShardReader::~ShardReader() {
   client_->RemoveListener(this);  // from now on a next lease nobody reads is forgotten
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     stopping_ = true;
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
   if (prefetch_.joinable()) prefetch_.join();
   // Leases this reader will never finish: pacerd releases them at their done prefix.
   for (const Lease& lease : ready_) client_->sharding().ForgetLease(lease.lease_id());
@@ -37,7 +38,7 @@ ShardReader::~ShardReader() {
 }
 
 void ShardReader::OnLeaseCancelled(uint64_t lease_id) {
-  std::lock_guard<std::mutex> l(cancel_mu_);
+  absl::MutexLock l(&cancel_mu_);
   cancelled_.insert(lease_id);
   cancel_generation_.fetch_add(1, std::memory_order_release);
 }
@@ -98,7 +99,7 @@ void ShardReader::Accept(const FetchShardResponse& resp) {
 void ShardReader::OnNextLease(uint64_t completed_lease_id,
                               const absl::StatusOr<FetchShardResponse>& next) {
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     if (next_pending_ > 0) --next_pending_;
     if (next.ok()) {
       Accept(*next);
@@ -108,41 +109,41 @@ void ShardReader::OnNextLease(uint64_t completed_lease_id,
     // Any other error leased nothing: the prefetch thread fetches alone (and meets a permanent
     // error itself).
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
 }
 
 uint64_t ShardReader::records_quarantined() const {
-  std::lock_guard<std::mutex> l(q_mu_);
+  absl::MutexLock l(&q_mu_);
   return records_quarantined_;
 }
 
 void ShardReader::SyncOpenCount() {
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     open_count_ = open_.size();
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
 }
 
 void ShardReader::PrefetchLoop() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(q_mu_);
+      absl::MutexLock l(&q_mu_);
       for (;;) {
         if (stopping_) return;
         if (!WantFetch()) {
-          q_cv_.wait(l);
+          q_cv_.Wait(&q_mu_);
           continue;
         }
         if (std::chrono::steady_clock::now() >= not_before_) break;
-        q_cv_.wait_until(l, not_before_);
+        q_cv_.WaitWithTimeout(&q_mu_, TimeUntil(not_before_));
       }
       fetching_ = true;
     }
     auto resp = client_->sharding().Fetch(options_.dataset);
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     fetching_ = false;
-    q_cv_.notify_all();  // ReleaseAll may wait for this fetch
+    q_cv_.SignalAll();  // ReleaseAll may wait for this fetch
     if (!resp.ok()) {
       if (resp.status().code() == absl::StatusCode::kUnavailable ||
           resp.status().code() == absl::StatusCode::kDeadlineExceeded) {
@@ -160,7 +161,7 @@ void ShardReader::PrefetchLoop() {
 bool ShardReader::TakeReady() {
   Lease lease;
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     if (ready_.empty()) return false;
     lease = std::move(ready_.front());
     ready_.pop_front();
@@ -195,20 +196,20 @@ void ShardReader::DropCancelled() {
   seen_cancel_generation_ = gen;
   std::set<uint64_t> cancelled;
   {
-    std::lock_guard<std::mutex> l(cancel_mu_);
+    absl::MutexLock l(&cancel_mu_);
     cancelled = cancelled_;
   }
   open_.erase(std::remove_if(open_.begin(), open_.end(),
                              [&](const OpenLease& o) { return cancelled.count(o.lease.lease_id()); }),
               open_.end());
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     ready_.erase(std::remove_if(ready_.begin(), ready_.end(),
                                 [&](const Lease& x) { return cancelled.count(x.lease_id()); }),
                  ready_.end());
     open_count_ = open_.size();
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
 }
 
 absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uint64_t>* ids,
@@ -219,14 +220,14 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
   while (got < n) {
     if (open_.empty() || open_.back().handed == open_.back().total) {
       if (TakeReady()) continue;
-      std::unique_lock<std::mutex> l(q_mu_);
+      absl::MutexLock l(&q_mu_);
       if (!starving_) {
         // More is wanted and every open lease is read to its end. Their completions (which
         // would lease the next shards) wait for MarkConsumed, which comes only after this
         // batch — also when the batch is partly filled (a local batch larger than a shard, as
         // batch plans make for fast workers): let the prefetcher lease without them.
         starving_ = true;
-        q_cv_.notify_all();
+        q_cv_.SignalAll();
       }
       // A WAIT is an answer to an earlier request: while a fetch or a completion that leases
       // the next shard is on its way, kUntilPrefetched waits for that newer answer. A WAIT
@@ -247,7 +248,7 @@ absl::StatusOr<ShardReader::Outcome> ShardReader::Next(size_t n, std::vector<uin
       const bool holding_unconsumed = !open_.empty();
       const uint64_t waits_before = wait_answers_;
       if (blocking == Blocking::kUntilPrefetched || (blocking == Blocking::kUntilData && got == 0)) {
-        q_cv_.wait(l, [&] {
+        CvWait(q_cv_, q_mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_) {
           const bool waited_on_self = blocking == Blocking::kUntilData && holding_unconsumed &&
                                       wait_answers_ != waits_before;
           return !ready_.empty() || end_of_data_ || !error_.ok() || stopping_ || holding_off_ ||
@@ -293,7 +294,7 @@ void ShardReader::MarkConsumedThrough(uint64_t position) {
       if (options_.on_report) options_.on_report(o.lease.lease_id(), o.total);
       bool lease_next;
       {
-        std::lock_guard<std::mutex> l(q_mu_);
+        absl::MutexLock l(&q_mu_);
         --open_count_;
         lease_next = !no_combined_ && WantLease();
         if (lease_next) ++next_pending_;  // counted before the prefetcher can look
@@ -326,7 +327,7 @@ uint64_t ShardReader::records_held() const {
   for (const OpenLease& o : open_) {
     if (!o.cancelled) n += o.total - std::min(o.handed, o.total);
   }
-  std::lock_guard<std::mutex> l(q_mu_);
+  absl::MutexLock l(&q_mu_);
   for (const Lease& lease : ready_) {
     const uint64_t total = lease.end() - lease.begin();
     n += total - std::min<uint64_t>(lease.records_done(), total);
@@ -338,9 +339,9 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   {
     // No new lease from now on; a fetch in flight lands in ready_ and is released below.
-    std::unique_lock<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     holding_off_ = true;
-    if (!q_cv_.wait_until(l, deadline, [&] { return !fetching_ || stopping_; })) {
+    if (!CvWaitUntil(q_cv_, q_mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_) { return !fetching_ || stopping_; })) {
       return absl::DeadlineExceededError("release: a lease fetch is still in flight");
     }
   }
@@ -353,8 +354,8 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
                               deadline - std::chrono::steady_clock::now()).count();
   if (absl::Status s = client_->Flush(std::max<int64_t>(left_ms, 1)); !s.ok()) return s;
   {
-    std::unique_lock<std::mutex> l(q_mu_);
-    if (!q_cv_.wait_until(l, deadline, [&] { return next_pending_ == 0 || stopping_; })) {
+    absl::MutexLock l(&q_mu_);
+    if (!CvWaitUntil(q_cv_, q_mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_) { return next_pending_ == 0 || stopping_; })) {
       return absl::DeadlineExceededError("release: a completion leasing the next shard is in flight");
     }
     for (Lease& lease : ready_) {
@@ -390,30 +391,30 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
 
 void ShardReader::Resume() {
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     holding_off_ = false;
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
 }
 
 void ShardReader::RetryNow() {
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     if (!service_waiting_) return;
     service_waiting_ = false;
     not_before_ = std::chrono::steady_clock::now();
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
 }
 
 bool ShardReader::holding_off() const {
-  std::lock_guard<std::mutex> l(q_mu_);
+  absl::MutexLock l(&q_mu_);
   return holding_off_;
 }
 
 absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     paused_ = true;
   }
   absl::Status s = client_->sharding().RestoreCheckpoint(tag);
@@ -422,7 +423,7 @@ absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {
   for (const OpenLease& o : open_) client_->sharding().ForgetLease(o.lease.lease_id());
   open_.clear();
   {
-    std::lock_guard<std::mutex> l(q_mu_);
+    absl::MutexLock l(&q_mu_);
     for (const Lease& lease : ready_) client_->sharding().ForgetLease(lease.lease_id());
     ready_.clear();
     open_count_ = 0;
@@ -432,7 +433,7 @@ absl::Status ShardReader::RestoreCheckpoint(const std::string& tag) {
     not_before_ = {};
     paused_ = false;
   }
-  q_cv_.notify_all();
+  q_cv_.SignalAll();
   return s;
 }
 

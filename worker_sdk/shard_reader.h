@@ -41,19 +41,19 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/pacer/sharding.pb.h"
 #include "worker_sdk/client.h"
 
@@ -163,18 +163,18 @@ class ShardReader : public ReportListener {
   bool TakeReady();
   void DropCancelled();
   // Leases held toward the target of 1 + prefetch_leases: ready, being leased, and open ones.
-  size_t Held() const;      // requires q_mu_
-  bool LeasingOn() const;   // requires q_mu_: not stopped, paused, holding off, ended, failed
+  size_t Held() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);
+  bool LeasingOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);  // not stopped, paused, holding off, ended, failed
   // A completion should lease the next shard: leasing is on and Held() is under the target.
-  bool WantLease() const;   // requires q_mu_
+  bool WantLease() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);
   // The prefetch thread should fetch alone: WantLease(), or Next() starves and nothing is on
   // its way (the open leases wait for a MarkConsumed the trainer may call only later).
-  bool WantFetch() const;   // requires q_mu_
+  bool WantFetch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);
   // A fetch or a completion that leases the next shard is in flight: its answer is newer than
   // the last WAIT.
-  bool LeaseOnItsWay() const;  // requires q_mu_
+  bool LeaseOnItsWay() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);
   // Takes in what leasing answered (a fetch or a combined completion).
-  void Accept(const FetchShardResponse& resp);  // requires q_mu_
+  void Accept(const FetchShardResponse& resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q_mu_);
   void SyncOpenCount();  // training thread: open_count_ = open_.size()
 
   Client* const client_;
@@ -186,26 +186,26 @@ class ShardReader : public ReportListener {
   uint64_t leases_read_ = 0;
   uint64_t seen_cancel_generation_ = 0;
 
-  mutable std::mutex q_mu_;
-  std::condition_variable q_cv_;
-  std::deque<Lease> ready_;       // guarded by q_mu_
-  bool end_of_data_ = false;      // guarded by q_mu_
-  bool service_waiting_ = false;  // guarded by q_mu_: the last fetch said WAIT
-  uint64_t wait_answers_ = 0;     // guarded by q_mu_: WAIT answers so far (fetches, completions)
-  bool stopping_ = false;         // guarded by q_mu_
-  bool paused_ = false;           // guarded by q_mu_: during a checkpoint restore
-  bool holding_off_ = false;      // guarded by q_mu_: between ReleaseAll and Resume
-  bool fetching_ = false;         // guarded by q_mu_: a Fetch is in flight
-  bool starving_ = false;         // guarded by q_mu_: Next() found nothing to return
-  bool no_combined_ = false;      // guarded by q_mu_: pacerd does not lease in CompleteShard
-  size_t open_count_ = 0;         // guarded by q_mu_: open_.size(), as the prefetcher sees it
-  int next_pending_ = 0;          // guarded by q_mu_: completions queued to lease the next shard
-  uint64_t records_quarantined_ = 0;  // guarded by q_mu_: from END_OF_DATA
-  std::chrono::steady_clock::time_point not_before_;  // guarded by q_mu_: no fetch before (WAIT)
-  absl::Status error_;            // guarded by q_mu_
+  mutable absl::Mutex q_mu_;
+  absl::CondVar q_cv_;
+  std::deque<Lease> ready_ ABSL_GUARDED_BY(q_mu_);
+  bool end_of_data_ ABSL_GUARDED_BY(q_mu_) = false;
+  bool service_waiting_ ABSL_GUARDED_BY(q_mu_) = false;  // the last fetch said WAIT
+  uint64_t wait_answers_ ABSL_GUARDED_BY(q_mu_) = 0;  // WAIT answers so far (fetches, completions)
+  bool stopping_ ABSL_GUARDED_BY(q_mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(q_mu_) = false;  // during a checkpoint restore
+  bool holding_off_ ABSL_GUARDED_BY(q_mu_) = false;  // between ReleaseAll and Resume
+  bool fetching_ ABSL_GUARDED_BY(q_mu_) = false;  // a Fetch is in flight
+  bool starving_ ABSL_GUARDED_BY(q_mu_) = false;  // Next() found nothing to return
+  bool no_combined_ ABSL_GUARDED_BY(q_mu_) = false;  // pacerd does not lease in CompleteShard
+  size_t open_count_ ABSL_GUARDED_BY(q_mu_) = 0;  // open_.size(), as the prefetcher sees it
+  int next_pending_ ABSL_GUARDED_BY(q_mu_) = 0;  // completions queued to lease the next shard
+  uint64_t records_quarantined_ ABSL_GUARDED_BY(q_mu_) = 0;  // from END_OF_DATA
+  std::chrono::steady_clock::time_point not_before_ ABSL_GUARDED_BY(q_mu_);  // no fetch before (WAIT)
+  absl::Status error_ ABSL_GUARDED_BY(q_mu_);
 
-  std::mutex cancel_mu_;
-  std::set<uint64_t> cancelled_;  // guarded by cancel_mu_
+  absl::Mutex cancel_mu_;
+  std::set<uint64_t> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   std::atomic<uint64_t> cancel_generation_{0};
 
   std::thread prefetch_;

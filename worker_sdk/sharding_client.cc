@@ -80,7 +80,7 @@ absl::Status ShardingClient::Reregister() {
   registration_ = std::move(resp);
   {
     // A new incarnation holds nothing: registering ended the previous one's leases.
-    std::lock_guard<std::mutex> l(held_mu_);
+    absl::MutexLock l(&held_mu_);
     held_.clear();
   }
   return absl::OkStatus();
@@ -124,7 +124,7 @@ absl::Status ShardingClient::Retry(const char* what,
                                     " ms: " + s.error_message());
     }
     if (lease_request_id != 0) {
-      std::lock_guard<std::mutex> l(held_mu_);
+      absl::MutexLock l(&held_mu_);
       ++leasing_stats_.retried_attempts;
     }
     if (attempt == 1 || attempt % 20 == 0) {
@@ -134,7 +134,7 @@ absl::Status ShardingClient::Retry(const char* what,
     // channel, so that its reconnection makes progress (common/channel_wait.h).
     int64_t pause_ms;
     {
-      std::lock_guard<std::mutex> l(jitter_mu_);
+      absl::MutexLock l(&jitter_mu_);
       pause_ms = std::uniform_int_distribution<int64_t>(backoff / 2, backoff)(jitter_);
     }
     PauseWatchingChannel(channel_.get(), std::chrono::milliseconds(pause_ms));
@@ -153,7 +153,7 @@ absl::StatusOr<bool> ShardingClient::RegisterDataset(const DatasetSpec& spec) {
 }
 
 uint64_t ShardingClient::BeginLeasing(bool combined) {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   const uint64_t id = ++last_request_id_;
   leasing_in_flight_.insert(id);
   ++(combined ? leasing_stats_.combined_calls : leasing_stats_.fetch_calls);
@@ -162,7 +162,7 @@ uint64_t ShardingClient::BeginLeasing(bool combined) {
 
 void ShardingClient::EndLeasing(uint64_t request_id, bool combined, const absl::Status& status,
                                 const FetchShardResponse* granted, uint64_t ended_lease) {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   if (ended_lease != 0) held_.erase(ended_lease);
   if (status.ok() && granted != nullptr && granted->outcome() == FetchShardResponse::LEASED) {
     held_.insert(granted->lease().lease_id());
@@ -176,35 +176,35 @@ void ShardingClient::EndLeasing(uint64_t request_id, bool combined, const absl::
 }
 
 size_t ShardingClient::leasing_calls_in_flight() const {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   return leasing_in_flight_.size();
 }
 
 LeasingStats ShardingClient::leasing_stats() const {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   return leasing_stats_;
 }
 
 void ShardingClient::Ended(uint64_t lease_id) {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   held_.erase(lease_id);
 }
 
 void ShardingClient::ForgetLease(uint64_t lease_id) { Ended(lease_id); }
 
 std::vector<uint64_t> ShardingClient::HeldLeases() const {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   return std::vector<uint64_t>(held_.begin(), held_.end());
 }
 
 uint64_t ShardingClient::last_ended_request_id() const {
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   return leasing_in_flight_.empty() ? last_request_id_ : *leasing_in_flight_.begin() - 1;
 }
 
 void ShardingClient::FillHeld(HeartbeatRequest* req) const {
   req->clear_held_leases();
-  std::lock_guard<std::mutex> l(held_mu_);
+  absl::MutexLock l(&held_mu_);
   if (held_.size() > kMaxHeldLeasesReported) {
     // More than the service takes in one heartbeat (never with the SDK's readers): say nothing
     // rather than list a part, which would release the rest.
@@ -320,7 +320,7 @@ absl::StatusOr<HeartbeatResponse> ShardingClient::Heartbeat(const HeartbeatReque
     return stub_->Heartbeat(ctx, req, &resp);
   }));
   {
-    std::lock_guard<std::mutex> l(held_mu_);
+    absl::MutexLock l(&held_mu_);
     for (uint64_t id : resp.cancelled_leases()) held_.erase(id);
     for (uint64_t id : resp.released_unknown_leases()) held_.erase(id);
   }

@@ -28,15 +28,16 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "common/tls.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/tls.h"
 #include "proto/pacer/sharding.grpc.pb.h"
 #include "worker_sdk/client_options.h"
 
@@ -161,15 +162,15 @@ class ShardingClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ShardingService::Stub> stub_;
   RegisterWorkerResponse registration_;
-  std::mutex jitter_mu_;
-  std::mt19937_64 jitter_;  // guarded by jitter_mu_
+  absl::Mutex jitter_mu_;
+  std::mt19937_64 jitter_ ABSL_GUARDED_BY(jitter_mu_);
   std::atomic<bool> cancelled_{false};
 
-  mutable std::mutex held_mu_;
-  uint64_t last_request_id_ = 0;          // guarded by held_mu_: the newest id handed out
-  std::set<uint64_t> leasing_in_flight_;  // guarded by held_mu_: request ids not yet ended
-  std::set<uint64_t> held_;               // guarded by held_mu_: lease ids
-  LeasingStats leasing_stats_;            // guarded by held_mu_
+  mutable absl::Mutex held_mu_;
+  uint64_t last_request_id_ ABSL_GUARDED_BY(held_mu_) = 0;          // the newest id handed out
+  std::set<uint64_t> leasing_in_flight_ ABSL_GUARDED_BY(held_mu_);  // request ids not yet ended
+  std::set<uint64_t> held_ ABSL_GUARDED_BY(held_mu_);               // lease ids
+  LeasingStats leasing_stats_ ABSL_GUARDED_BY(held_mu_);
 };
 
 }  // namespace pacer

@@ -16,12 +16,11 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <sstream>
 
+#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 
 namespace po = boost::program_options;
@@ -121,20 +120,18 @@ int main(int argc, char** argv) {
   grpc::ByteBuffer req(&slice, 1), reply;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-  std::mutex mu;
-  std::condition_variable cv;
+  absl::Mutex mu;
   bool done = false;
   grpc::Status status;
   stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &reply,
                  [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> l(mu);
+                   absl::MutexLock l(&mu);
                    status = std::move(s);
                    done = true;
-                   cv.notify_all();
                  });
   {
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return done; });  // the call's own deadline bounds this wait
+    absl::MutexLock l(&mu);
+    mu.Await(absl::Condition(&done));  // the call's own deadline bounds this wait
   }
   if (!status.ok()) {
     std::cerr << "pacer-probe: " << addr << ": health check failed: code " << status.error_code()

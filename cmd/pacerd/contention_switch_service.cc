@@ -1,6 +1,6 @@
 #include "cmd/pacerd/contention_switch_service.h"
 
-#include "common/reply_limit.h"
+#include "common/grpc_unary.h"
 
 namespace pacer {
 
@@ -44,19 +44,15 @@ absl::Status ContentionSwitchService::Get(const GetCommandRequest& req,
 grpc::ServerUnaryReactor* ContentionSwitchService::SetContention(grpc::CallbackServerContext* ctx,
                                                                  const ContentionRequest* req,
                                                                  ContentionReply* reply) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
-  reactor->Finish(ReplyStatus(s.ok() ? Set(*req, reply) : s, *reply, "SetContention"));
-  return reactor;
+  return AnswerNow(ctx, *reply, "SetContention", auth_->Require(ctx->client_metadata(), Role::kAdmin),
+                   [&] { return Set(*req, reply); });
 }
 
 grpc::ServerUnaryReactor* ContentionSwitchService::GetCommand(grpc::CallbackServerContext* ctx,
                                                               const GetCommandRequest* req,
                                                               GetCommandReply* reply) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->Require(ctx->client_metadata(), Role::kAdmin);
-  reactor->Finish(ReplyStatus(s.ok() ? Get(*req, reply) : s, *reply, "GetCommand"));
-  return reactor;
+  return AnswerNow(ctx, *reply, "GetCommand", auth_->Require(ctx->client_metadata(), Role::kAdmin),
+                   [&] { return Get(*req, reply); });
 }
 
 }  // namespace pacer

@@ -4,14 +4,13 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 
+#include "absl/synchronization/mutex.h"
 #include "cmd/pacerd/pacerd.h"
 #include "controller/policy_loader.h"
 #include "common/flags.h"
@@ -158,20 +157,18 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::mutex signal_mu;
-  std::condition_variable signal_cv;
+  absl::Mutex signal_mu;
   int signalled = 0;
   bool serving = false;
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    std::lock_guard<std::mutex> l(signal_mu);
+    absl::MutexLock l(&signal_mu);
     if (!serving) {
       PACER_LOG(INFO) << "signal " << sig << " before serving: exiting";
       std::_Exit(0);
     }
     signalled = sig;
-    signal_cv.notify_all();
   });
   signal_thread.detach();
 
@@ -186,7 +183,7 @@ int main(int argc, char** argv) {
     pacer::ExitWithError("pacerd", line, 1);
   }
   {
-    std::lock_guard<std::mutex> l(signal_mu);
+    absl::MutexLock l(&signal_mu);
     serving = true;  // from now on a signal shuts down cleanly (a leader resigns)
   }
   PACER_LOG(INFO) << "serving on " << (*pacerd)->address() << ", metrics on port "
@@ -209,10 +206,12 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::unique_lock<std::mutex> l(signal_mu);
-  signal_cv.wait(l, [&] { return signalled != 0; });
-  const int sig = signalled;
-  l.unlock();
+  int sig = 0;
+  {
+    absl::MutexLock l(&signal_mu);
+    signal_mu.Await(absl::Condition(+[](int* s) { return *s != 0; }, &signalled));
+    sig = signalled;
+  }
   PACER_LOG(INFO) << "signal " << sig << ": shutting down";
   (*pacerd)->Shutdown();
   return 0;

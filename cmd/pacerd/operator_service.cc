@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "common/reply_limit.h"
+#include "common/grpc_unary.h"
 #include "controller/policy_fields.h"
 
 namespace pacer {
@@ -141,43 +141,30 @@ void OperatorService::Sample() {
 grpc::ServerUnaryReactor* OperatorService::ListAgents(grpc::CallbackServerContext* ctx,
                                                       const ListAgentsRequest*,
                                                       ListAgentsResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "list agents");
-  if (s.ok()) Agents(resp);
-  reactor->Finish(ReplyStatus(s, *resp, "ListAgents"));
-  return reactor;
+  return AnswerNow(ctx, *resp, "ListAgents", auth_->RequireToken(ctx->client_metadata(), "list agents"),
+                   [&] { Agents(resp); });
 }
 
 grpc::ServerUnaryReactor* OperatorService::GetPolicy(grpc::CallbackServerContext* ctx,
                                                      const GetPolicyRequest*,
                                                      GetPolicyResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get policy");
-  if (s.ok()) Policy(resp);
-  reactor->Finish(ReplyStatus(s, *resp, "GetPolicy"));
-  return reactor;
+  return AnswerNow(ctx, *resp, "GetPolicy", auth_->RequireToken(ctx->client_metadata(), "get policy"),
+                   [&] { Policy(resp); });
 }
 
 grpc::ServerUnaryReactor* OperatorService::GetServer(grpc::CallbackServerContext* ctx,
                                                      const GetServerRequest*, GetServerResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get server");
-  if (s.ok()) {
+  return AnswerNow(ctx, *resp, "GetServer", auth_->RequireToken(ctx->client_metadata(), "get server"), [&] {
     resp->set_journal("rocksdb");
     if (server_info_) server_info_(resp);
-  }
-  reactor->Finish(ReplyStatus(s, *resp, "GetServer"));
-  return reactor;
+  });
 }
 
 grpc::ServerUnaryReactor* OperatorService::GetTimeline(grpc::CallbackServerContext* ctx,
                                                        const GetTimelineRequest* req,
                                                        GetTimelineResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  absl::Status s = auth_->RequireToken(ctx->client_metadata(), "get timeline");
-  if (s.ok()) Timeline(*req, resp);
-  reactor->Finish(ReplyStatus(s, *resp, "GetTimeline"));
-  return reactor;
+  return AnswerNow(ctx, *resp, "GetTimeline", auth_->RequireToken(ctx->client_metadata(), "get timeline"),
+                   [&] { Timeline(*req, resp); });
 }
 
 }  // namespace pacer

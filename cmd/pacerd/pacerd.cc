@@ -386,10 +386,9 @@ void Pacerd::WireWorkerSessions() {
   monitor_->SetEventListener([this, reconciler](const std::vector<ClassificationEvent>&) {
     reconciler->Poke();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       reconcile_wanted_ = true;
     }
-    cv_.notify_all();  // Wait() shares cv_: notify_one could wake it instead
   });
 }
 
@@ -420,23 +419,26 @@ void Pacerd::Housekeeping() {
       options_.housekeeping_period_ms > 0
           ? options_.housekeeping_period_ms
           : std::clamp<int64_t>(options_.sharding.lease_timeout_ms / 8, 50, 1000));
-  std::unique_lock<std::mutex> l(mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || reconcile_wanted_; };
+  absl::MutexLock l(&mu_);
   auto next = std::chrono::steady_clock::now() + period;
   while (!stopping_) {
     // A timer, not synchronisation: wakes early on Shutdown() and when the monitor's
     // classification changed (reconcile now; the rest of the round stays on the timer).
-    cv_.wait_until(l, next, [&] { return stopping_ || reconcile_wanted_; });
+    mu_.AwaitWithTimeout(absl::Condition(&woken),
+                         absl::FromChrono(std::max(next - std::chrono::steady_clock::now(),
+                                                   std::chrono::steady_clock::duration::zero())));
     if (stopping_) break;
     const bool round = std::chrono::steady_clock::now() >= next;
     reconcile_wanted_ = false;
-    l.unlock();
+    mu_.Unlock();
     if (round) {
       HousekeepingStep();
       next = std::chrono::steady_clock::now() + period;
     } else {
       reconciler_->MaybeReconcile();
     }
-    l.lock();
+    mu_.Lock();
   }
 }
 
@@ -458,7 +460,7 @@ int Pacerd::HousekeepingStep() {
 }
 
 void Pacerd::LoseAbandonedWorkers() {
-  std::lock_guard<std::mutex> l(abandoned_mu_);
+  absl::MutexLock l(&abandoned_mu_);
   for (const AgentView& agent : agents_->Agents()) {
     for (const WorkerProcess& p : agent.workers) {
       // Given up on; or stopped by an agent that is leaving (it gave up on the group, or
@@ -497,7 +499,7 @@ void Pacerd::ReleaseFreeHeap() {
 }
 
 void Pacerd::CheckJournal() {
-  std::lock_guard<std::mutex> l(journal_check_mu_);
+  absl::MutexLock l(&journal_check_mu_);
   absl::Status health = sharding_->journal_health();
   if (!health.ok()) {
     const int64_t now = RealClock::Get()->NowMs();
@@ -526,11 +528,10 @@ void Pacerd::CheckJournal() {
 
 void Pacerd::Shutdown() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  cv_.notify_all();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (rendezvous_) rendezvous_->Shutdown();  // parked Gets would hold up the server's shutdown
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -545,8 +546,8 @@ void Pacerd::Shutdown() {
 }
 
 void Pacerd::Wait() {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return stopping_; });
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(&stopping_));
 }
 
 }  // namespace pacer

@@ -11,17 +11,17 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_registry.h"
 #include "agent/grpc_agent_service.h"
 #include "cmd/pacerd/contention_switch_service.h"
@@ -222,17 +222,17 @@ class Pacerd {
   std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  bool reconcile_wanted_ = false;  // a classification changed: the housekeeping thread reconciles now
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A classification changed: the housekeeping thread reconciles now.
+  bool reconcile_wanted_ ABSL_GUARDED_BY(mu_) = false;
   std::thread housekeeping_;
   // The journals' series (journal/journal_metrics.h): the sharding core's and the controller's.
   std::unique_ptr<JournalMetrics> journal_metrics_;
   std::unique_ptr<JournalObserver> sharding_journal_, controller_journal_;
-  std::mutex journal_check_mu_;  // CheckJournal() may run on the thread and in a test
-  int64_t last_journal_retry_ms_ = 0;
-  bool journal_was_healthy_ = true;
+  absl::Mutex journal_check_mu_;  // CheckJournal() may run on the thread and in a test
+  int64_t last_journal_retry_ms_ ABSL_GUARDED_BY(journal_check_mu_) = 0;
+  bool journal_was_healthy_ ABSL_GUARDED_BY(journal_check_mu_) = true;
   // Returns the allocator's free pages to the system (malloc_trim), at most once an interval.
   void ReleaseFreeHeap();
   // A worker its agent reports FAILED (crashed past the restart limit: nothing will start it
@@ -241,8 +241,9 @@ class Pacerd {
   // (ShardingServiceImpl::LoseGoneWorker), instead of holding them until they expire. Once per
   // failure: keyed by the agent's incarnation and the worker's restart counts.
   void LoseAbandonedWorkers();
-  std::mutex abandoned_mu_;
-  std::map<std::string, std::string> abandoned_handled_;  // worker -> the failure handled; guarded by abandoned_mu_
+  absl::Mutex abandoned_mu_;
+  // worker -> the failure handled
+  std::map<std::string, std::string> abandoned_handled_ ABSL_GUARDED_BY(abandoned_mu_);
   static constexpr int64_t kHeapReleaseIntervalMs = 10'000;
   std::atomic<int64_t> last_heap_release_ms_{0};
 };

@@ -37,7 +37,7 @@ ParameterStore::ParameterStore(PsLimits limits) : limits_(limits) {
 
 absl::StatusOr<bool> ParameterStore::CreateTable(const PsTableSpec& spec) {
   if (absl::Status v = ValidateSpec(spec); !v.ok()) return v;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = tables_.find(spec.name());
   if (it != tables_.end()) {
     if (google::protobuf::util::MessageDifferencer::Equals(it->second->spec, spec)) return false;
@@ -78,7 +78,7 @@ absl::Status ParameterStore::ValidateSpec(const PsTableSpec& spec) {
 }
 
 absl::StatusOr<ParameterStore::Table*> ParameterStore::Find(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = tables_.find(name);
   if (it == tables_.end()) return absl::NotFoundError("no table '" + name + "' on this server");
   return it->second.get();
@@ -157,7 +157,7 @@ absl::Status ParameterStore::PullInto(const std::string& table, absl::Span<const
   const uint32_t dim = tab.spec.dim();
   if (absl::Status c = CheckRequest(table, keys.size(), dim); !c.ok()) return c;
   float* dst = out(keys.size() * dim);
-  std::lock_guard<std::mutex> l(tab.mu);
+  absl::MutexLock l(&tab.mu);
   for (uint64_t k : keys) {
     auto it = tab.rows.find(k);
     if (it != tab.rows.end()) {
@@ -194,7 +194,7 @@ absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, absl::Sp
   const bool adagrad = opt.kind() == PsOptimizer::ADAGRAD;
   const float lr = opt.learning_rate();
   const uint64_t row_bytes = RowBytes(dim, adagrad);
-  std::lock_guard<std::mutex> l(tab.mu);
+  absl::MutexLock l(&tab.mu);
   uint64_t fresh = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     const uint64_t key = keys[order[i]];
@@ -280,10 +280,10 @@ absl::StatusOr<uint64_t> ParameterStore::Push(const std::string& table, absl::Sp
 }
 
 uint64_t ParameterStore::rows() const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   uint64_t n = 0;
   for (const auto& [name, t] : tables_) {
-    std::lock_guard<std::mutex> tl(t->mu);
+    absl::MutexLock tl(&t->mu);
     n += t->rows.size();
   }
   return n;
@@ -291,10 +291,10 @@ uint64_t ParameterStore::rows() const {
 
 PsSnapshot ParameterStore::Snapshot() const {
   PsSnapshot snap;
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   for (const auto& [name, t] : tables_) {
     PsSnapshotTable* out = snap.add_tables();
-    std::lock_guard<std::mutex> tl(t->mu);
+    absl::MutexLock tl(&t->mu);
     *out->mutable_spec() = t->spec;
     out->set_pushes(t->pushes);
     std::vector<uint64_t> keys;
@@ -366,12 +366,13 @@ absl::Status ParameterStore::Restore(const PsSnapshot& snapshot) {
                                         std::to_string(limits_.max_server_rows) + " / --max-server-bytes " +
                                         std::to_string(limits_.max_server_bytes));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (!tables_.empty()) return absl::FailedPreconditionError("restore into a store that holds tables");
   rows_ = total_rows;
   bytes_ = total_bytes;
   for (const PsSnapshotTable& t : snapshot.tables()) {
     auto tab = std::make_unique<Table>(t.spec());
+    absl::MutexLock tl(&tab->mu);  // not shared yet: for the annotations
     tab->bytes = static_cast<uint64_t>(t.keys_size()) *
                  RowBytes(t.spec().dim(), t.spec().optimizer().kind() == PsOptimizer::ADAGRAD);
     const uint32_t dim = t.spec().dim();

@@ -29,13 +29,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "proto/pacer/ps.pb.h"
 #include "worker_sdk/ps/ps_limits.h"
@@ -85,10 +86,10 @@ class ParameterStore {
   struct Table {
     explicit Table(PsTableSpec s) : spec(std::move(s)) {}
     const PsTableSpec spec;
-    std::mutex mu;
-    std::unordered_map<uint64_t, Row> rows;  // guarded by mu
-    uint64_t pushes = 0;                     // guarded by mu
-    uint64_t bytes = 0;                      // guarded by mu: rows.size() x RowBytes
+    absl::Mutex mu;
+    std::unordered_map<uint64_t, Row> rows ABSL_GUARDED_BY(mu);
+    uint64_t pushes ABSL_GUARDED_BY(mu) = 0;
+    uint64_t bytes ABSL_GUARDED_BY(mu) = 0;  // rows.size() x RowBytes
   };
   absl::StatusOr<Table*> Find(const std::string& name) const;
   static absl::Status ValidateSpec(const PsTableSpec& spec);
@@ -102,8 +103,8 @@ class ParameterStore {
   PsLimits limits_;
   std::atomic<uint64_t> rows_{0}, bytes_{0};  // every table's stored rows and their bytes
 
-  mutable std::mutex mu_;  // guards tables_ (the map, not the tables)
-  std::map<std::string, std::unique_ptr<Table>> tables_;
+  mutable absl::Mutex mu_;  // guards the map, not the tables
+  std::map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> changes_{0};
 };
 

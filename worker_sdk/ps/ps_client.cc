@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions opti
     }
     c->stubs_.push_back(ParameterServer::NewStub(*channel));
   }
+  absl::MutexLock l(&c->mu_);  // not shared yet: for the annotations
   c->latencies_ms_.resize(c->stubs_.size());
   return c;
 }
@@ -83,12 +84,12 @@ double MsSince(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 void PsClient::Record(size_t server, double ms) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   latencies_ms_[server].push_back(ms);
 }
 
 absl::StatusOr<uint32_t> PsClient::Dim(const std::string& table) const {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = dims_.find(table);
   if (it == dims_.end()) {
     return absl::FailedPreconditionError("table '" + table + "' was not created through this client");
@@ -108,7 +109,7 @@ absl::Status PsClient::CreateTable(const PsTableSpec& spec) {
       return absl::Status(s.code(), "create table on " + options_.servers[i] + ": " + std::string(s.message()));
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   dims_[spec.name()] = spec.dim();
   return absl::OkStatus();
 }
@@ -232,7 +233,7 @@ std::future<absl::Status> PsClient::PushDenseAsync(const std::string& table, std
 std::vector<ServerLatency> PsClient::TakeLatency(int64_t now_ms) {
   std::vector<std::vector<double>> taken(stubs_.size());
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     taken.swap(latencies_ms_);
     latencies_ms_.resize(stubs_.size());
   }

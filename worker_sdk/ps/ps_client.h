@@ -26,14 +26,15 @@
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/tls.h"
 #include "proto/pacer/monitor.grpc.pb.h"
 #include "proto/pacer/ps.grpc.pb.h"
@@ -81,9 +82,9 @@ class PsClient {
 
   const PsClientOptions options_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
-  mutable std::mutex mu_;
-  std::map<std::string, uint32_t> dims_;            // guarded by mu_
-  std::vector<std::vector<double>> latencies_ms_;   // guarded by mu_; per server
+  mutable absl::Mutex mu_;
+  std::map<std::string, uint32_t> dims_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<double>> latencies_ms_ ABSL_GUARDED_BY(mu_);  // per server
 };
 
 }  // namespace pacer

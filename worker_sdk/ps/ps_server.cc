@@ -98,7 +98,7 @@ absl::Status PsServer::LoadSnapshot() {
 
 absl::Status PsServer::SaveSnapshot() {
   if (options_.state_dir.empty()) return absl::OkStatus();
-  std::lock_guard<std::mutex> l(save_mu_);
+  absl::MutexLock l(&save_mu_);
   const uint64_t changes = store_.changes();  // read before copying: a later change saves again
   if (changes == saved_changes_) return absl::OkStatus();
   PsSnapshot snap = store_.Snapshot();
@@ -112,15 +112,13 @@ absl::Status PsServer::SaveSnapshot() {
 
 // Periodic saves. The wait is a timer only (no state depends on it), so it reads the real clock.
 void PsServer::SnapshotLoop() {
-  std::unique_lock<std::mutex> l(loop_mu_);
-  while (!stopping_) {
-    loop_cv_.wait_for(l, std::chrono::milliseconds(options_.snapshot_ms), [&] { return stopping_; });
-    if (stopping_) break;
-    l.unlock();
+  absl::MutexLock l(&loop_mu_);
+  while (!loop_mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(options_.snapshot_ms))) {
+    loop_mu_.Unlock();
     if (absl::Status s = SaveSnapshot(); !s.ok()) {
       PACER_LOG(WARNING) << "pacer-ps: periodic snapshot: " << s;
     }
-    l.lock();
+    loop_mu_.Lock();
   }
 }
 
@@ -131,10 +129,9 @@ void PsServer::Shutdown() {
     server_.reset();
   }
   {
-    std::lock_guard<std::mutex> l(loop_mu_);
+    absl::MutexLock l(&loop_mu_);
     stopping_ = true;
   }
-  loop_cv_.notify_all();
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
   // No push arrives any more: this save holds everything.
   if (absl::Status s = SaveSnapshot(); !s.ok()) {

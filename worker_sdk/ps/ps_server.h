@@ -23,8 +23,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <memory>
 #include <optional>
@@ -32,7 +30,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/tls.h"
 #include "proto/pacer/ps.grpc.pb.h"
@@ -86,11 +86,10 @@ class PsServer final : public ParameterServer::Service {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
-  std::mutex save_mu_;             // one save at a time
-  uint64_t saved_changes_ = 0;     // guarded by save_mu_: store_.changes() at the last save
-  std::mutex loop_mu_;
-  std::condition_variable loop_cv_;
-  bool stopping_ = false;          // guarded by loop_mu_
+  absl::Mutex save_mu_;  // one save at a time
+  uint64_t saved_changes_ ABSL_GUARDED_BY(save_mu_) = 0;  // store_.changes() at the last save
+  absl::Mutex loop_mu_;
+  bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread snapshot_thread_;
 };
 
