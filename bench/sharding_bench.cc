@@ -55,7 +55,7 @@ double StateUpdatesPerSecond() {
   auto apply = [&](Update u) {
     u.set_seq(++seq);
     u.set_time_ms(static_cast<int64_t>(seq));
-    if (!st.Apply(u).ok()) std::abort();
+    if (!st.ApplyChecked(u).ok()) std::abort();
   };
   Update reg;
   reg.mutable_register_dataset()->mutable_spec()->set_name("train");
@@ -309,7 +309,7 @@ void WriteJournal(const std::string& dir, uint64_t n, uint64_t snapshot_every) {
   auto apply = [&](Update u) {
     u.set_seq(++seq);
     u.set_time_ms(static_cast<int64_t>(seq));
-    if (!st.Apply(u).ok()) std::abort();
+    if (!st.ApplyChecked(u).ok()) std::abort();
     (*journal)->Append(u);
     // Groups of 16 updates per record, as group commit produced at 256 clients (~60 fsyncs per
     // 1000 updates), so the replayed journal has the shape of a real one.

@@ -47,7 +47,7 @@ void LockTime(int datasets, int files) {
     Update u;
     u.set_seq(++seq);
     *u.mutable_register_dataset()->mutable_spec() = Spec(d, files);
-    if (!st.Apply(u).ok()) std::abort();
+    if (!st.ApplyChecked(u).ok()) std::abort();
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

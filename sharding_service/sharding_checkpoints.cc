@@ -74,8 +74,7 @@ uint64_t ShardingState::CheckpointHeldBytes(const Checkpoint& cp) {
   return cp.ByteSizeLong() + partitions * kCheckpointPartitionBytes;
 }
 
-absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
-  if (auto s = ValidateCheckpointTag(u.tag()); !s.ok()) return s;
+void ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t t) {
   checkpoints_[u.tag()] = CapturePosition(u.tag(), t);
   // At most kMaxCheckpoints, and at most kMaxCheckpointBytes (CheckpointHeldBytes, the same on
   // every replay) unless the newest alone is larger: the oldest go first.
@@ -93,13 +92,10 @@ absl::Status ShardingState::ApplySaveCheckpoint(const SaveCheckpointUpdate& u, i
     bytes -= CheckpointHeldBytes(oldest->second);
     checkpoints_.erase(oldest);
   }
-  return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t t) {
-  auto cit = checkpoints_.find(u.tag());
-  if (cit == checkpoints_.end()) return absl::NotFoundError("unknown checkpoint '" + u.tag() + "'");
-  const Checkpoint cp = cit->second;
+void ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t t) {
+  const Checkpoint cp = checkpoints_.at(u.tag());
   // Fence every lease: the data position goes back to the checkpoint's.
   for (auto& [id, lease] : leases_) {
     RememberEnded(lease, LEASE_CANCELLED);
@@ -143,7 +139,6 @@ absl::Status ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate
       ds.open.push_back(std::move(ep));
     }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace pacer

@@ -89,7 +89,7 @@ ShardingJournal::SnapshotFn ShardingServiceImpl::StateReplay::OnSnapshot() {
 ShardingJournal::UpdateFn ShardingServiceImpl::StateReplay::OnUpdate() {
   return [this](const Update& u) {
     ++replayed;
-    return state.Apply(u);
+    return state.ApplyChecked(u);
   };
 }
 
@@ -111,8 +111,8 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::Commit(Update update) {
   const int64_t ending_created_ms = ending ? ending->created_ms : 0;
   absl::StatusOr<ApplyEffects> effects = state_.Commit(&update, clock_->NowMs());
   if (!effects.ok()) {
-    // Validation let through an update that does not apply: a bug, not bad input. Nothing
-    // changed (Apply checks before it mutates), so report it and carry on.
+    // The request's checks let through an update the state refuses: a bug, not bad input.
+    // Nothing changed (the state validates before it applies), so report it and carry on.
     PACER_LOG(ERROR) << "update rejected after validation: " << effects.status() << " ("
                      << Truncated(update.ShortDebugString(), kMaxLoggedUpdate) << ")";
     return absl::InternalError(absl::StrCat("internal error: ", effects.status().message()));

@@ -81,10 +81,14 @@ absl::Status ShardingState::CheckLease(const std::string& worker, uint64_t incar
 absl::StatusOr<ApplyEffects> ShardingState::Commit(Update* update, int64_t now_ms) {
   update->set_seq(last_seq_ + 1);
   update->set_time_ms(now_ms);
-  RETURN_IF_ERROR(Apply(*update));
-  ApplyEffects effects;
-  effects.cancelled_leases.swap(cancelled_);
-  return effects;
+  RETURN_IF_ERROR(Validate(*update));
+  return Apply(*update);
+}
+
+absl::Status ShardingState::ApplyChecked(const Update& update) {
+  RETURN_IF_ERROR(Validate(update));
+  Apply(update);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<FetchDecision> ShardingState::DecideFetch(const std::string& worker,
@@ -101,43 +105,77 @@ absl::StatusOr<FetchDecision> ShardingState::DecideFetch(const std::string& work
   return d;
 }
 
-absl::Status ShardingState::Apply(const Update& update) {
-  cancelled_.clear();  // only the last update's (Commit hands them on)
-  absl::Status s;
+absl::Status ShardingState::Validate(const Update& update) const {
+  if (update.seq() != last_seq_ + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("update ", update.seq(), " is not the next one (", last_seq_ + 1, ")"));
+  }
+  switch (update.kind_case()) {
+    case Update::kRegisterDataset: return ValidateRegisterDataset(update.register_dataset());
+    case Update::kRegisterWorker: return ValidateRegisterWorker(update.register_worker());
+    case Update::kCreateLease: return ValidateCreateLease(update.create_lease());
+    case Update::kProgress: return ValidateProgress(update.progress());
+    case Update::kEndLease: return ValidateEndLease(update.end_lease());
+    case Update::kWorkerLost:
+    case Update::kSetAllocation: {
+      const std::string& id = update.has_worker_lost() ? update.worker_lost().worker_id()
+                                                       : update.set_allocation().worker_id();
+      if (workers_.count(id) == 0) return absl::NotFoundError("unknown worker '" + id + "'");
+      if (update.has_set_allocation()) return ValidateAllocation(update.set_allocation());
+      return absl::OkStatus();
+    }
+    case Update::kSaveCheckpoint: return ValidateCheckpointTag(update.save_checkpoint().tag());
+    case Update::kRestoreCheckpoint:
+    case Update::kDeleteCheckpoint: {
+      const std::string& tag = update.has_restore_checkpoint() ? update.restore_checkpoint().tag()
+                                                               : update.delete_checkpoint().tag();
+      if (checkpoints_.count(tag) == 0) {
+        return absl::NotFoundError("unknown checkpoint '" + tag + "'");
+      }
+      return absl::OkStatus();
+    }
+    case Update::kSetTailBackup:
+    case Update::kDeleteDataset:
+    case Update::kResetDataset: {
+      const std::string& name = update.has_set_tail_backup() ? update.set_tail_backup().dataset()
+                                : update.has_delete_dataset() ? update.delete_dataset().dataset()
+                                                              : update.reset_dataset().dataset();
+      if (datasets_.count(name) == 0) return absl::NotFoundError("unknown dataset '" + name + "'");
+      return absl::OkStatus();
+    }
+    case Update::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("update has no kind (written by a newer pacerd?)");
+}
+
+ApplyEffects ShardingState::Apply(const Update& update) {
+  cancelled_.clear();
   const int64_t t = update.time_ms();
   switch (update.kind_case()) {
-    case Update::kRegisterDataset: s = ApplyRegisterDataset(update.register_dataset()); break;
-    case Update::kRegisterWorker: s = ApplyRegisterWorker(update.register_worker(), t); break;
-    case Update::kCreateLease: s = ApplyCreateLease(update.create_lease(), t); break;
-    case Update::kProgress: s = ApplyProgress(update.progress(), t); break;
-    case Update::kEndLease: s = ApplyEndLease(update.end_lease(), t); break;
-    case Update::kWorkerLost: s = ApplyWorkerLost(update.worker_lost(), t); break;
-    case Update::kSaveCheckpoint: s = ApplySaveCheckpoint(update.save_checkpoint(), t); break;
-    case Update::kRestoreCheckpoint:
-      s = ApplyRestoreCheckpoint(update.restore_checkpoint(), t);
+    case Update::kRegisterDataset: ApplyRegisterDataset(update.register_dataset()); break;
+    case Update::kRegisterWorker: ApplyRegisterWorker(update.register_worker(), t); break;
+    case Update::kCreateLease: ApplyCreateLease(update.create_lease(), t); break;
+    case Update::kProgress: ApplyProgress(update.progress(), t); break;
+    case Update::kEndLease: ApplyEndLease(update.end_lease(), t); break;
+    case Update::kWorkerLost: ApplyWorkerLost(update.worker_lost(), t); break;
+    case Update::kSaveCheckpoint: ApplySaveCheckpoint(update.save_checkpoint(), t); break;
+    case Update::kRestoreCheckpoint: ApplyRestoreCheckpoint(update.restore_checkpoint(), t); break;
+    case Update::kDeleteCheckpoint: checkpoints_.erase(update.delete_checkpoint().tag()); break;
+    case Update::kSetAllocation: ApplySetAllocation(update.set_allocation()); break;
+    case Update::kSetTailBackup:
+      datasets_.at(update.set_tail_backup().dataset()).tail_backup =
+          update.set_tail_backup().enabled();
       break;
-    case Update::kDeleteCheckpoint:
-      if (checkpoints_.erase(update.delete_checkpoint().tag()) == 0) {
-        s = absl::NotFoundError("unknown checkpoint '" + update.delete_checkpoint().tag() + "'");
-      }
-      break;
-    case Update::kSetAllocation: s = ApplySetAllocation(update.set_allocation()); break;
-    case Update::kSetTailBackup: {
-      auto it = datasets_.find(update.set_tail_backup().dataset());
-      if (it == datasets_.end()) {
-        s = absl::NotFoundError("unknown dataset '" + update.set_tail_backup().dataset() + "'");
-      } else {
-        it->second.tail_backup = update.set_tail_backup().enabled();
-      }
-      break;
-    }
-    case Update::kDeleteDataset: s = ApplyDeleteDataset(update.delete_dataset()); break;
-    case Update::kResetDataset: s = ApplyResetDataset(update.reset_dataset()); break;
-    default:
-      s = absl::InvalidArgumentError("update has no kind (written by a newer pacerd?)");
+    case Update::kDeleteDataset: ApplyDeleteDataset(update.delete_dataset()); break;
+    case Update::kResetDataset: ApplyResetDataset(update.reset_dataset()); break;
+    case Update::KIND_NOT_SET:
+      PACER_CHECK(false) << "Apply of an update without a kind (Validate refuses it)";
   }
-  if (s.ok()) last_seq_ = update.seq();
-  return s;
+  last_seq_ = update.seq();
+  ApplyEffects effects;
+  effects.cancelled_leases.swap(cancelled_);
+  return effects;
 }
 
 ShardingState::Epoch ShardingState::MakeEpoch(const Dataset& ds, uint32_t epoch) const {
@@ -164,15 +202,19 @@ uint64_t ShardingState::HeldBytes(const DatasetSpec& spec) {
   return spec.SpaceUsedLong() + partitions * kPartitionHeldBytes;
 }
 
-absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u) {
-  auto spec = NormalizeSpec(u.spec());
-  if (!spec.ok()) return spec.status();
-  if (auto it = datasets_.find(spec->name()); it != datasets_.end()) {
-    if (google::protobuf::util::MessageDifferencer::Equals(*it->second.spec, *spec)) {
-      return absl::OkStatus();
-    }
-    return SpecMismatchError(*it->second.spec, *spec);
+absl::Status ShardingState::ValidateRegisterDataset(const RegisterDatasetUpdate& u) const {
+  ASSIGN_OR_RETURN(DatasetSpec spec, NormalizeSpec(u.spec()));
+  if (auto it = datasets_.find(spec.name()); it != datasets_.end() &&
+      !google::protobuf::util::MessageDifferencer::Equals(*it->second.spec, spec)) {
+    return SpecMismatchError(*it->second.spec, spec);
   }
+  return absl::OkStatus();
+}
+
+void ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u) {
+  absl::StatusOr<DatasetSpec> spec = NormalizeSpec(u.spec());
+  PACER_CHECK(spec.ok()) << spec.status();
+  if (datasets_.count(spec->name()) > 0) return;  // the same spec again (Validate): nothing to do
   Dataset ds;
   ds.spec = std::make_shared<const DatasetSpec>(*std::move(spec));
   ds.records_per_epoch = RecordsPerEpoch(*ds.spec);
@@ -183,16 +225,19 @@ absl::Status ShardingState::ApplyRegisterDataset(const RegisterDatasetUpdate& u)
     ds.next_epoch = 1;
   }
   datasets_.emplace(ds.spec->name(), std::move(ds));
-  return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t t) {
+absl::Status ShardingState::ValidateRegisterWorker(const RegisterWorkerUpdate& u) const {
   if (!IsValidName(u.worker_id(), kMaxWorkerIdLength)) {
     return absl::InvalidArgumentError("worker_id: must be 1..256 characters of [A-Za-z0-9._:/-]");
   }
   if (u.node().size() > kMaxWorkerIdLength) {
     return absl::InvalidArgumentError("node: at most 256 characters");
   }
+  return absl::OkStatus();
+}
+
+void ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t t) {
   auto [it, inserted] = workers_.try_emplace(u.worker_id());
   WorkerRec& w = it->second;
   if (inserted) {
@@ -211,23 +256,32 @@ absl::Status ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, i
   w.node = u.node();
   w.incarnation = next_incarnation_++;
   w.lost = false;
-  return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_t t) {
+absl::StatusOr<CreateLeaseUpdate> ShardingState::DecideV2Lease(const CreateLeaseUpdate& in) const {
+  ASSIGN_OR_RETURN(FetchPlan plan, PlanFetch(in.worker_id(), in.dataset(), /*v2_planner=*/true));
+  if (plan.kind != FetchPlan::kLease && plan.kind != FetchPlan::kBackup) {
+    return absl::FailedPreconditionError("nothing to lease: " + plan.reason);
+  }
+  return DecideLease(plan, in.worker_id(), in.dataset(), /*request_id=*/0);
+}
+
+absl::Status ShardingState::ValidateCreateLease(const CreateLeaseUpdate& u) const {
+  if (u.decided()) return CheckDecidedLease(u);
+  ASSIGN_OR_RETURN(CreateLeaseUpdate decided, DecideV2Lease(u));
+  return CheckDecidedLease(decided);
+}
+
+void ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_t t) {
   CreateLeaseUpdate decided;
   const CreateLeaseUpdate* u = &in;
   if (!in.decided()) {
-    // A v2 update: decide now, with the planner it was written by (see the header).
-    auto plan = PlanFetch(in.worker_id(), in.dataset(), /*v2_planner=*/true);
-    if (!plan.ok()) return plan.status();
-    if (plan->kind != FetchPlan::kLease && plan->kind != FetchPlan::kBackup) {
-      return absl::FailedPreconditionError("nothing to lease: " + plan->reason);
-    }
-    decided = DecideLease(*plan, in.worker_id(), in.dataset(), /*request_id=*/0);
+    // A v2 update: decided now, as Validate decided it (see the header).
+    absl::StatusOr<CreateLeaseUpdate> v2 = DecideV2Lease(in);
+    PACER_CHECK(v2.ok()) << v2.status();
+    decided = *std::move(v2);
     u = &decided;
   }
-  if (absl::Status s = CheckDecidedLease(*u); !s.ok()) return s;
   Dataset& ds = datasets_.at(u->dataset());
   WorkerRec& w = workers_.at(u->worker_id());
   LeaseRec lease;
@@ -266,7 +320,6 @@ absl::Status ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_
   ep->active_leases++;
   w.leases.insert(lease.id);
   leases_.emplace(lease.id, std::move(lease));
-  return absl::OkStatus();
 }
 
 ShardingState::Epoch* ShardingState::FindEpoch(Dataset& ds, uint32_t epoch) {
@@ -292,24 +345,25 @@ void ShardingState::AdvanceDone(LeaseRec& lease, uint64_t new_done, int64_t t) {
   }
 }
 
-absl::Status ShardingState::ApplyProgress(const ProgressUpdate& u, int64_t t) {
-  auto it = leases_.find(u.lease_id());
-  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", u.lease_id()));
-  LeaseRec& lease = it->second;
-  if (u.records_done() > lease.end - lease.begin) {
+absl::Status ShardingState::ValidateProgress(const ProgressUpdate& u) const {
+  const LeaseRec* lease = FindLease(u.lease_id());
+  if (lease == nullptr) return absl::NotFoundError(absl::StrCat("no lease ", u.lease_id()));
+  if (u.records_done() > lease->end - lease->begin) {
     return absl::InvalidArgumentError(absl::StrCat("records_done ", u.records_done(),
                                                    " exceeds the lease's ",
-                                                   lease.end - lease.begin, " records"));
+                                                   lease->end - lease->begin, " records"));
   }
-  AdvanceDone(lease, u.records_done(), t);
   return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyEndLease(const EndLeaseUpdate& u, int64_t t) {
-  auto it = leases_.find(u.lease_id());
-  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", u.lease_id()));
-  LeaseRec& lease = it->second;
-  const uint64_t len = lease.end - lease.begin;
+void ShardingState::ApplyProgress(const ProgressUpdate& u, int64_t t) {
+  AdvanceDone(leases_.at(u.lease_id()), u.records_done(), t);
+}
+
+absl::Status ShardingState::ValidateEndLease(const EndLeaseUpdate& u) const {
+  const LeaseRec* lease = FindLease(u.lease_id());
+  if (lease == nullptr) return absl::NotFoundError(absl::StrCat("no lease ", u.lease_id()));
+  const uint64_t len = lease->end - lease->begin;
   switch (u.reason()) {
     case LEASE_COMPLETED:
     case LEASE_RELEASED:
@@ -324,9 +378,14 @@ absl::Status ShardingState::ApplyEndLease(const EndLeaseUpdate& u, int64_t t) {
     return absl::InvalidArgumentError(absl::StrCat("records_done ", u.records_done(),
                                                    " exceeds the lease's ", len, " records"));
   }
+  return absl::OkStatus();
+}
+
+void ShardingState::ApplyEndLease(const EndLeaseUpdate& u, int64_t t) {
+  LeaseRec& lease = leases_.at(u.lease_id());
+  const uint64_t len = lease.end - lease.begin;
   AdvanceDone(lease, u.reason() == LEASE_COMPLETED ? len : u.records_done(), t);
   EndLease(u.lease_id(), u.reason(), u.detail(), t, /*requeue=*/true);
-  return absl::OkStatus();
 }
 
 void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std::string& detail,
@@ -506,13 +565,11 @@ void ShardingState::CloseFinishedEpochs(Dataset& ds) {
   if (closed) ForgetOldEnded(ds);
 }
 
-absl::Status ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t) {
-  auto it = workers_.find(u.worker_id());
-  if (it == workers_.end()) return absl::NotFoundError("unknown worker '" + u.worker_id() + "'");
-  const std::vector<uint64_t> held(it->second.leases.begin(), it->second.leases.end());
+void ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t) {
+  WorkerRec& w = workers_.at(u.worker_id());
+  const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
   for (uint64_t id : held) EndLease(id, LEASE_WORKER_LOST, "worker lost", t, /*requeue=*/true);
-  it->second.lost = true;
-  return absl::OkStatus();
+  w.lost = true;
 }
 
 uint64_t ShardingState::DropDatasetProgress(const std::string& dataset) {
@@ -536,18 +593,14 @@ uint64_t ShardingState::DropDatasetProgress(const std::string& dataset) {
   return ids.size();
 }
 
-absl::Status ShardingState::ApplyDeleteDataset(const DeleteDatasetUpdate& u) {
-  if (datasets_.count(u.dataset()) == 0) {
-    return absl::NotFoundError("unknown dataset '" + u.dataset() + "'");
-  }
+void ShardingState::ApplyDeleteDataset(const DeleteDatasetUpdate& u) {
   DropDatasetProgress(u.dataset());
   datasets_.erase(u.dataset());
-  return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
+void ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
   auto it = datasets_.find(u.dataset());
-  if (it == datasets_.end()) return absl::NotFoundError("unknown dataset '" + u.dataset() + "'");
+  PACER_CHECK(it != datasets_.end()) << "reset of unknown dataset " << u.dataset();
   DropDatasetProgress(u.dataset());
   // As registered: the same (shared) spec, epoch 0, nothing done, quarantined or failed.
   Dataset fresh;
@@ -559,14 +612,10 @@ absl::Status ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
     fresh.next_epoch = 1;
   }
   it->second = std::move(fresh);
-  return absl::OkStatus();
 }
 
-absl::Status ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
-  auto it = workers_.find(u.worker_id());
-  if (it == workers_.end()) return absl::NotFoundError("unknown worker '" + u.worker_id() + "'");
-  if (absl::Status s = ValidateAllocation(u); !s.ok()) return s;
-  WorkerRec& w = it->second;
+void ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
+  WorkerRec& w = workers_.at(u.worker_id());
   w.weight = u.weight() > 0 ? u.weight() : 1.0;
   w.shard_size = u.shard_size();
   // max_leases moves the worker's ended-lease floor: recount what lies beyond it, then trim.
@@ -574,7 +623,6 @@ absl::Status ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
   w.max_leases = u.max_leases();
   ended_beyond_floor_ = ended_beyond_floor_ - before + Beyond(w.ended.size(), EndedFloor(w));
   TrimEnded(w);
-  return absl::OkStatus();
 }
 
 std::map<std::string, double> OldestLeaseAges(const ShardingState& state, int64_t now_ms) {

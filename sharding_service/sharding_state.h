@@ -1,7 +1,11 @@
 // ShardingState: every piece of the sharding service's durable state, as a pure state machine.
 //
 // Owns: datasets (spec, open epochs, pending position ranges, done/quarantined counters),
-// leases, workers and checkpoints. Changed only by Apply(const Update&), which does no I/O,
+// leases, workers and checkpoints. Changed only by updates (proto/pacer/sharding.proto), under
+// the contract both durable state machines share (controller/controller_durable_state.h is the
+// other): Validate(update) makes every check and changes nothing; Apply(update) applies an
+// update that passed Validate and cannot fail; ApplyChecked is the two together (replay), and
+// Commit stamps the next seq and time and does the same (the live path). Apply does no I/O,
 // reads no clock and draws no random numbers: ids and tokens come from counters in the state
 // and time from the update, so replaying the journal rebuilds the exact state (docs/style.md §1).
 //
@@ -44,7 +48,7 @@
 //    deletes a dataset or starts it over); a v4 build refuses a v5 dir at start.
 //  * v3/v4: CreateLeaseUpdate carries the decided outcome (`decided`: ids, range,
 //    attempts, backup partner). The service decides with DecideLease() before the journal;
-//    Apply only records it, after checking it fits the state.
+//    Validate checks it fits the state and Apply only records it.
 //  * v2: CreateLeaseUpdate held only worker and dataset and Apply re-ran the planner. Such an
 //    update is still replayed, through PlanFetch() as it was when v2 was written; the golden
 //    journal in tests/sharding/golden/ pins that. Whoever changes PlanFetch so that the golden
@@ -238,13 +242,21 @@ class ShardingState {
 
   ShardingState() = default;
 
-  // Applies one update. Returns INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION without
-  // changing anything if the update does not fit the state (the service validates first, so on
-  // the live path this never fails; on replay it means a corrupt journal).
-  absl::Status Apply(const Update& update);
+  // OK if `update` fits the state: the next seq (last_seq() + 1), a known kind, and what it
+  // names exists and allows it. INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION / ALREADY_EXISTS
+  // (a registration with another spec) otherwise. Changes nothing. The service checks requests
+  // before it makes an update, so on the live path this never fails; on replay a refusal means
+  // a corrupt or foreign journal.
+  absl::Status Validate(const Update& update) const;
+  // Applies an update that passed Validate(). Deterministic; never fails. Returns what it did
+  // besides changing the state (the leases whose holders must hear they ended).
+  ApplyEffects Apply(const Update& update);
+  // Validate + Apply (replay: the effects are history then).
+  absl::Status ApplyChecked(const Update& update);
   // The one request -> update path's last step, for the service, the simulator's in-process
-  // control plane and the tests alike: `update` becomes the next update (seq) at `now_ms` and
-  // is applied; its effects are returned. Replay uses Apply (the effects are history then).
+  // control plane and the tests alike: `update` becomes the next update (seq) at `now_ms`,
+  // is validated and applied; its effects are returned. On an error nothing changed but
+  // `update`'s stamp.
   absl::StatusOr<ApplyEffects> Commit(Update* update, int64_t now_ms);
 
   // ---- Validation helpers for the service (pure reads) ----
@@ -322,19 +334,29 @@ class ShardingState {
                                     SpecsByKey* specs);
 
  private:
-  absl::Status ApplyRegisterDataset(const RegisterDatasetUpdate& u);
-  absl::Status ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t time_ms);
-  absl::Status ApplyCreateLease(const CreateLeaseUpdate& u, int64_t time_ms);
+  // Validate(), by kind (each returns what Validate returns for that kind).
+  absl::Status ValidateRegisterDataset(const RegisterDatasetUpdate& u) const;
+  absl::Status ValidateRegisterWorker(const RegisterWorkerUpdate& u) const;
+  absl::Status ValidateCreateLease(const CreateLeaseUpdate& u) const;
+  absl::Status ValidateProgress(const ProgressUpdate& u) const;
+  absl::Status ValidateEndLease(const EndLeaseUpdate& u) const;
+  // Apply(), by kind: each applies a validated update and cannot fail.
+  void ApplyRegisterDataset(const RegisterDatasetUpdate& u);
+  void ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t time_ms);
+  void ApplyCreateLease(const CreateLeaseUpdate& u, int64_t time_ms);
+  // A v2 CreateLeaseUpdate (`decided` false) decided now, with the planner v2 wrote it by (see
+  // "Journal formats" above); FAILED_PRECONDITION when that planner would lease nothing.
+  absl::StatusOr<CreateLeaseUpdate> DecideV2Lease(const CreateLeaseUpdate& u) const;
   // Checks that a decided lease fits the state (a corrupt or foreign journal otherwise).
   absl::Status CheckDecidedLease(const CreateLeaseUpdate& u) const;
-  absl::Status ApplyProgress(const ProgressUpdate& u, int64_t time_ms);
-  absl::Status ApplyEndLease(const EndLeaseUpdate& u, int64_t time_ms);
-  absl::Status ApplyWorkerLost(const WorkerLostUpdate& u, int64_t time_ms);
-  absl::Status ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t time_ms);
-  absl::Status ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t time_ms);
-  absl::Status ApplySetAllocation(const SetAllocationUpdate& u);
-  absl::Status ApplyDeleteDataset(const DeleteDatasetUpdate& u);
-  absl::Status ApplyResetDataset(const ResetDatasetUpdate& u);
+  void ApplyProgress(const ProgressUpdate& u, int64_t time_ms);
+  void ApplyEndLease(const EndLeaseUpdate& u, int64_t time_ms);
+  void ApplyWorkerLost(const WorkerLostUpdate& u, int64_t time_ms);
+  void ApplySaveCheckpoint(const SaveCheckpointUpdate& u, int64_t time_ms);
+  void ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int64_t time_ms);
+  void ApplySetAllocation(const SetAllocationUpdate& u);
+  void ApplyDeleteDataset(const DeleteDatasetUpdate& u);
+  void ApplyResetDataset(const ResetDatasetUpdate& u);
   // Ends every active lease of `dataset` as LEASE_CANCELLED (remembered for truthful retries,
   // holders notified), requeueing nothing, and drops its position from every checkpoint: what
   // delete and reset share. Returns how many leases ended.
@@ -381,8 +403,8 @@ class ShardingState {
   uint64_t last_seq_ = 0;
   size_t ended_total_ = 0;         // sum of every worker's ended.size()
   size_t ended_beyond_floor_ = 0;  // sum of max(0, ended.size() - EndedFloor(w))
-  // Not part of the snapshot: a notification queue for the live service only.
-  std::vector<std::pair<std::string, uint64_t>> cancelled_;  // by the update being applied
+  // Not part of the state: the leases the update being applied cancels (Apply returns them).
+  std::vector<std::pair<std::string, uint64_t>> cancelled_;
 };
 
 const char* LeaseEndReasonName(LeaseEndReason reason);

@@ -103,7 +103,7 @@ void Run(const StateFuzzInput& input) {
   const std::string live = Serialize(st);
   ShardingState replayed;
   for (const Update& u : log) {
-    if (absl::Status s = replayed.Apply(u); !s.ok()) Fail("replay refused update " + std::to_string(u.seq()) + ": " + s.ToString());
+    if (absl::Status s = replayed.ApplyChecked(u); !s.ok()) Fail("replay refused update " + std::to_string(u.seq()) + ": " + s.ToString());
   }
   if (Serialize(replayed) != live) Fail("the replayed state differs from the live one");
   auto restored = ShardingState::FromSnapshot(st.ToSnapshot());

@@ -156,7 +156,7 @@ TEST(DatasetLifecycleTest, DeleteAndResetReplayExactlyFromScratchAndFromSnapshot
   ASSERT_EQ(log.size(), setup + live.size() - 1);
   ShardingState replay;
   for (size_t i = 0; i < log.size(); ++i) {
-    ASSERT_TRUE(replay.Apply(log[i]).ok()) << i;
+    ASSERT_TRUE(replay.ApplyChecked(log[i]).ok()) << i;
     if (i + 1 >= setup) EXPECT_EQ(Serialize(replay), live[i + 1 - setup]) << "after update " << i;
   }
   // From a snapshot at every point, plus the tail.
@@ -165,7 +165,7 @@ TEST(DatasetLifecycleTest, DeleteAndResetReplayExactlyFromScratchAndFromSnapshot
     ASSERT_TRUE(snap.ParseFromString(live[j]));
     auto st = ShardingState::FromSnapshot(snap);
     ASSERT_TRUE(st.ok()) << st.status();
-    for (size_t i = setup + j; i < log.size(); ++i) ASSERT_TRUE(st->Apply(log[i]).ok());
+    for (size_t i = setup + j; i < log.size(); ++i) ASSERT_TRUE(st->ApplyChecked(log[i]).ok());
     EXPECT_EQ(Serialize(*st), live.back()) << "from snapshot " << j;
   }
   (void)c;

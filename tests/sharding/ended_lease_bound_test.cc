@@ -108,7 +108,7 @@ TEST(EndedLeaseBoundTest, RecordsStayWithinTheFormulaAndEachWorkerKeepsItsNewest
   EXPECT_EQ(loaded->ended_beyond_floor(), d.state().ended_beyond_floor());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(loaded->ToSnapshot(), snap));
   ShardingState replayed;
-  for (const Update& u : d.log()) ASSERT_TRUE(replayed.Apply(u).ok());
+  for (const Update& u : d.log()) ASSERT_TRUE(replayed.ApplyChecked(u).ok());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(replayed.ToSnapshot(), snap));
 }
 
@@ -170,7 +170,7 @@ TEST(EndedLeaseBoundTest, RestartsForgetNothingAndStayWithinTheBound) {
     EXPECT_GE(d.state().FindWorker(WorkerName(i))->ended.size(), kMinEndedPerWorker);
   }
   ShardingState replayed;
-  for (const Update& u : d.log()) ASSERT_TRUE(replayed.Apply(u).ok());
+  for (const Update& u : d.log()) ASSERT_TRUE(replayed.ApplyChecked(u).ok());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(replayed.ToSnapshot(),
                                                                  d.state().ToSnapshot()));
 }

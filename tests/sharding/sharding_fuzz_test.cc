@@ -142,7 +142,8 @@ TEST(ShardingFuzzTest, RandomUpdatesNeverCrashAndRefusalsChangeNothing) {
     Update u;
     if (!u.ParseFromString(bytes)) continue;
     StateDriver d;
-    (void)d.state().Apply(u);
+    u.set_seq(d.state().last_seq() + 1);  // past the seq check, to the kind's own checks
+    (void)d.state().ApplyChecked(u);
   }
   EXPECT_GT(applied, 2000);
   EXPECT_GT(refused, 2000);

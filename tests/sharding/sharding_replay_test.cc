@@ -228,7 +228,7 @@ class RandomRun {
     // From nothing, and from snapshots taken at many points, replay to every later prefix.
     ShardingState from_scratch;
     for (size_t i = 0; i < log.size(); ++i) {
-      ASSERT_TRUE(from_scratch.Apply(log[i]).ok()) << "replay of update " << log[i].seq();
+      ASSERT_TRUE(from_scratch.ApplyChecked(log[i]).ok()) << "replay of update " << log[i].seq();
       if (live_[i + 1].empty()) continue;  // not recorded (several updates in one step)
       ASSERT_EQ(Serialize(from_scratch), live_[i + 1]) << "prefix " << i + 1;
     }
@@ -240,7 +240,7 @@ class RandomRun {
       ASSERT_TRUE(st.ok()) << st.status();
       ASSERT_EQ(Serialize(*st), live_[j]) << "snapshot round trip at " << j;
       for (size_t i = j; i < log.size(); ++i) {
-        ASSERT_TRUE(st->Apply(log[i]).ok());
+        ASSERT_TRUE(st->ApplyChecked(log[i]).ok());
         if (live_[i + 1].empty()) continue;
         ASSERT_EQ(Serialize(*st), live_[i + 1]) << "snapshot " << j << " + tail to " << i + 1;
       }

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "tests/sharding/state_driver.h"
 
 namespace pacer {
@@ -407,6 +409,106 @@ TEST(ShardingStateTest, TenBillionRecordsTakeNoMemoryPerRecord) {
   ASSERT_EQ(described.records_size(), 1);
   EXPECT_EQ(described.records(0).end() - described.records(0).begin(), 1000u);
   EXPECT_LT(d.state().ToSnapshot().ByteSizeLong(), 1024u);
+}
+
+// The contract both durable state machines keep (controller/controller_durable_state.h): Validate
+// makes every check and changes nothing; a refused update, of any kind, leaves the state as it
+// was, through Validate, ApplyChecked and Commit alike; an update that passed Validate applies.
+TEST(ShardingStateTest, RefusedUpdatesOfEveryKindChangeNothing) {
+  StateDriver d;
+  ASSERT_TRUE(d.AddDataset(StateDriver::Records("train", 30, 10)).ok());
+  d.AddWorker("w0");
+  auto lease = d.Fetch("w0", "train");
+  ASSERT_TRUE(lease.has_value());
+  ASSERT_TRUE(d.Progress(lease->id, 2).ok());
+  ASSERT_TRUE(d.Save("c1").ok());
+  ShardingState& st = d.state();
+
+  std::vector<Update> refused;
+  auto add = [&](auto fill) {
+    Update u;
+    fill(u);
+    refused.push_back(u);
+  };
+  add([](Update& u) { u.mutable_register_dataset()->mutable_spec()->set_name("eval"); });
+  add([](Update& u) { *u.mutable_register_dataset()->mutable_spec() = StateDriver::Records("train", 60, 10); });
+  add([](Update& u) { u.mutable_register_worker()->set_worker_id("no spaces"); });
+  add([](Update& u) {
+    u.mutable_register_worker()->set_worker_id("w1");
+    u.mutable_register_worker()->set_node(std::string(300, 'n'));
+  });
+  add([&](Update& u) {  // a decided lease that does not start at the frontier
+    CreateLeaseUpdate* c = u.mutable_create_lease();
+    c->set_decided(true);
+    c->set_worker_id("w0");
+    c->set_dataset("train");
+    c->set_lease_id(st.last_lease_id() + 1);
+    c->set_fencing_token(st.last_lease_id() + 1);
+    c->set_begin(0);
+    c->set_end(10);
+  });
+  add([](Update& u) { u.mutable_create_lease()->set_worker_id("w9"); });  // v2, unknown worker
+  add([](Update& u) { u.mutable_progress()->set_lease_id(99); });
+  add([&](Update& u) {
+    u.mutable_progress()->set_lease_id(lease->id);
+    u.mutable_progress()->set_records_done(11);
+  });
+  add([&](Update& u) {
+    u.mutable_end_lease()->set_lease_id(lease->id);
+    u.mutable_end_lease()->set_reason(LEASE_CANCELLED);
+  });
+  add([&](Update& u) {
+    u.mutable_end_lease()->set_lease_id(lease->id);
+    u.mutable_end_lease()->set_reason(LEASE_FAILED);
+    u.mutable_end_lease()->set_records_done(11);
+  });
+  add([](Update& u) { u.mutable_worker_lost()->set_worker_id("w9"); });
+  add([](Update& u) { u.mutable_save_checkpoint()->set_tag("bad tag"); });
+  add([](Update& u) { u.mutable_restore_checkpoint()->set_tag("c2"); });
+  add([](Update& u) { u.mutable_delete_checkpoint()->set_tag("c2"); });
+  add([](Update& u) {
+    u.mutable_set_allocation()->set_worker_id("w0");
+    u.mutable_set_allocation()->set_max_leases(5000);
+  });
+  add([](Update& u) { u.mutable_set_allocation()->set_worker_id("w9"); });
+  add([](Update& u) { u.mutable_set_tail_backup()->set_dataset("eval"); });
+  add([](Update& u) { u.mutable_delete_dataset()->set_dataset("eval"); });
+  add([](Update& u) { u.mutable_reset_dataset()->set_dataset("eval"); });
+  add([](Update&) {});  // no kind
+  // Every kind is refused at least once.
+  std::set<int> kinds;
+  for (const Update& u : refused) kinds.insert(u.kind_case());
+  EXPECT_EQ(kinds.size(), static_cast<size_t>(Update::kResetDataset - Update::kRegisterDataset + 2));
+
+  const std::string before = st.ToSnapshot().SerializeAsString();
+  const uint64_t seq = st.last_seq();
+  for (Update u : refused) {
+    u.set_seq(seq + 1);
+    u.set_time_ms(d.now_ms);
+    EXPECT_FALSE(st.Validate(u).ok()) << u.ShortDebugString();
+    EXPECT_FALSE(st.ApplyChecked(u).ok()) << u.ShortDebugString();
+    EXPECT_FALSE(d.Apply(u).ok()) << u.ShortDebugString();  // Commit
+    ASSERT_EQ(st.ToSnapshot().SerializeAsString(), before) << u.ShortDebugString();
+    ASSERT_EQ(st.last_seq(), seq);
+  }
+  EXPECT_TRUE(d.TakeCancelled().empty());
+
+  // An update that fits, but not at the next seq, is refused as well (a gap or a repeat in a
+  // journal); at the next seq it applies, and Apply returns its effects.
+  Update lost;
+  lost.mutable_worker_lost()->set_worker_id("w0");
+  for (uint64_t wrong : {seq, seq + 2, uint64_t{0}}) {
+    lost.set_seq(wrong);
+    EXPECT_EQ(st.ApplyChecked(lost).code(), absl::StatusCode::kInvalidArgument) << wrong;
+    ASSERT_EQ(st.ToSnapshot().SerializeAsString(), before);
+  }
+  lost.set_seq(seq + 1);
+  ASSERT_TRUE(st.Validate(lost).ok());
+  const ApplyEffects effects = st.Apply(lost);
+  ASSERT_EQ(effects.cancelled_leases.size(), 1u);
+  EXPECT_EQ(effects.cancelled_leases[0], std::make_pair(std::string("w0"), lease->id));
+  EXPECT_EQ(st.last_seq(), seq + 1);
+  EXPECT_TRUE(st.FindWorker("w0")->lost);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   auto apply = [&](Update u) -> bool {
     u.set_seq(seq + 1);
     u.set_time_ms(t += 7);
-    if (!state.Apply(u).ok()) return false;
+    if (!state.ApplyChecked(u).ok()) return false;
     ++seq;
     (*journal)->Append(u);
     return true;
