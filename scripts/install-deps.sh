@@ -6,7 +6,8 @@
 # anyway. Nothing in Pacer uses a system etcd: the tests start their own members.
 #   scripts/install-deps.sh            build + test deps
 #   scripts/install-deps.sh --torch    also python3-torch (PyTorch examples)
-#   scripts/install-deps.sh --clang    also clang-14 + sanitizer runtimes
+#   scripts/install-deps.sh --clang    also clang-14 + sanitizer runtimes (the fuzzers, the sanitizer
+#                                      builds, thread_safety_test)
 #   scripts/install-deps.sh --containers  also podman, runc and debootstrap (the `container` tests,
 #                                      docs/containers.md)
 #   scripts/install-deps.sh --runtime  only the shared libraries the installed programs need (the
