@@ -89,11 +89,11 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
       if (it->action.kind != record.action.kind || it->action.target != record.action.target)
         continue;
       if (it->outcome == record.outcome && it->veto_reason == record.veto_reason) {
-        AuditRecord folded = *it;
-        folded.last_seen_ms = record.time_ms;
-        ++folded.repeats;
-        EmitRecord(folded);
-        return folded.id;
+        // Changed in place (the update a fresh copy would make), encoded for the journal.
+        it->last_seen_ms = record.time_ms;
+        ++it->repeats;
+        EmitChanged(*it);
+        return it->id;
       }
       break;  // only the newest record of this kind and target may absorb it
     }
@@ -102,7 +102,7 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
   record.action.id = record.id;
   record.last_seen_ms = record.time_ms;
   const uint64_t id = record.id;
-  EmitRecord(record);
+  EmitRecord(std::move(record));
   if (max_records >= 1 && static_cast<int64_t>(audit_.size()) > max_records) {
     ControllerUpdate trim;  // the newest max_records stay
     trim.mutable_audit_trim()->set_oldest_id(audit_[audit_.size() - static_cast<size_t>(max_records)].id);
@@ -112,37 +112,40 @@ uint64_t History::Record(AuditRecord record, int64_t max_records) {
   // executed, or measured: MeasureAndRollBack copies what it restores before any Record call
   // that follows) gives its per-worker payloads back.
   for (size_t i = 0; i + kFullPayloadRecords < audit_.size(); ++i) {
-    const AuditRecord& old = audit_[i];
+    AuditRecord& old = audit_[i];
     if ((old.outcome != AuditRecord::Outcome::kExecuted || old.measured_gain) && HasPayload(old)) {
-      AuditRecord stripped = old;
-      StripPayload(&stripped);
-      EmitRecord(stripped);
+      StripPayload(&old);
+      EmitChanged(old);
     }
   }
   return id;
 }
 
 void History::SetMeasuredGain(uint64_t id, double gain, int64_t now_ms) {
-  if (const AuditRecord* r = FindRecord(id)) {
-    AuditRecord measured = *r;
-    measured.measured_gain = gain;
-    measured.measured_at_ms = now_ms;
-    EmitRecord(measured);
+  if (AuditRecord* r = MutableRecord(id)) {
+    r->measured_gain = gain;
+    r->measured_at_ms = now_ms;
+    EmitChanged(*r);
   }
 }
 
 void History::MarkRolledBack(uint64_t id) {
-  if (const AuditRecord* r = FindRecord(id)) {
-    AuditRecord marked = *r;
-    marked.rolled_back = true;
-    EmitRecord(marked);
+  if (AuditRecord* r = MutableRecord(id)) {
+    r->rolled_back = true;
+    EmitChanged(*r);
   }
 }
 
 void History::SetPlan(const BatchPlan& plan) {
-  ControllerUpdate u;
-  *u.mutable_plan()->mutable_plan() = PlanToProto(plan);
-  Emit(std::move(u));
+  // Applied as it is at hand (PlanFromProto(PlanToProto(plan)) is `plan`: every field
+  // round-trips), encoded only for the journal: a 4 096-worker plan is ~8 000 allocations
+  // each way.
+  if (journaled_) {
+    ControllerUpdate u;
+    *u.mutable_plan()->mutable_plan() = PlanToProto(plan);
+    pending_.push_back(std::move(u));
+  }
+  plan_ = plan;
 }
 
 void History::ClearPlan() {
@@ -190,10 +193,16 @@ void History::Emit(ControllerUpdate update) {
   if (journaled_) pending_.push_back(std::move(update));
 }
 
-void History::EmitRecord(const AuditRecord& record) {
+void History::EmitRecord(AuditRecord record) {
   // The record is at hand decoded: applied as such, encoded only for the journal.
   if (journaled_) *pending_.emplace_back().mutable_record() = AuditToProto(record);
-  ApplyRecord(record);
+  ApplyRecord(std::move(record));
+}
+
+void History::EmitChanged(const AuditRecord& record) {
+  // What EmitRecord(copy of `record`) would do once the record is changed where it stands:
+  // ApplyRecord would replace it by itself (its id is below next_id_).
+  if (journaled_) *pending_.emplace_back().mutable_record() = AuditToProto(record);
 }
 
 std::vector<ControllerUpdate> History::TakeUpdates() {

@@ -133,7 +133,8 @@ class JobSimulation : public ActionSink {
     if (absl::Status s = Dispatch(a); !s.ok()) return s;
     return std::string("carried out by the model");
   }
-  void ApplyPlan(const BatchPlan& plan);
+  struct PendingPlan;
+  void ApplyPlan(const PendingPlan& plan);
   int64_t PickNode(int64_t w, const std::vector<std::string>& avoid);
   absl::Status ChunkSync(double boundary);
   absl::Status ChunkAsync(double boundary);
@@ -172,7 +173,16 @@ class JobSimulation : public ActionSink {
   double stall_until_ = 0;
   int64_t down_ = 0;  // workers down (relaunching)  // job-wide stall (sync relaunch, PS server restart)
   std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
-  std::optional<BatchPlan> pending_plan_;
+  // A plan dispatched but not in force yet: what ApplyPlan needs of it (each planned worker's
+  // index, batch and accumulation), not a copy of its 4 096-worker BatchPlan.
+  struct PendingPlan {
+    int64_t effective_step = 0;
+    struct Batch {
+      int64_t index, samples, accumulation;
+    };
+    std::vector<Batch> batches;
+  };
+  std::optional<PendingPlan> pending_plan_;
   // ChunkSync held a drawn step back so that the report due before the window's end goes out
   // first (report_now_); the next ChunkSync runs it.
   bool held_step_ = false, report_now_ = false;
@@ -677,14 +687,12 @@ absl::Status JobSimulation::Reconcile() {
   return absl::OkStatus();
 }
 
-void JobSimulation::ApplyPlan(const BatchPlan& plan) {
+void JobSimulation::ApplyPlan(const PendingPlan& plan) {
   // A worker the plan leaves out (it was not live when the plan was made) keeps its batch, as a
   // pacerd worker keeps the command it holds; the next plan counts it once it reports again.
-  for (const auto& wb : plan.workers) {
-    auto it = index_.find(wb.worker_id);
-    if (it == index_.end()) continue;
-    w_[it->second].batch = wb.samples;
-    w_[it->second].accumulation = std::max<int64_t>(1, wb.accumulation);
+  for (const auto& b : plan.batches) {
+    w_[b.index].batch = b.samples;
+    w_[b.index].accumulation = b.accumulation;
   }
 }
 
@@ -712,7 +720,15 @@ absl::Status JobSimulation::Dispatch(const Action& a) {
         ++run_.invalid_plans;
         return absl::OkStatus();
       }
-      pending_plan_ = *a.plan;
+      pending_plan_.emplace();
+      pending_plan_->effective_step = a.plan->effective_step;
+      pending_plan_->batches.reserve(a.plan->workers.size());
+      for (const auto& wb : a.plan->workers) {
+        auto it = index_.find(wb.worker_id);
+        if (it == index_.end()) continue;  // not one of the model's workers
+        pending_plan_->batches.push_back(
+            {it->second, wb.samples, std::max<int64_t>(1, wb.accumulation)});
+      }
       if (step_ >= pending_plan_->effective_step) {
         ApplyPlan(*pending_plan_);
         pending_plan_.reset();
