@@ -160,6 +160,9 @@ class History {
   void EmitAllocations();
 
   std::deque<AuditRecord> audit_;
+  // Ids of the records in audit_ that hold per-worker payloads (HasPayload), kept by ApplyRecord,
+  // the trim and the stripping in Record.
+  std::set<uint64_t> with_payload_;
   uint64_t next_id_ = 1;
   std::optional<BatchPlan> plan_;
   std::vector<WorkerAllocation> allocations_;
