@@ -139,7 +139,15 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::Reconcile(const Model
   in.workers = std::move(worker_statuses_);
   in.servers = monitor_->Servers();
   in.nodes = monitor_->Nodes(/*with_evidence=*/false);
-  const std::map<std::string, double> lease_ages = OldestLeaseAges(state_, in.now_ms);
+  // OldestLeaseAges (sharding_state.h: what pacerd's sharding service reports per worker), the
+  // same ages in a hashed map reused across reconciles instead of a std::map built afresh.
+  lease_ages_.clear();
+  for (const auto& [id, lease] : state_.leases()) {
+    const double age = static_cast<double>(in.now_ms - lease.created_ms) / 1000.0;
+    auto [it, added] = lease_ages_.emplace(lease.worker, age);
+    if (!added) it->second = std::max(it->second, age);
+  }
+  const auto& lease_ages = lease_ages_;
   for (const WorkerReport& w : facts.workers) {
     WorkerFacts& f = in.facts[w.id];
     f.restarting = w.down;
