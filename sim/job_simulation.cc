@@ -536,7 +536,12 @@ absl::Status JobSimulation::Heartbeat() {
       due_[i].set = false;
     }
     if (later_[i].set && later_[i].end_s <= next_heartbeat_) {
-      std::swap(due_[i], later_[i]);  // both hold the worker's id
+      // Both slots hold the worker's id: the rest moves.
+      Timing& d = due_[i];
+      const StepTiming& l = later_[i].t;
+      d.set = true;
+      d.end_s = later_[i].end_s;
+      SetTiming(&d.t, l.step, l.compute_s, l.samples, l.time_ms, l.probe, l.in_progress, l.wall_s);
       later_[i].set = false;
     }
   }
