@@ -592,20 +592,23 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     if (!measured) continue;  // not enough steps under it yet
     const double gain = *measured;
     history_.SetMeasuredGain(id, gain, view.now_ms);
-    const AuditRecord rec = *history_.FindRecord(id);  // copy: Execute() may drop old records
-    if (!rb.enabled || !Reversible(rec.action.kind) || rec.action.rollback_of != 0 ||
-        !JudgedByThroughput(rec.action.kind) || rec.action.mandatory ||
-        rec.action.predicted_gain <= 0 ||
-        gain >= rb.min_fraction_of_predicted * rec.action.predicted_gain)
+    // Judged where it stands, copied only to be undone (below): a plan's record holds two plans
+    // of every worker.
+    const AuditRecord& held = *history_.FindRecord(id);
+    if (!rb.enabled || !Reversible(held.action.kind) || held.action.rollback_of != 0 ||
+        !JudgedByThroughput(held.action.kind) || held.action.mandatory ||
+        held.action.predicted_gain <= 0 ||
+        gain >= rb.min_fraction_of_predicted * held.action.predicted_gain)
       continue;
     // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again
     // as soon as its probe is fast): a job throughput 60 s later says nothing about them.
     // (Asked first: it is a flag, the next test a pass over every worker per exclusion.)
-    if (rec.action.kind == ActionKind::kExcludeWorkers && ExclusionsLeftAlone(view.now_ms)) continue;
-    if (ExclusionShortfallExplained(rec, config_.safety.min_gain, view)) continue;
-    if (rec.action.kind == ActionKind::kAdjustBatch && StepRuleActive(view.now_ms) &&
-        ExclusionsMoved(history_, rec.time_ms, view.now_ms))
+    if (held.action.kind == ActionKind::kExcludeWorkers && ExclusionsLeftAlone(view.now_ms)) continue;
+    if (ExclusionShortfallExplained(held, config_.safety.min_gain, view)) continue;
+    if (held.action.kind == ActionKind::kAdjustBatch && StepRuleActive(view.now_ms) &&
+        ExclusionsMoved(history_, held.time_ms, view.now_ms))
       continue;
+    const AuditRecord rec = held;  // copy: Execute() may drop old records
     Action undo;
     undo.kind = rec.action.kind;
     undo.target = rec.action.target;

@@ -152,10 +152,17 @@ class History {
   // A record as written (the decoded form of a record update): replaces the one with its id or
   // appends it (ids grow).
   void ApplyRecord(AuditRecord record);
-  void EmitRecord(const AuditRecord& record);
+  void EmitRecord(AuditRecord record);
+  // The update for a record already in audit_ and changed there (a measured gain, a fold, a
+  // payload dropped): journaled when journaled; applying it would change nothing more. Copying
+  // a 4 096-worker plan's record to change one field was a copy of two plans.
+  void EmitChanged(const AuditRecord& record);
   void EmitAllocations();
 
   std::deque<AuditRecord> audit_;
+  // Ids of the records in audit_ that hold per-worker payloads (HasPayload), kept by ApplyRecord,
+  // the trim and the stripping in Record.
+  std::set<uint64_t> with_payload_;
   uint64_t next_id_ = 1;
   std::optional<BatchPlan> plan_;
   std::vector<WorkerAllocation> allocations_;

@@ -460,8 +460,14 @@ uint32_t MonitorState::SmoothingWindows(uint32_t w) const {
 }
 
 WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
-  const WorkerRecord& rec = workers_[w];
   WorkerStatus st;
+  StatusInto(w, with_evidence, &st);
+  return st;
+}
+
+void MonitorState::StatusInto(uint32_t w, bool with_evidence, WorkerStatus* out) const {
+  const WorkerRecord& rec = workers_[w];
+  WorkerStatus& st = *out;
   st.set_id(rec.id);
   st.set_kind(ENTITY_WORKER);
   if (rec.node != StragglerClassifier::kNoNode) st.set_node(nodes_[rec.node].name);
@@ -484,7 +490,6 @@ WorkerStatus MonitorState::StatusOf(uint32_t w, bool with_evidence) const {
   st.set_last_report_ms(rec.last_report_ms);
   st.set_reports(rec.reports);
   st.set_class_since_ms(rec.class_since_ms);
-  return st;
 }
 
 absl::StatusOr<WorkerStatus> MonitorState::Worker(absl::string_view worker_id) const {
@@ -498,6 +503,14 @@ std::vector<WorkerStatus> MonitorState::Workers(bool with_evidence) const {
   out.reserve(workers_.size());
   for (uint32_t w = 0; w < workers_.size(); ++w) out.push_back(StatusOf(w, with_evidence));
   return out;
+}
+
+void MonitorState::Workers(std::vector<WorkerStatus>* out, bool with_evidence) const {
+  out->resize(workers_.size());
+  for (uint32_t w = 0; w < workers_.size(); ++w) {
+    (*out)[w].Clear();
+    StatusInto(w, with_evidence, &(*out)[w]);
+  }
 }
 
 std::vector<WorkerStatus> MonitorState::Servers() const {

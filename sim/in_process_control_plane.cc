@@ -135,10 +135,19 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::Reconcile(const Model
   in.now_ms = clock_.NowMs();
   in.window_ms = static_cast<int64_t>(std::llround(policy_.detection.window_s * 1000));
   in.hot_threshold = policy_.server.hot_threshold;
-  in.workers = monitor_->Workers(/*with_evidence=*/false);  // the view reads no evidence
+  monitor_->Workers(&worker_statuses_, /*with_evidence=*/false);  // the view reads no evidence
+  in.workers = std::move(worker_statuses_);
   in.servers = monitor_->Servers();
   in.nodes = monitor_->Nodes(/*with_evidence=*/false);
-  const std::map<std::string, double> lease_ages = OldestLeaseAges(state_, in.now_ms);
+  // OldestLeaseAges (sharding_state.h: what pacerd's sharding service reports per worker), the
+  // same ages in a hashed map reused across reconciles instead of a std::map built afresh.
+  lease_ages_.clear();
+  for (const auto& [id, lease] : state_.leases()) {
+    const double age = static_cast<double>(in.now_ms - lease.created_ms) / 1000.0;
+    auto [it, added] = lease_ages_.emplace(lease.worker, age);
+    if (!added) it->second = std::max(it->second, age);
+  }
+  const auto& lease_ages = lease_ages_;
   for (const WorkerReport& w : facts.workers) {
     WorkerFacts& f = in.facts[w.id];
     f.restarting = w.down;
@@ -164,6 +173,7 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::Reconcile(const Model
   d.finished = d.records_done_current_epoch >= d.records_per_epoch;
   j.datasets.push_back(d);
   const ClusterView view = BuildClusterView(in);
+  worker_statuses_ = std::move(in.workers);  // kept for the next reconcile
   absl::StatusOr<ReconcileResult> r = controller_->Reconcile(view);
   if (!r.ok()) return absl::InternalError(absl::StrCat("controller refused the view: ", r.status().message()));
   return std::move(r->dispatch);

@@ -95,6 +95,9 @@ class InProcessControlPlane : public ControlPlane {
   // worker's lease began.
   RecentDurations shard_times_;
   absl::flat_hash_map<std::string, double> lease_start_;  // by worker: it holds one at a time
+  // The monitor's worker statuses of the last reconcile, refilled in place by the next one.
+  std::vector<WorkerStatus> worker_statuses_;
+  absl::flat_hash_map<std::string, double> lease_ages_;  // Reconcile's, by worker
 };
 
 }  // namespace pacer::sim

@@ -133,7 +133,8 @@ class JobSimulation : public ActionSink {
     if (absl::Status s = Dispatch(a); !s.ok()) return s;
     return std::string("carried out by the model");
   }
-  void ApplyPlan(const BatchPlan& plan);
+  struct PendingPlan;
+  void ApplyPlan(const PendingPlan& plan);
   int64_t PickNode(int64_t w, const std::vector<std::string>& avoid);
   absl::Status ChunkSync(double boundary);
   absl::Status ChunkAsync(double boundary);
@@ -172,7 +173,16 @@ class JobSimulation : public ActionSink {
   double stall_until_ = 0;
   int64_t down_ = 0;  // workers down (relaunching)  // job-wide stall (sync relaunch, PS server restart)
   std::vector<std::pair<double, int64_t>> pending_relief_;  // (at, server)
-  std::optional<BatchPlan> pending_plan_;
+  // A plan dispatched but not in force yet: what ApplyPlan needs of it (each planned worker's
+  // index, batch and accumulation), not a copy of its 4 096-worker BatchPlan.
+  struct PendingPlan {
+    int64_t effective_step = 0;
+    struct Batch {
+      int64_t index, samples, accumulation;
+    };
+    std::vector<Batch> batches;
+  };
+  std::optional<PendingPlan> pending_plan_;
   // ChunkSync held a drawn step back so that the report due before the window's end goes out
   // first (report_now_); the next ChunkSync runs it.
   bool held_step_ = false, report_now_ = false;
@@ -184,9 +194,20 @@ class JobSimulation : public ActionSink {
   // their way to the workers.
   struct Timing {
     bool set = false;
-    StepTiming t;
+    StepTiming t;  // its worker_id and worker_index are the worker's for good (Run)
     double end_s = 0;
   };
+  // Every field of `t` but its worker's id and index.
+  static void SetTiming(StepTiming* t, int64_t step, double compute_s, int64_t samples,
+                        int64_t time_ms, bool probe, bool in_progress, double wall_s) {
+    t->step = step;
+    t->compute_s = compute_s;
+    t->samples = samples;
+    t->time_ms = time_ms;
+    t->probe = probe;
+    t->in_progress = in_progress;
+    t->wall_s = wall_s;
+  }
   bool step_rule_ = false;
   double next_heartbeat_ = kForever;
   std::vector<Timing> due_, later_, running_;
@@ -446,38 +467,36 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
   // The chunk's k steps are alike; the newest is what the rule reads. A worker in training
   // reports its step; an excluded one only its probe (half its batch, every kProbeIntervalS).
   const double end = t_ + static_cast<double>(k) * per_step_s;
+  const int64_t end_ms = kStartMs + static_cast<int64_t>(std::llround(end * 1000));
   for (size_t i = 0; i < w_.size(); ++i) {
     const SimWorker& w = w_[i];
     if (w.down || w.batch <= 0) continue;
-    StepTiming t;
-    t.step = step_ + k;
-    t.time_ms = kStartMs + static_cast<int64_t>(std::llround(end * 1000));
-    t.wall_s = per_step_s;
+    // Written into the worker's slots, whose ids are set once (Run): no StepTiming is built and
+    // moved per worker and chunk.
+    int64_t samples = w.batch;
+    double compute_s = compute[i];
+    bool probe = false;
     if (w.excluded) {
       if (end < next_probe_[i]) continue;
       next_probe_[i] = end + kProbeIntervalS;
-      t.probe = true;
-      t.samples = std::max<int64_t>(1, w.batch / 2);
-      t.compute_s = compute[i] * static_cast<double>(t.samples) / static_cast<double>(w.batch);
-    } else {
-      t.samples = w.batch;
-      t.compute_s = compute[i];
+      probe = true;
+      samples = std::max<int64_t>(1, w.batch / 2);
+      compute_s = compute[i] * static_cast<double>(samples) / static_cast<double>(w.batch);
     }
     if (sc_.sim.step_deadline && end > next_heartbeat_ && k == 1 && !w.excluded &&
         t_ + compute[i] > next_heartbeat_) {
-      // Still computing at the heartbeat: the heartbeat says how long the step has run.
+      // Still computing at the heartbeat: the heartbeat says how long the step has run (the
+      // SDK's wall seconds since the step began).
       Timing& r = running_[i];
       r.set = true;
-      r.t = t;
-      r.t.step = step_ + 1;
-      r.t.in_progress = true;
-      r.t.compute_s = next_heartbeat_ - t_;
-      r.t.wall_s = next_heartbeat_ - t_;  // the SDK's: wall seconds since the step began
-      r.t.time_ms = kStartMs + static_cast<int64_t>(std::llround(next_heartbeat_ * 1000));
+      SetTiming(&r.t, step_ + 1, next_heartbeat_ - t_, samples,
+                kStartMs + static_cast<int64_t>(std::llround(next_heartbeat_ * 1000)),
+                /*probe=*/false, /*in_progress=*/true, next_heartbeat_ - t_);
     }
     Timing& slot = end <= next_heartbeat_ ? due_[i] : later_[i];
     slot.set = true;
-    slot.t = std::move(t);
+    SetTiming(&slot.t, step_ + k, compute_s, samples, end_ms, probe, /*in_progress=*/false,
+              per_step_s);
     slot.end_s = end;
   }
 }
@@ -498,26 +517,35 @@ absl::Status JobSimulation::Heartbeat() {
     if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
     was[i] = w_[i].excluded;
   }
-  std::vector<StepTiming>& timings = heartbeat_timings_;  // reused: its capacity stays
-  timings.clear();
+  // Reused: its entries are overwritten in place (the same workers report in the same order
+  // heartbeat after heartbeat, so an id is mostly assigned onto itself).
+  std::vector<StepTiming>& timings = heartbeat_timings_;
+  size_t n = 0;
+  auto put = [&](const StepTiming& t) {
+    if (n < timings.size()) timings[n] = t;
+    else timings.push_back(t);
+    ++n;
+  };
   for (size_t i = 0; i < w_.size(); ++i) {
     if (running_[i].set) {
-      running_[i].t.worker_id = w_[i].id;
-      running_[i].t.worker_index = static_cast<uint32_t>(i + 1);  // a lookup hint
-      timings.push_back(std::move(running_[i].t));
+      put(running_[i].t);
       running_[i].set = false;
     }
     if (due_[i].set) {
-      due_[i].t.worker_id = w_[i].id;
-      due_[i].t.worker_index = static_cast<uint32_t>(i + 1);
-      timings.push_back(std::move(due_[i].t));
+      put(due_[i].t);
       due_[i].set = false;
     }
     if (later_[i].set && later_[i].end_s <= next_heartbeat_) {
-      due_[i] = std::move(later_[i]);
+      // Both slots hold the worker's id: the rest moves.
+      Timing& d = due_[i];
+      const StepTiming& l = later_[i].t;
+      d.set = true;
+      d.end_s = later_[i].end_s;
+      SetTiming(&d.t, l.step, l.compute_s, l.samples, l.time_ms, l.probe, l.in_progress, l.wall_s);
       later_[i].set = false;
     }
   }
+  timings.resize(n);
   absl::StatusOr<std::vector<Action>> r =
       cp_->DecideBursts(timings, kStartMs + static_cast<int64_t>(std::llround(hb * 1000)),
                         cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
@@ -677,14 +705,12 @@ absl::Status JobSimulation::Reconcile() {
   return absl::OkStatus();
 }
 
-void JobSimulation::ApplyPlan(const BatchPlan& plan) {
+void JobSimulation::ApplyPlan(const PendingPlan& plan) {
   // A worker the plan leaves out (it was not live when the plan was made) keeps its batch, as a
   // pacerd worker keeps the command it holds; the next plan counts it once it reports again.
-  for (const auto& wb : plan.workers) {
-    auto it = index_.find(wb.worker_id);
-    if (it == index_.end()) continue;
-    w_[it->second].batch = wb.samples;
-    w_[it->second].accumulation = std::max<int64_t>(1, wb.accumulation);
+  for (const auto& b : plan.batches) {
+    w_[b.index].batch = b.samples;
+    w_[b.index].accumulation = b.accumulation;
   }
 }
 
@@ -712,7 +738,15 @@ absl::Status JobSimulation::Dispatch(const Action& a) {
         ++run_.invalid_plans;
         return absl::OkStatus();
       }
-      pending_plan_ = *a.plan;
+      pending_plan_.emplace();
+      pending_plan_->effective_step = a.plan->effective_step;
+      pending_plan_->batches.reserve(a.plan->workers.size());
+      for (const auto& wb : a.plan->workers) {
+        auto it = index_.find(wb.worker_id);
+        if (it == index_.end()) continue;  // not one of the model's workers
+        pending_plan_->batches.push_back(
+            {it->second, wb.samples, std::max<int64_t>(1, wb.accumulation)});
+      }
       if (step_ >= pending_plan_->effective_step) {
         ApplyPlan(*pending_plan_);
         pending_plan_.reset();
@@ -784,6 +818,12 @@ absl::StatusOr<PolicyRun> JobSimulation::Run() {
     due_.resize(w_.size());
     later_.resize(w_.size());
     running_.resize(w_.size());
+    for (size_t i = 0; i < w_.size(); ++i) {
+      for (Timing* slot : {&due_[i], &later_[i], &running_[i]}) {
+        slot->t.worker_id = w_[i].id;
+        slot->t.worker_index = static_cast<uint32_t>(i + 1);  // a lookup hint
+      }
+    }
     next_probe_.assign(w_.size(), 0);
   }
   while (t_ < max_sim_s_) {

@@ -79,5 +79,57 @@ TEST(HistoryMemoryTest, OnlyRecentOrUnmeasuredRecordsKeepPerWorkerPayloads) {
   EXPECT_LE(entries, (History::kFullPayloadRecords + 1) * 2 * (2 * kWorkers + 1));
 }
 
+// The bound holds across a restore and a trim: a History rebuilt from the journal (Apply) drops
+// payloads exactly where the one that wrote it does, and a replay of everything the writer
+// journaled (records as written, payloads dropped, measured gains, trims) ends where the writer
+// is. Each record is measured a reconcile later but one (id 5), which keeps its payload.
+TEST(HistoryMemoryTest, ARestoredHistoryDropsPayloadsWhereTheWriterDoes) {
+  constexpr int kWorkers = 8;
+  const int64_t max_records = 60;
+  History writer, restored;
+  writer.set_journaled(true);
+  std::vector<ControllerUpdate> journal;
+  auto step = [&](History& h, int i) {
+    AuditRecord r;
+    r.time_ms = 1000 * i;
+    r.outcome = AuditRecord::Outcome::kExecuted;
+    r.action.kind = ActionKind::kAdjustBatch;
+    r.action.plan = WidePlan(i + 1, kWorkers);
+    r.previous_plan = WidePlan(i, kWorkers);
+    const uint64_t id = h.Record(std::move(r), max_records);
+    if (id > 1 && id - 1 != 5) h.SetMeasuredGain(id - 1, 0.1, 1000 * i);
+    if (id == 40) h.MarkRolledBack(id - 1);
+  };
+  for (int i = 0; i < 50; ++i) step(writer, i);
+  for (auto& u : writer.TakeUpdates()) {
+    ASSERT_TRUE(History::Validate(u).ok());
+    restored.Apply(u);
+    journal.push_back(std::move(u));
+  }
+  for (int i = 50; i < 120; ++i) {
+    step(writer, i);
+    step(restored, i);
+  }
+  for (auto& u : writer.TakeUpdates()) journal.push_back(std::move(u));
+  History replayed;
+  for (const auto& u : journal) replayed.Apply(u);
+
+  ASSERT_EQ(writer.audit().size(), static_cast<size_t>(max_records));
+  for (const History* h : {&restored, &replayed}) {
+    ASSERT_EQ(h->audit().size(), writer.audit().size());
+    for (size_t i = 0; i < writer.audit().size(); ++i) {
+      const AuditRecord& w = writer.audit()[i];
+      const AuditRecord& r = h->audit()[i];
+      EXPECT_EQ(r.id, w.id);
+      EXPECT_EQ(HasPayload(r), HasPayload(w)) << "record " << w.id;
+      EXPECT_EQ(PayloadEntries(r), PayloadEntries(w)) << "record " << w.id;
+      EXPECT_EQ(r.measured_gain.has_value(), w.measured_gain.has_value()) << "record " << w.id;
+      EXPECT_EQ(r.rolled_back, w.rolled_back) << "record " << w.id;
+      const bool recent = i + History::kFullPayloadRecords >= writer.audit().size();
+      EXPECT_EQ(HasPayload(w), recent) << "record " << w.id;  // the unmeasured one is trimmed
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pacer
