@@ -62,6 +62,7 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   // newest ended lease was of it (a job's other workers may read other datasets). The records
   // left: the unleased ones and what the consumers hold unconsumed.
   double live = 0, live_rate = 0;
+  int consumers = 0;
   bool all_rated = own_rate > 0;
   uint64_t remaining = unleased;
   for (const auto& [id, o] : workers_) {
@@ -76,6 +77,7 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
     if (!reads) continue;
     remaining = SaturatingAdd(remaining, o_left);
     live += o.weight;
+    ++consumers;
     const double r = rates != nullptr ? rates->Of(id) : 0.0;
     live_rate += r;
     all_rated = all_rated && r > 0;
@@ -95,7 +97,18 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   }
   const double target = std::ceil(static_cast<double>(remaining) * share) - static_cast<double>(held);
   if (!(target > static_cast<double>(floor))) return floor;
-  return target >= static_cast<double>(size) ? size : static_cast<uint64_t>(target);
+  // A whole shard lasts a rank planned above the mean batch fewer steps: its share may take up
+  // to that many more records in one lease (else it runs dry while the rest is leased to the
+  // others), within what a lease may hold.
+  uint64_t cap = size;
+  if (all_rated && own_rate * consumers > live_rate) {
+    const double limit = ds.spec->shuffle() == SHUFFLE_RECORDS
+                             ? static_cast<double>(kMaxRecordsShuffleShardSize)
+                             : static_cast<double>(kMaxShardSize);
+    cap = static_cast<uint64_t>(std::min(
+        limit, std::ceil(static_cast<double>(size) * own_rate * consumers / live_rate)));
+  }
+  return target >= static_cast<double>(cap) ? cap : static_cast<uint64_t>(target);
 }
 
 // Records of `ep` not leased yet: its partitions' fresh positions and requeued ranges.
