@@ -95,7 +95,11 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
     remaining = unleased;
     held = 0;
   }
-  const double target = std::ceil(static_cast<double>(remaining) * share) - static_cast<double>(held);
+  double target = std::ceil(static_cast<double>(remaining) * share) - static_cast<double>(held);
+  // By the plan, half of what `w` lacks for its share (factoring): the progress the others'
+  // leases show arrives with their heartbeats, several steps late and in no common phase, so a
+  // share taken whole may be off by those steps; the next fetches, smaller, correct it.
+  if (all_rated) target = std::ceil(target / 2);
   if (!(target > static_cast<double>(floor))) return floor;
   // A whole shard lasts a rank planned above the mean batch fewer steps: its share may take up
   // to that many more records in one lease (else it runs dry while the rest is leased to the
