@@ -51,13 +51,14 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   for (uint64_t id : w.leases) held = SaturatingAdd(held, left(leases_.at(id)));
   const double own_rate = rates != nullptr ? rates->Of(w.id) : 0.0;
   // Only the last rounds of leases can shrink: skip counting the consumers while `w`'s share
-  // of the unleased records alone covers a whole lease beyond what it holds -- its share is at
-  // least its rate over every planned worker's (or, by weight, one over the registered count).
-  const double least_share = own_rate > 0 ? own_rate / rates->total()
-                                          : 1.0 / static_cast<double>(workers_.size());
-  if (static_cast<double>(unleased) * least_share >= static_cast<double>(SaturatingAdd(size, held))) {
-    return size;
-  }
+  // of the unleased records alone covers a whole lease (beyond what it holds, by the plan) --
+  // by weight its share is taken as at least one over the registered count, by the plan at
+  // least its rate over every planned worker's (the smaller of the two bounds when `w` has a
+  // rate: whether the plan names every consumer is known only below).
+  double least_share = 1.0 / static_cast<double>(workers_.size());
+  if (own_rate > 0) least_share = std::min(least_share, own_rate / rates->total());
+  const uint64_t whole = own_rate > 0 ? SaturatingAdd(size, held) : size;
+  if (static_cast<double>(unleased) * least_share >= static_cast<double>(whole)) return size;
   // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
   // newest ended lease was of it (a job's other workers may read other datasets). The records
   // left: the unleased ones and what the consumers hold unconsumed.

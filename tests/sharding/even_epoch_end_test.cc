@@ -332,5 +332,34 @@ TEST(EvenEpochEndTest, EqualPlannedBatchesEndEvenly) {
   EXPECT_LE(with.idle_slots, without.idle_slots);
 }
 
+TEST(EvenEpochEndTest, APlanThatLeavesOutAConsumerSharesByWeight) {
+  // Rates are known only for the workers a plan names: with a consumer left out (a worker that
+  // joined after the plan) the shares stay by weight, as without a plan. Twin states, one
+  // fetched with such rates and one without, lease alike to the end of the epoch (every worker
+  // a consumer from the first round on: the epoch is many shards long).
+  StateDriver with, without;
+  DatasetSpec spec = StateDriver::Records("train", 30000, 640);
+  spec.set_batch_size(50);
+  FetchRates partial;
+  partial.Set("w0", 80);
+  partial.Set("w1", 20);  // w2 is not named
+  for (StateDriver* d : {&with, &without}) {
+    ASSERT_TRUE(d->AddDataset(spec).ok());
+    for (const char* w : {"w0", "w1", "w2"}) d->AddWorker(w);
+  }
+  for (int round = 0; round < 40; ++round) {
+    for (const char* w : {"w0", "w1", "w2"}) {
+      auto a = with.Fetch(w, "train", nullptr, &partial);
+      auto b = without.Fetch(w, "train");
+      ASSERT_EQ(a.has_value(), b.has_value()) << w << " round " << round;
+      if (!a) continue;
+      EXPECT_EQ(a->end - a->begin, b->end - b->begin) << w << " round " << round;
+      ASSERT_TRUE(with.Complete(a->id).ok());
+      ASSERT_TRUE(without.Complete(b->id).ok());
+    }
+  }
+  EXPECT_EQ(with.state().FindDataset("train")->records_done_total, 30000u);
+}
+
 }  // namespace
 }  // namespace pacer
