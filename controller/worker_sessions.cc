@@ -19,11 +19,20 @@ void WorkerSessions::SetPlan(const BatchPlan& plan, const std::string& reason) {
   absl::MutexLock l(&mu_);
   plan_reason_ = reason;
   for (const auto& w : plan.workers) plans_[w.worker_id] = PlanCommandFor(plan, w);
+  auto samples = std::make_shared<std::map<std::string, double>>();
+  for (const auto& [id, cmd] : plans_) (*samples)[id] = static_cast<double>(cmd.samples());
+  planned_samples_ = std::move(samples);
 }
 
 void WorkerSessions::WithdrawPlans() {
   absl::MutexLock l(&mu_);
   plans_.clear();
+  planned_samples_ = std::make_shared<const std::map<std::string, double>>();
+}
+
+std::shared_ptr<const std::map<std::string, double>> WorkerSessions::PlannedSamples() const {
+  absl::MutexLock l(&mu_);
+  return planned_samples_;
 }
 
 void WorkerSessions::SetExclusion(uint64_t version, std::set<std::string> excluded,

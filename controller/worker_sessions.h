@@ -22,6 +22,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -66,6 +67,12 @@ class WorkerSessions {
   // start (0) or a command sent in this pacerd's life (a restart): HoldsExclusion.
   bool ProbeStep(const std::string& worker, int64_t start_ms) const;
 
+  // The samples a step of each worker the plans in force name (by worker id): what pacerd's
+  // sharding service shares an epoch's end by (cmd/pacerd/reconciler_sources.h,
+  // PlannedFetchRates). Empty before any plan and after WithdrawPlans. A new map each time the
+  // plans change, so a reader can tell a change by the pointer.
+  std::shared_ptr<const std::map<std::string, double>> PlannedSamples() const;
+
   // The plan command a worker would get now; the exclusion in force (tests, pacerctl).
   std::optional<BatchPlanCommand> PlanFor(const std::string& worker) const;
   std::pair<uint64_t, std::vector<std::string>> Exclusion() const;
@@ -73,6 +80,8 @@ class WorkerSessions {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, BatchPlanCommand> plans_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::map<std::string, double>> planned_samples_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const std::map<std::string, double>>();
   std::string plan_reason_ ABSL_GUARDED_BY(mu_);
   std::string exclusion_reason_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> excluded_ ABSL_GUARDED_BY(mu_);

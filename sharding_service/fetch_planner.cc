@@ -29,32 +29,91 @@ uint64_t ShardingState::ShardSizeFor(const WorkerRec& w, const Dataset& ds) cons
   return std::max<uint64_t>(size, 1);
 }
 
-uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint64_t unleased,
-                                    uint64_t size) const {
-  // Never below one batch (the dataset's batch_size): a worker fills a step from the leases it
-  // holds, at most its lease quota of them, and cannot complete one before the step is trained;
-  // leases smaller than a batch cut its steps short (many small steps, each a full update on a
-  // few records). Without a declared batch size (1 after the spec's defaults) nothing is known
+uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint32_t epoch,
+                                    uint64_t unleased, uint64_t size,
+                                    const FetchRates* rates) const {
+  // Never below one batch: a worker fills a step from the leases it holds, at most its lease
+  // quota of them, and cannot complete one before the step is trained; leases smaller than a
+  // batch cut its steps short (many small steps, each a full update on a few records). One
+  // batch is the dataset's batch_size, or the worker's planned local batch when a plan names a
+  // smaller one. Without a declared batch size (1 after the spec's defaults) nothing is known
   // to be safe: no shrinking.
   const uint64_t batch = ds.spec->batch_size();
   if (batch <= 1 || batch >= size) return size;
-  // Only the last round of leases can shrink: skip counting the workers before it (the
-  // registered count bounds the live one from above).
-  if (unleased / std::max<uint64_t>(size, 1) >= workers_.size()) return size;
-  // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
-  // newest ended lease was of it (a job's other workers may read other datasets).
   const std::string& name = ds.spec->name();
-  double live = 0;
+  // Records of this epoch a lease holds unconsumed (its reported done prefix trained); a tail
+  // backup's records are its primary's.
+  auto left = [&](const LeaseRec& l) -> uint64_t {
+    if (l.dataset != name || l.epoch != epoch || l.backup) return 0;
+    return l.end - std::min(l.end, l.done_pos());
+  };
+  uint64_t held = 0;  // what `w` holds already (the lease it reads, the ones it leased ahead)
+  for (uint64_t id : w.leases) held = SaturatingAdd(held, left(leases_.at(id)));
+  const double own_rate = rates != nullptr ? rates->Of(w.id) : 0.0;
+  // Only the last rounds of leases can shrink: skip counting the consumers while `w`'s share
+  // of the unleased records alone covers a whole lease (beyond what it holds, by the plan) --
+  // by weight its share is taken as at least one over the registered count, by the plan at
+  // least its rate over every planned worker's (the smaller of the two bounds when `w` has a
+  // rate: whether the plan names every consumer is known only below).
+  double least_share = 1.0 / static_cast<double>(workers_.size());
+  if (own_rate > 0) least_share = std::min(least_share, own_rate / rates->total());
+  const uint64_t whole = own_rate > 0 ? SaturatingAdd(size, held) : size;
+  if (static_cast<double>(unleased) * least_share >= static_cast<double>(whole)) return size;
+  // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
+  // newest ended lease was of it (a job's other workers may read other datasets). The records
+  // left: the unleased ones and what the consumers hold unconsumed.
+  double live = 0, live_rate = 0;
+  int consumers = 0;
+  bool all_rated = own_rate > 0;
+  uint64_t remaining = unleased;
   for (const auto& [id, o] : workers_) {
     if (o.lost) continue;
     bool reads = &o == &w || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
-    for (auto it = o.leases.begin(); !reads && it != o.leases.end(); ++it)
-      reads = leases_.at(*it).dataset == name;
-    if (reads) live += o.weight;
+    uint64_t o_left = 0;
+    for (uint64_t lid : o.leases) {
+      const LeaseRec& l = leases_.at(lid);
+      reads = reads || l.dataset == name;
+      o_left = SaturatingAdd(o_left, left(l));
+    }
+    if (!reads) continue;
+    remaining = SaturatingAdd(remaining, o_left);
+    live += o.weight;
+    ++consumers;
+    const double r = rates != nullptr ? rates->Of(id) : 0.0;
+    live_rate += r;
+    all_rated = all_rated && r > 0;
   }
-  if (!(live > 0)) return size;
-  const double share = std::ceil(static_cast<double>(unleased) * w.weight / live);
-  return std::clamp<uint64_t>(static_cast<uint64_t>(share), batch, size);
+  // By the batch plan when it names every consumer (ranks of a synchronous job consume their
+  // local batches a step), else by weight.
+  const double share = all_rated ? own_rate / live_rate : (live > 0 ? w.weight / live : 0.0);
+  if (!(share > 0)) return size;
+  const uint64_t floor =
+      all_rated ? std::clamp<uint64_t>(static_cast<uint64_t>(std::ceil(own_rate)), 1, batch) : batch;
+  if (!all_rated) {
+    // By weight the share is of the unleased records alone (as before plans were known here:
+    // equal workers hold about equal leases, and a worker's progress is reported only every
+    // heartbeat, so what others hold is overstated between reports).
+    remaining = unleased;
+    held = 0;
+  }
+  double target = std::ceil(static_cast<double>(remaining) * share) - static_cast<double>(held);
+  // By the plan, half of what `w` lacks for its share (factoring): the progress the others'
+  // leases show arrives with their heartbeats, several steps late and in no common phase, so a
+  // share taken whole may be off by those steps; the next fetches, smaller, correct it.
+  if (all_rated) target = std::ceil(target / 2);
+  if (!(target > static_cast<double>(floor))) return floor;
+  // A whole shard lasts a rank planned above the mean batch fewer steps: its share may take up
+  // to that many more records in one lease (else it runs dry while the rest is leased to the
+  // others), within what a lease may hold.
+  uint64_t cap = size;
+  if (all_rated && own_rate * consumers > live_rate) {
+    const double limit = ds.spec->shuffle() == SHUFFLE_RECORDS
+                             ? static_cast<double>(kMaxRecordsShuffleShardSize)
+                             : static_cast<double>(kMaxShardSize);
+    cap = static_cast<uint64_t>(std::min(
+        limit, std::ceil(static_cast<double>(size) * own_rate * consumers / live_rate)));
+  }
+  return target >= static_cast<double>(cap) ? cap : static_cast<uint64_t>(target);
 }
 
 // Records of `ep` not leased yet: its partitions' fresh positions and requeued ranges.
@@ -69,7 +128,8 @@ static uint64_t Unleased(const std::vector<ShardingState::Partition>& partitions
 
 absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
                                                    const std::string& dataset,
-                                                   bool v2_planner) const {
+                                                   bool v2_planner,
+                                                   const FetchRates* rates) const {
   const Dataset* ds = FindDataset(dataset);
   if (ds == nullptr) return absl::NotFoundError("unknown dataset '" + dataset + "'");
   const WorkerRec* w = FindWorker(worker);
@@ -97,7 +157,8 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
   const bool even = !ds->is_stream() && !v2_planner;
   for (size_t i = 0; i < ds->open.size(); ++i) {
     const Epoch& ep = ds->open[i];
-    const uint64_t size = even ? EvenEndSize(*w, *ds, Unleased(ep.partitions), full) : full;
+    const uint64_t size =
+        even ? EvenEndSize(*w, *ds, ep.epoch, Unleased(ep.partitions), full, rates) : full;
     for (uint32_t d = 0; d < ep.partitions.size(); ++d) {
       const Partition& dom = ep.partitions[d];
       if (dom.requeue.empty()) continue;
@@ -141,7 +202,9 @@ absl::StatusOr<FetchPlan> ShardingState::PlanFetch(const std::string& worker,
       plan.partition = 0;
       plan.begin = 0;
       plan.end = std::min(ds->records_per_epoch,
-                          even ? EvenEndSize(*w, *ds, ds->records_per_epoch, full) : full);
+                          even ? EvenEndSize(*w, *ds, ds->next_epoch, ds->records_per_epoch,
+                                             full, rates)
+                               : full);
       return plan;
     }
   }

@@ -367,7 +367,9 @@ absl::StatusOr<uint64_t> ShardingServiceImpl::DoFetch(const std::string& worker,
     leased(*again);
     return state_.last_seq();
   }
-  ASSIGN_OR_RETURN(FetchDecision decision, state_.DecideFetch(worker, dataset, request_id));
+  const std::shared_ptr<const FetchRates> rates = fetch_rates_ ? fetch_rates_() : nullptr;
+  ASSIGN_OR_RETURN(FetchDecision decision,
+                   state_.DecideFetch(worker, dataset, request_id, rates.get()));
   if (decision.kind == FetchPlan::kWait) {
     resp->set_outcome(FetchShardResponse::WAIT);
     resp->set_retry_after_ms(kWaitRetryMs);
@@ -410,6 +412,11 @@ uint64_t ShardingServiceImpl::FetchNext(uint64_t reported_seq, const std::string
   next->set_retry_after_ms(0);
   next->set_reason("no next lease: " + s.status().ToString());
   return reported_seq;
+}
+
+void ShardingServiceImpl::SetFetchRatesSource(FetchRatesSource source) {
+  absl::MutexLock l(&mu_);
+  fetch_rates_ = std::move(source);
 }
 
 void ShardingServiceImpl::FetchShard(const FetchShardRequest& req, FetchShardResponse* resp,

@@ -136,6 +136,14 @@ class ShardingServiceImpl final : public ShardingApi {
   Applied ApplyResetDataset(const ResetDatasetRequest& req, ResetDatasetResponse* resp);
   void AnswerWhenDurable(Applied applied, Done done);
 
+  // Where the batch plan in force comes from (pacerd: its WorkerSessions): near an epoch's end
+  // a fetch shares the records left by each worker's planned records a step when the plan
+  // names every consumer (ShardingState::EvenEndSize), by weight otherwise. Called under the
+  // service's lock, so it must not call back into the service. Soft state, never journaled:
+  // each lease's decided range is. nullptr (the default): shares by weight.
+  using FetchRatesSource = std::function<std::shared_ptr<const FetchRates>()>;
+  void SetFetchRatesSource(FetchRatesSource source);
+
   // Expires leases and workers past their deadlines (call periodically). Returns how many
   // leases expired.
   int ExpireOverdue();
@@ -232,6 +240,7 @@ class ShardingServiceImpl final : public ShardingApi {
   std::map<std::string, uint64_t> counted_requeues_ ABSL_GUARDED_BY(mu_);
   ShardingServiceStats stats_ ABSL_GUARDED_BY(mu_);
   RecentDurations shard_times_ ABSL_GUARDED_BY(mu_);  // completed leases, seconds
+  FetchRatesSource fetch_rates_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs one service method and waits for its reply: for in-process callers (tests, benchmarks)

@@ -93,8 +93,9 @@ absl::Status ShardingState::ApplyChecked(const Update& update) {
 
 absl::StatusOr<FetchDecision> ShardingState::DecideFetch(const std::string& worker,
                                                          const std::string& dataset,
-                                                         uint64_t request_id) const {
-  ASSIGN_OR_RETURN(FetchPlan plan, PlanFetch(worker, dataset));
+                                                         uint64_t request_id,
+                                                         const FetchRates* rates) const {
+  ASSIGN_OR_RETURN(FetchPlan plan, PlanFetch(worker, dataset, /*v2_planner=*/false, rates));
   FetchDecision d;
   d.kind = plan.kind;
   d.reason = plan.reason;

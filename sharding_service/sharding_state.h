@@ -69,6 +69,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/pacer/sharding.pb.h"
+#include "sharding_service/fetch_rates.h"
 
 namespace pacer {
 
@@ -267,13 +268,17 @@ class ShardingState {
   // What a FetchShard by `worker` decides now, with the update to journal when it leases.
   // FAILED_PRECONDITION if the dataset failed (poison), NOT_FOUND if the dataset or worker is
   // unknown.
+  // `rates`: the records each worker trains a step under the batch plan in force (nullptr or
+  // incomplete: shares by weight); see EvenEndSize.
   absl::StatusOr<FetchDecision> DecideFetch(const std::string& worker, const std::string& dataset,
-                                            uint64_t request_id) const;
+                                            uint64_t request_id,
+                                            const FetchRates* rates = nullptr) const;
   // Its two halves: what a fetch would get, and the CreateLeaseUpdate that grants a plan (the
   // v2 replay re-runs the planner alone, as v2 wrote it: `v2_planner` leaves out the leases
   // that shrink near an epoch's end, so an old journal keeps its meaning).
   absl::StatusOr<FetchPlan> PlanFetch(const std::string& worker, const std::string& dataset,
-                                      bool v2_planner = false) const;
+                                      bool v2_planner = false,
+                                      const FetchRates* rates = nullptr) const;
   // The CreateLeaseUpdate (v3, with its outcome) that grants `plan` (kLease or kBackup).
   CreateLeaseUpdate DecideLease(const FetchPlan& plan, const std::string& worker,
                                 const std::string& dataset, uint64_t request_id) const;
@@ -386,11 +391,13 @@ class ShardingState {
   Epoch* FindEpoch(Dataset& ds, uint32_t epoch);
   Epoch MakeEpoch(const Dataset& ds, uint32_t epoch) const;
   uint64_t ShardSizeFor(const WorkerRec& w, const Dataset& ds) const;
-  // `size` shrunk near an epoch's end to `w`'s share (by weight, over the dataset's consumers:
-  // `w` and the live workers that hold a lease of it or last ended one of it) of the
-  // `unleased` records the epoch has not leased yet, never below one batch (see PlanFetch).
-  uint64_t EvenEndSize(const WorkerRec& w, const Dataset& ds, uint64_t unleased,
-                       uint64_t size) const;
+  // `size` shrunk near an epoch's end to `w`'s share of the records epoch `epoch` has left --
+  // the `unleased` ones and those its consumers hold unconsumed -- less what `w` holds itself;
+  // shares by `rates` when every consumer has one (a batch plan), else by weight, over the
+  // dataset's consumers (`w` and the live workers that hold a lease of it or last ended one of
+  // it); never below one batch (see PlanFetch).
+  uint64_t EvenEndSize(const WorkerRec& w, const Dataset& ds, uint32_t epoch, uint64_t unleased,
+                       uint64_t size, const FetchRates* rates) const;
   Checkpoint CapturePosition(const std::string& tag, int64_t time_ms) const;
 
   std::map<std::string, Dataset> datasets_;

@@ -65,7 +65,8 @@ absl::Status InProcessControlPlane::WorkerDown(const std::string& id) {
 
 absl::StatusOr<std::optional<LeaseGrant>> InProcessControlPlane::Fetch(const std::string& id, uint64_t) {
   // Decided as the service decides: the update records the outcome.
-  absl::StatusOr<FetchDecision> decision = state_.DecideFetch(id, job_.dataset, /*request_id=*/0);
+  absl::StatusOr<FetchDecision> decision =
+      state_.DecideFetch(id, job_.dataset, /*request_id=*/0, rates_.empty() ? nullptr : &rates_);
   if (!decision.ok()) return absl::InternalError(absl::StrCat("DecideFetch: ", decision.status().message()));
   if (!decision->update) return std::nullopt;  // WAIT or END_OF_DATA
   if (absl::Status s = Apply(std::move(*decision->update)); !s.ok()) return s;
@@ -176,6 +177,7 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::Reconcile(const Model
   worker_statuses_ = std::move(in.workers);  // kept for the next reconcile
   absl::StatusOr<ReconcileResult> r = controller_->Reconcile(view);
   if (!r.ok()) return absl::InternalError(absl::StrCat("controller refused the view: ", r.status().message()));
+  NotePlans(r->dispatch);
   return std::move(r->dispatch);
 }
 
@@ -184,7 +186,15 @@ absl::StatusOr<std::vector<Action>> InProcessControlPlane::DecideBursts(
   controller_->ObserveSteps(timings);
   absl::StatusOr<ReconcileResult> r = controller_->DecideBursts(decide_ms);
   if (!r.ok()) return absl::InternalError(absl::StrCat("burst rule: ", r.status().message()));
+  NotePlans(r->dispatch);
   return std::move(r->dispatch);
+}
+
+void InProcessControlPlane::NotePlans(const std::vector<Action>& actions) {
+  for (const Action& a : actions) {
+    if (a.kind != ActionKind::kAdjustBatch || !a.plan) continue;
+    for (const WorkerBatch& w : a.plan->workers) rates_.Set(w.worker_id, static_cast<double>(w.samples));
+  }
 }
 
 absl::Status InProcessControlPlane::Reallocate(const Action& a, uint64_t shard_size) {

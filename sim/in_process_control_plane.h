@@ -81,6 +81,9 @@ class InProcessControlPlane : public ControlPlane {
   InProcessControlPlane(const PolicyConfig& policy, ControlPlaneJob job, int64_t start_ms)
       : policy_(policy), job_(std::move(job)), clock_(start_ms) {}
   absl::Status Apply(Update u);
+  // Keeps the batch plans among `actions` as pacerd's WorkerSessions keeps the plans it sends:
+  // the rates an epoch's end is shared by (sharding_service/fetch_rates.h).
+  void NotePlans(const std::vector<Action>& actions);
 
   const PolicyConfig policy_;
   const ControlPlaneJob job_;
@@ -90,6 +93,7 @@ class InProcessControlPlane : public ControlPlane {
   std::unique_ptr<MonitorState> monitor_;
   std::unique_ptr<Controller> controller_;
   ShardingState state_;
+  FetchRates rates_;  // the plans in force (NotePlans), as pacerd's fetches see them
   uint64_t updates_ = 0;
   // Recent completed lease durations (as pacerd's sharding service keeps them) and when each
   // worker's lease began.

@@ -288,6 +288,9 @@ absl::Status Pacerd::BuildControlLoop(const PolicyConfig& policy, const PacerdOp
   ReconcilerOptions ro = options.reconciler;
   ro.heartbeat_interval_s = options.sharding.heartbeat_interval_ms / 1000.0;
   sessions_ = std::make_unique<WorkerSessions>();
+  // An epoch's end is shared by the batch plan in force (docs/sharding.md, even epoch ends).
+  planned_rates_ = std::make_unique<PlannedFetchRates>(sessions_.get());
+  sharding_->SetFetchRatesSource([rates = planned_rates_.get()] { return rates->Get(); });
   sink_ = std::make_unique<PacerdActionSink>(sessions_.get(), sharding_.get(), agents_.get(),
                                              options.also_carry);
   speeds_ = std::make_unique<MonitorSpeedSource>(monitor_.get());
@@ -535,7 +538,10 @@ void Pacerd::Shutdown() {
   if (housekeeping_.joinable()) housekeeping_.join();
   if (rendezvous_) rendezvous_->Shutdown();  // parked Gets would hold up the server's shutdown
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (sharding_) (void)sharding_->Flush();
+  if (sharding_) {
+    (void)sharding_->Flush();
+    sharding_->SetFetchRatesSource(nullptr);  // planned_rates_ and sessions_ go first
+  }
   if (election_) {
     // Hand over at once: a standby need not wait for the lease to lapse.
     election_->Stop();

@@ -204,6 +204,7 @@ class Pacerd {
   std::unique_ptr<GrpcAgentService> agents_grpc_;
   std::unique_ptr<ContentionSwitchService> contention_grpc_;  // admin: pacerctl contention
   std::unique_ptr<WorkerSessions> sessions_;   // the controller's side of each heartbeat
+  std::unique_ptr<PlannedFetchRates> planned_rates_;  // sessions_' plans, to sharding_'s fetches
   std::unique_ptr<PacerdActionSink> sink_;     // carries out the reconciler's actions
   // What the reconciler reads: the monitor, the sharding service and the agents as its sources.
   std::unique_ptr<MonitorSpeedSource> speeds_;

@@ -21,4 +21,16 @@ std::set<std::string> AgentRestartSource::RestartingWorkers() {
   return out;
 }
 
+std::shared_ptr<const FetchRates> PlannedFetchRates::Get() {
+  std::shared_ptr<const std::map<std::string, double>> now = sessions_->PlannedSamples();
+  absl::MutexLock l(&mu_);
+  if (now != seen_) {
+    auto rates = std::make_shared<FetchRates>();
+    for (const auto& [worker, samples] : *now) rates->Set(worker, samples);
+    rates_ = rates->empty() ? nullptr : std::move(rates);
+    seen_ = std::move(now);
+  }
+  return rates_;
+}
+
 }  // namespace pacer

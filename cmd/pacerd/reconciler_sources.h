@@ -2,9 +2,15 @@
 // reports to it: thin adapters, so the controller includes none of the services it steers.
 #pragma once
 
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_registry.h"
 #include "controller/reconciler.h"
 #include "controller/sources.h"
+#include "controller/worker_sessions.h"
 #include "monitor/monitor_service.h"
 #include "sharding_service/sharding_service.h"
 
@@ -50,6 +56,20 @@ class StepsToReconciler final : public StepObserver {
 
  private:
   Reconciler* reconciler_;
+};
+
+// The batch plans in force (WorkerSessions), as the rates the sharding service shares an
+// epoch's end by (ShardingServiceImpl::SetFetchRatesSource): rebuilt only when the plans change.
+class PlannedFetchRates {
+ public:
+  explicit PlannedFetchRates(const WorkerSessions* sessions) : sessions_(sessions) {}
+  std::shared_ptr<const FetchRates> Get();
+
+ private:
+  const WorkerSessions* sessions_;
+  absl::Mutex mu_;
+  std::shared_ptr<const std::map<std::string, double>> seen_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const FetchRates> rates_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pacer

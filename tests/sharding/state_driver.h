@@ -55,8 +55,9 @@ class StateDriver {
   }
   // Decides like the service, then leases. nullopt when the decision is WAIT / END_OF_DATA.
   std::optional<ShardingState::LeaseRec> Fetch(const std::string& worker, const std::string& ds,
-                                               FetchPlan::Kind* kind = nullptr) {
-    auto decision = state_.DecideFetch(worker, ds, /*request_id=*/0);
+                                               FetchPlan::Kind* kind = nullptr,
+                                               const FetchRates* rates = nullptr) {
+    auto decision = state_.DecideFetch(worker, ds, /*request_id=*/0, rates);
     EXPECT_TRUE(decision.ok()) << decision.status();
     if (!decision.ok()) return std::nullopt;
     if (kind) *kind = decision->kind;
