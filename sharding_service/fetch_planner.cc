@@ -66,20 +66,31 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   int consumers = 0;
   bool all_rated = own_rate > 0;
   uint64_t remaining = unleased;
+  // The rates are read in step with workers_ (both maps ordered by worker id): this loop runs
+  // at every fetch of an epoch's last rounds, over every worker, and a lookup per worker was
+  // most of its cost at thousands of workers.
+  const std::map<std::string, double>* by_id = rates != nullptr ? &rates->per_worker() : nullptr;
+  auto rate_it = by_id != nullptr ? by_id->begin() : std::map<std::string, double>::const_iterator();
   for (const auto& [id, o] : workers_) {
     if (o.lost) continue;
-    bool reads = &o == &w || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
+    bool reads = &o == &w;
     uint64_t o_left = 0;
     for (uint64_t lid : o.leases) {
       const LeaseRec& l = leases_.at(lid);
       reads = reads || l.dataset == name;
       o_left = SaturatingAdd(o_left, left(l));
     }
+    reads = reads || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
     if (!reads) continue;
     remaining = SaturatingAdd(remaining, o_left);
     live += o.weight;
     ++consumers;
-    const double r = rates != nullptr ? rates->Of(id) : 0.0;
+    double r = 0.0;
+    for (; by_id != nullptr && rate_it != by_id->end(); ++rate_it) {
+      const int order = rate_it->first.compare(id);
+      if (order == 0) r = rate_it->second;
+      if (order >= 0) break;
+    }
     live_rate += r;
     all_rated = all_rated && r > 0;
   }

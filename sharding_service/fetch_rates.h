@@ -33,6 +33,9 @@ class FetchRates {
     auto it = per_worker_.find(worker);
     return it == per_worker_.end() ? 0.0 : it->second;
   }
+  // Every worker named, by id in std::map order: a caller walking another map keyed by worker
+  // id reads the rates in step with it instead of looking each one up.
+  const std::map<std::string, double>& per_worker() const { return per_worker_; }
   // Sum over every worker named.
   double total() const { return total_; }
   bool empty() const { return per_worker_.empty(); }
