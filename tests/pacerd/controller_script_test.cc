@@ -30,13 +30,11 @@
 // goldens and review the diff:  PACER_REWRITE_GOLDENS=1 build/bin/controller_script_test
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "tests/testing/golden_scripts.h"
 #include "tests/testing/pacerd_harness.h"
 
 namespace pacer {
@@ -191,36 +189,15 @@ class ControllerScriptTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ControllerScriptTest, DecisionsMatchTheGolden) {
   const std::string path = std::string(PACER_TESTDATA_DIR) + "/" + GetParam();
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string want = buf.str();
+  const std::string want = testing_golden::ReadScript(path);
   const std::string got = RunScript(want);
-  if (std::getenv("PACER_REWRITE_GOLDENS")) {
-    std::ofstream(path, std::ios::trunc) << got;
-    GTEST_SKIP() << "rewrote " << path;
-  }
-  EXPECT_EQ(got, want) << "decisions differ from " << path
-                       << " (after an intended change: PACER_REWRITE_GOLDENS=1, then review the diff)";
+  if (testing_golden::RewriteIfAsked(path, got)) GTEST_SKIP() << "rewrote " << path;
+  EXPECT_EQ(got, want) << "decisions differ from " << path << testing_golden::kRewriteHint;
 }
 
-std::vector<std::string> Scripts() {
-  std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(PACER_TESTDATA_DIR)) {
-    if (e.path().extension() == ".txt") names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(Scripts, ControllerScriptTest, ::testing::ValuesIn(Scripts()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param.substr(0, p.param.size() - 4);
-                           for (char& c : n)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Scripts, ControllerScriptTest,
+                         ::testing::ValuesIn(testing_golden::ScriptNames(PACER_TESTDATA_DIR)),
+                         testing_golden::TestNameOf);
 
 }  // namespace
 }  // namespace pacer

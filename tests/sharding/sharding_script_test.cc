@@ -44,17 +44,14 @@
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "sharding_service/sharding_state.h"
+#include "tests/testing/golden_scripts.h"
 
 namespace pacer {
 namespace {
@@ -401,36 +398,15 @@ class ShardingScriptTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShardingScriptTest, OutputMatchesTheGolden) {
   const std::string path = std::string(PACER_SHARDING_TESTDATA_DIR) + "/" + GetParam();
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
-  std::stringstream buf;
-  buf << in.rdbuf();
-  const std::string want = buf.str();
+  const std::string want = testing_golden::ReadScript(path);
   const std::string got = RunScript(want);
-  if (std::getenv("PACER_REWRITE_GOLDENS")) {
-    std::ofstream(path, std::ios::trunc) << got;
-    GTEST_SKIP() << "rewrote " << path;
-  }
-  EXPECT_EQ(got, want) << "the sharding state's answers differ from " << path
-                       << " (after an intended change: PACER_REWRITE_GOLDENS=1, then review the diff)";
+  if (testing_golden::RewriteIfAsked(path, got)) GTEST_SKIP() << "rewrote " << path;
+  EXPECT_EQ(got, want) << "the sharding state's answers differ from " << path << testing_golden::kRewriteHint;
 }
 
-std::vector<std::string> Scripts() {
-  std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(PACER_SHARDING_TESTDATA_DIR)) {
-    if (e.path().extension() == ".txt") names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(Scripts, ShardingScriptTest, ::testing::ValuesIn(Scripts()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param.substr(0, p.param.size() - 4);
-                           for (char& c : n)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Scripts, ShardingScriptTest,
+                         ::testing::ValuesIn(testing_golden::ScriptNames(PACER_SHARDING_TESTDATA_DIR)),
+                         testing_golden::TestNameOf);
 
 }  // namespace
 }  // namespace pacer

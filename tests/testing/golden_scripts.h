@@ -1,0 +1,61 @@
+// Golden scripts: a folder of `.txt` files, each a script whose commands a test runs and whose
+// expected answers it holds; the test compares what it got with the file, or rewrites the file
+// when PACER_REWRITE_GOLDENS is set (review the diff after an intended change). Used by the
+// sharding state's scripts (tests/sharding/testdata) and the controller's (tests/pacerd/testdata);
+// each test keeps its own script language and runner.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace pacer::testing_golden {
+
+// The `.txt` files of `dir`, by name.
+inline std::vector<std::string> ScriptNames(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".txt") names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A test name for a script file: its name without `.txt`, other characters than letters and
+// digits as '_'.
+inline std::string TestNameOf(const ::testing::TestParamInfo<std::string>& p) {
+  std::string n = p.param.substr(0, p.param.size() - 4);
+  for (char& c : n) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+// The file's text; empty (with a test failure) when it cannot be read.
+inline std::string ReadScript(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << "cannot read " << path;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+// With PACER_REWRITE_GOLDENS set, writes `got` over the golden and returns true (the caller
+// skips its comparison); false otherwise.
+inline bool RewriteIfAsked(const std::string& path, const std::string& got) {
+  if (std::getenv("PACER_REWRITE_GOLDENS") == nullptr) return false;
+  std::ofstream(path, std::ios::trunc) << got;
+  return true;
+}
+
+constexpr const char* kRewriteHint =
+    " (after an intended change: PACER_REWRITE_GOLDENS=1, then review the diff)";
+
+}  // namespace pacer::testing_golden
