@@ -162,27 +162,10 @@ class ScriptRun {
   uint64_t seen_ = 0;
 };
 
-// Runs a script file; returns the file as it should read with the actual outputs.
+// Runs a script; returns the file as it should read with the actual outputs.
 std::string RunScript(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
   ScriptRun run;
-  std::string out;
-  for (size_t i = 0; i < lines.size();) {
-    const std::string& line = lines[i];
-    if (line.empty() || line[0] == '#') {
-      out += line + "\n";
-      ++i;
-      continue;
-    }
-    out += line + "\n----\n" + run.Do(line) + "\n";
-    ++i;
-    if (i < lines.size() && lines[i] == "----") {
-      ++i;
-      while (i < lines.size() && !lines[i].empty()) ++i;  // the expected output, replaced
-    }
-  }
-  return out;
+  return testing_golden::RewriteScript(text, [&run](const std::string& line) { return run.Do(line); });
 }
 
 class ControllerScriptTest : public ::testing::TestWithParam<std::string> {};

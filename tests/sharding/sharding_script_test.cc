@@ -371,27 +371,8 @@ class ScriptRun {
 
 // Runs a script; returns the file as it should read with the actual outputs.
 std::string RunScript(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
   ScriptRun run;
-  std::string out;
-  for (size_t i = 0; i < lines.size();) {
-    const std::string& line = lines[i];
-    if (line.empty() || line[0] == '#') {
-      out += line + "\n";
-      ++i;
-      continue;
-    }
-    out += line + "\n----\n" + run.Do(line) + "\n\n";
-    ++i;
-    if (i < lines.size() && lines[i] == "----") {
-      ++i;
-      while (i < lines.size() && !lines[i].empty()) ++i;  // the expected output, replaced
-    }
-    if (i < lines.size() && lines[i].empty()) ++i;  // the blank line that ends a block
-  }
-  while (out.size() > 1 && out[out.size() - 2] == '\n') out.pop_back();  // one newline at the end
-  return out;
+  return testing_golden::RewriteScript(text, [&run](const std::string& line) { return run.Do(line); });
 }
 
 class ShardingScriptTest : public ::testing::TestWithParam<std::string> {};

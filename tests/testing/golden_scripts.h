@@ -12,11 +12,38 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace pacer::testing_golden {
+
+// Runs a script through `run` (one command line in, its output out) and returns the file as it
+// should read with the actual outputs. A script is comment lines (`#`), blank lines and blocks: a
+// command line, `----`, and the expected output up to the next blank line (replaced).
+inline std::string RewriteScript(const std::string& text,
+                                 const std::function<std::string(const std::string&)>& run) {
+  std::vector<std::string> lines;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string out;
+  for (size_t i = 0; i < lines.size();) {
+    const std::string& line = lines[i];
+    if (line.empty() || line[0] == '#') {
+      out += line + "\n";
+      ++i;
+      continue;
+    }
+    out += line + "\n----\n" + run(line) + "\n";
+    ++i;
+    if (i < lines.size() && lines[i] == "----") {
+      ++i;
+      while (i < lines.size() && !lines[i].empty()) ++i;  // the expected output, replaced
+    }
+  }
+  return out;
+}
 
 // The `.txt` files of `dir`, by name.
 inline std::vector<std::string> ScriptNames(const std::string& dir) {
