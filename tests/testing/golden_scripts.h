@@ -2,7 +2,7 @@
 // expected answers it holds; the test compares what it got with the file, or rewrites the file
 // when PACER_REWRITE_GOLDENS is set (review the diff after an intended change). Used by the
 // sharding state's scripts (tests/sharding/testdata) and the controller's (tests/pacerd/testdata);
-// each test keeps its own script language and runner.
+// each test keeps its own commands (its ScriptRun); the block format and its rewriting are here.
 #pragma once
 
 #include <gtest/gtest.h>
