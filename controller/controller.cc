@@ -268,6 +268,16 @@ bool Controller::StepRuleActive(int64_t now_ms) const {
          burst_view_.job.can_exclude_workers && bursts_.HasFreshTimings(now_ms);
 }
 
+double Controller::StepLineS(const std::string& worker_id, int64_t now_ms) const {
+  if (!StepRuleConfigured() || !last_view_ || burst_view_.job.mode != JobMode::kSync ||
+      !burst_view_.job.can_exclude_workers || !(burst_median_s_ > 0) ||
+      !bursts_.StepSeconds(worker_id, now_ms))
+    return 0;
+  const std::vector<std::string>& excluded = history_.excluded_workers();
+  if (std::find(excluded.begin(), excluded.end(), worker_id) != excluded.end()) return 0;
+  return BurstStepLineS();
+}
+
 void Controller::HoldRestoredExclusion(int64_t now_ms) {
   const double hold_s = std::max(BurstDetector::kMinFreshS, 2 * config_.detection.window_s);
   restored_exclusion_held_until_ms_ = now_ms + static_cast<int64_t>(hold_s * 1000);

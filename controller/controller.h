@@ -99,10 +99,15 @@ class Controller {
   bool StepRuleActive(int64_t now_ms) const;
   // The step rule's entry line in compute seconds (step_factor × the median step of its last
   // decision; 0 before one): a step past it is a burst's. What a trainer-kept step deadline
-  // would be handed (docs/simulator.md "Scale"; modelled only: sim.trainer_deadline).
+  // is handed (StepLineS; the simulator: sim.trainer_deadline).
   double BurstStepLineS() const {
     return burst_median_s_ > 0 ? config_.burst_exclusion.step_factor * burst_median_s_ : 0;
   }
+  // The line handed to `worker_id` in a heartbeat reply (HeartbeatResponse.step_line_s):
+  // BurstStepLineS() while the rule acts on this worker -- the job is sync, its workers can be
+  // excluded, the rule has decided once, the worker's own timing is fresh and it is not
+  // excluded; 0 otherwise. O(excluded workers) plus one lookup: asked at every heartbeat.
+  double StepLineS(const std::string& worker_id, int64_t now_ms) const;
   // A pacerd restart restored an exclusion in force (controller_store.h keeps who, the deciding
   // audit id, why and which rule). What it was decided on went with the old process -- the
   // workers' heartbeat facts (who honours exclusion), the monitor's windows, the step rule's

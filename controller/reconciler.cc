@@ -186,6 +186,11 @@ bool Reconciler::OnHeartbeatSteps(const HeartbeatRequest& req, bool decide) {
   return true;
 }
 
+double Reconciler::StepLineS(const std::string& worker_id) const {
+  absl::MutexLock l(&mu_);
+  return controller_->StepLineS(worker_id, clock_->NowMs());
+}
+
 bool Reconciler::MaybeReconcile() {
   {
     absl::MutexLock l(&mu_);

@@ -87,6 +87,9 @@ class Reconciler {
   // round decides; the differential test's pacerd plane, which decides on the model's grid).
   // Returns whether it decided.
   bool OnHeartbeatSteps(const HeartbeatRequest& req, bool decide = true);
+  // The step line for the reply to `worker_id`'s heartbeat (HeartbeatResponse.step_line_s;
+  // Controller::StepLineS): after OnHeartbeat, so that a worker that heartbeat excluded gets 0.
+  double StepLineS(const std::string& worker_id) const;
   // A worker process registered (pacerd's worker-session service, after the sharding part). When it
   // begins a new run of the job (controller/run_tracker.h) the plan in force is withdrawn: no
   // command of the old run is sent again, the job's step is counted anew, the next plan gets a

@@ -136,8 +136,9 @@ class ControlPlane {
   // Whether DecideBursts reads `facts` (the model builds them for every worker at every
   // heartbeat only then: at 4 096 workers that is most of a heartbeat's cost).
   virtual bool DecideBurstsReadsFacts() const { return true; }
-  // The burst rule's entry line in compute seconds (Controller::BurstStepLineS; 0: none). Read
-  // only by the model variant sim.trainer_deadline, which pacerd does not carry out.
+  // The burst rule's entry line in compute seconds (Controller::BurstStepLineS; 0: none): the
+  // step line pacerd hands the workers, read when the scenario's trainers keep it
+  // (sim.trainer_deadline).
   virtual double BurstStepLineS() const { return 0; }
   // REALLOCATE's effect on the data: the sharding service's allocation and tail backups.
   virtual absl::Status Reallocate(const Action& a, uint64_t shard_size) = 0;

@@ -46,6 +46,9 @@ constexpr double kProbeIntervalS = 2.0;
 // How often a worker heartbeats (the SDK's default): step timings arrive with it, and the
 // step path's decisions go out in its replies.
 constexpr double kHeartbeatS = 1.0;
+// pacer-train-mlp computes a micro-batch in this many slices while a step line is in force,
+// checking the line between them (sim.trainer_deadline).
+constexpr double kLineSlices = 4;
 
 constexpr char kDataset[] = "train";
 constexpr int64_t kStartMs = kSimStartMs;
@@ -127,6 +130,9 @@ class JobSimulation : public ActionSink {
   // controller; its decision reaches the workers in the next heartbeat's replies.
   absl::Status Heartbeat();
   void NoteStepTimings(const std::vector<double>& compute, int64_t k, double per_step_s);
+  // sim.trainer_deadline: the workers whose drawn step passes `line` report at t_ + line, the
+  // rule decides inside, and those it excludes stop at the line (stop_at_).
+  absl::Status DecideAtTheLine(const std::vector<double>& compute, double line);
   std::vector<StepTiming> heartbeat_timings_;  // Heartbeat()'s, kept for its capacity
   // ActionSink: the model carries the action out (Dispatch); the note is what it did.
   absl::StatusOr<std::string> Carry(const Action& a, const CarryContext&) override {
@@ -187,6 +193,8 @@ class JobSimulation : public ActionSink {
   // first (report_now_); the next ChunkSync runs it.
   bool held_step_ = false, report_now_ = false;
   std::vector<double> held_compute_;
+  // Per worker, when the drawn step stopped past the step line (DecideAtTheLine; 0: it did not).
+  std::vector<double> stop_at_;
   uint64_t interval_samples_ = 0;
   double last_throughput_ = 0, last_step_wall_ = 0;
   // Step path (Heartbeat): per worker, the newest step timing due at the next heartbeat and
@@ -384,20 +392,33 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
       compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
     }
   }
-  double slowest = 0;
-  // sim.trainer_deadline (a model variant, not what pacerd does): a counted worker past the
-  // rule's line stops there and joins with weight 0 (consumes nothing this chunk).
+  // sim.trainer_deadline (what pacer-train-mlp does): a counted worker whose step passes the
+  // rule's line (pacerd hands it in heartbeat replies) reports at once; the rule decides inside
+  // that report, and a worker it excludes stops at the line and joins the all-reduce with
+  // weight 0 -- it trains none of the step's records (they go back uncounted with its leases).
+  // One the rule leaves in (its cap is full) finishes the step. Decided once per drawn step (a
+  // step held back for an early report keeps its decision). stop_at_[i]: when worker i stopped
+  // (0: it did not).
   const double line = step_rule_ && sc_.sim.trainer_deadline ? cp_->BurstStepLineS() : 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (!w_[i].excluded && w_[i].batch > 0)
-      slowest = std::max(slowest, line > 0 ? std::min(compute[i], line) : compute[i]);
+  if (!drawn) {
+    stop_at_.assign(static_cast<size_t>(n), 0);
+    if (line > 0) {
+      if (absl::Status s = DecideAtTheLine(compute, line); !s.ok()) return s;
+    }
+  }
+  double slowest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (stop_at_[i] > 0) slowest = std::max(slowest, stop_at_[i]);
+    else if (!w_[i].excluded && w_[i].batch > 0) slowest = std::max(slowest, compute[i]);
+  }
   const double step_s = slowest + sc_.job.sync_cost_s;
   // An excluded worker (pacer-train-mlp) times half its batch every kProbeIntervalS so the
   // monitor keeps seeing its speed; that one step waits for the probe. Charged as an expected
   // delay per second of the chunk (deterministic).
   double probe_delay = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (w_[i].excluded && w_[i].batch > 0) probe_delay = std::max(probe_delay, 0.5 * compute[i] - slowest);
+    if (w_[i].excluded && !(stop_at_[i] > 0) && w_[i].batch > 0)
+      probe_delay = std::max(probe_delay, 0.5 * compute[i] - slowest);
   }
   const double per_step_s = step_s * (1 + std::max(0.0, probe_delay) / kProbeIntervalS);
   // A report due before the monitor's window ends must arrive before that end: pacerd's monitor
@@ -418,8 +439,7 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     w.rep_compute += static_cast<double>(k) * compute[i];
     w.rep_wall += static_cast<double>(k) * per_step_s;
     w.rep_steps += static_cast<double>(k);
-    if (w.excluded) continue;  // its gradient is dropped: it consumes no data
-    if (line > 0 && compute[i] > line) continue;  // stopped at the line: likewise
+    if (w.excluded) continue;  // its gradient is dropped (or it stopped at the line): no data
     uint64_t got = 0;
     if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
     interval_samples_ += got;
@@ -427,38 +447,47 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
   if (step_rule_) NoteStepTimings(compute, k, per_step_s);
   const double chunk_start = t_;
   t_ += static_cast<double>(k) * per_step_s;
-  if (line > 0) {
-    // The worker that stopped at the line says so at once (a heartbeat of its own, the rule
-    // deciding inside it): it is out from its next step, not from the next heartbeat round.
-    std::vector<StepTiming> crossed;
-    for (int64_t i = 0; i < n; ++i) {
-      const SimWorker& w = w_[i];
-      if (w.excluded || w.down || w.batch <= 0 || !(compute[i] > line)) continue;
-      StepTiming t;
-      t.worker_id = w.id;
-      t.worker_index = static_cast<uint32_t>(i + 1);
-      t.step = step_ + 1;
-      t.in_progress = true;
-      t.samples = w.batch;
-      t.compute_s = compute[i];  // its pace over the part it computed, at its whole batch
-      t.wall_s = line;
-      t.time_ms = kStartMs + static_cast<int64_t>(std::llround((chunk_start + line) * 1000));
-      crossed.push_back(std::move(t));
-    }
-    if (!crossed.empty()) {
-      absl::StatusOr<std::vector<Action>> r = cp_->DecideBursts(
-          crossed, crossed.front().time_ms, cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
-      if (!r.ok()) return r.status();
-      std::vector<bool> was(w_.size());
-      for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
-      for (const Action& a : *r)
-        if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
-      for (size_t i = 0; i < w_.size(); ++i)
-        if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
-    }
-  }
   step_ += k;
   last_step_wall_ = per_step_s;
+  return absl::OkStatus();
+}
+
+absl::Status JobSimulation::DecideAtTheLine(const std::vector<double>& compute, double line) {
+  // Every counted worker whose step passes the line reports at the trainer's first check past
+  // it: pacer-train-mlp checks between kLineSlices slices of its batch, so on average half a
+  // slice past the line (never past the step's end). The reports arrive together (the model's
+  // step begins at t_ for everyone).
+  std::vector<StepTiming> crossed;
+  for (size_t i = 0; i < w_.size(); ++i) {
+    const SimWorker& w = w_[i];
+    if (w.excluded || w.down || w.batch <= 0 || !(compute[i] > line)) continue;
+    StepTiming t;
+    t.worker_id = w.id;
+    t.worker_index = static_cast<uint32_t>(i + 1);
+    t.step = step_ + 1;
+    t.in_progress = true;
+    t.samples = w.batch;
+    const double at = std::min(compute[i], line + compute[i] / (2 * kLineSlices));
+    t.compute_s = at;  // the report's compute so far
+    t.wall_s = at;
+    t.time_ms = kStartMs + static_cast<int64_t>(std::llround((t_ + at) * 1000));
+    crossed.push_back(std::move(t));
+  }
+  if (crossed.empty()) return absl::OkStatus();
+  absl::StatusOr<std::vector<Action>> r = cp_->DecideBursts(
+      crossed, crossed.front().time_ms, cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
+  if (!r.ok()) return r.status();
+  std::vector<bool> was(w_.size());
+  for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
+  for (const Action& a : *r)
+    if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
+  for (size_t i = 0; i < w_.size(); ++i) {
+    if (!w_[i].excluded || was[i]) continue;
+    next_probe_[i] = t_ + line + kProbeIntervalS;
+    // Stopped at the line only when its step passed it; one excluded by the same decision for
+    // another reason (the rule's view of it) is excluded from the next step, as at a heartbeat.
+    if (compute[i] > line) stop_at_[i] = std::min(compute[i], line + compute[i] / (2 * kLineSlices));
+  }
   return absl::OkStatus();
 }
 
@@ -476,7 +505,9 @@ void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t 
     int64_t samples = w.batch;
     double compute_s = compute[i];
     bool probe = false;
-    if (w.excluded) {
+    // A worker stopped at the line reports the step it abandoned (what it computed, at the
+    // burst's pace), not a probe.
+    if (w.excluded && !(stop_at_[i] > 0)) {
       if (end < next_probe_[i]) continue;
       next_probe_[i] = end + kProbeIntervalS;
       probe = true;

@@ -107,12 +107,12 @@ struct SimSettings {
   // heartbeat carries (a StepTimer told the step's samples, as pacer-train-mlp does). false:
   // only finished steps reach the rule (an SDK that does not report its running step).
   bool step_deadline = true;
-  // A model variant for comparison, NOT what pacerd and its SDK do today (default false): the
-  // trainer keeps the step rule's entry line inside its step (pacerd would hand it in the
-  // heartbeat reply); a worker whose step passes it joins the all-reduce at once with weight 0,
-  // trains none of that step's records, and says so in a heartbeat of its own, which the rule
-  // decides inside (it is out from its next step). No step waits longer than the line for
-  // anyone. docs/simulator.md "Scale" says what it gains and what building it needs.
+  // Whether the job's trainers keep the step line (default false): pacerd hands the burst
+  // rule's entry line in heartbeat replies (HeartbeatResponse.step_line_s); a trainer whose
+  // step passes it reports at once in a heartbeat of its own, which the rule decides inside,
+  // and, excluded by the reply, joins the all-reduce with weight 0 and hands the step's records
+  // back uncounted (pacer-train-mlp does, checking between 4 slices of its batch; pacer.torch's
+  // loader does not). A worker the rule leaves in finishes its step. docs/simulator.md "Scale".
   bool trainer_deadline = false;
 };
 

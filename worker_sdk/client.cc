@@ -222,6 +222,28 @@ bool Client::Drained() const {
   return progress_.empty() && completions_.empty() && in_flight_ == 0;
 }
 
+absl::StatusOr<bool> Client::ReportStepPastLine(int64_t timeout_ms) {
+  absl::MutexLock l(&mu_);
+  if (!health_.ok()) return health_;
+  if (!options_.honors_exclusion) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - line_report_kept_in_ < std::chrono::milliseconds(interval_ms_)) return excluded();
+  const uint64_t want = heartbeats_begun_ + 1;  // one whose request is built after this call
+  ++stats_.step_line_reports;
+  urgent_ = true;
+  auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return heartbeats_ended_ >= want || stopping_ || !health_.ok();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Milliseconds(timeout_ms))) {
+    return absl::DeadlineExceededError("step line: no heartbeat reply within " +
+                                       std::to_string(timeout_ms) + " ms");
+  }
+  if (!health_.ok()) return health_;
+  const bool out = excluded();
+  if (!out) line_report_kept_in_ = std::chrono::steady_clock::now();
+  return out;
+}
+
 absl::Status Client::Flush(int64_t timeout_ms) {
   auto over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return Drained() || !health_.ok() || stopping_; };
   absl::MutexLock l(&mu_);
@@ -344,6 +366,7 @@ void Client::SendHeartbeat() {
       *req.add_progress() = p.request;
     }
     in_flight_ += req.progress_size();
+    ++heartbeats_begun_;
     if (options_.honors_exclusion) {
       // The burst rule's evidence (HeartbeatRequest.step_timings): the newest step ended since
       // the last heartbeat, and how long the running step has computed so far.
@@ -383,10 +406,12 @@ void Client::SendHeartbeat() {
   {
     absl::MutexLock l(&mu_);
     in_flight_ -= req.progress_size();
+    ++heartbeats_ended_;
     if (!resp.ok()) {
       ++stats_.heartbeat_failures;
     } else {
       ++stats_.heartbeats_ok;
+      step_line_s_.store(options_.honors_exclusion ? resp->step_line_s() : 0, std::memory_order_release);
       cancelled.assign(resp->cancelled_leases().begin(), resp->cancelled_leases().end());
       // Leases pacerd released because this worker never saw their fetch reply: none of them
       // should be in hand (the held set lists every lease received); drop any that is.

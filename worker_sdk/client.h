@@ -36,6 +36,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -88,6 +89,7 @@ struct ClientStats {
   uint64_t plans_received = 0;
   uint64_t regroups_received = 0;  // RegroupCommands newer than the generation held
   uint64_t exclusions_received = 0;  // ExclusionCommands newer than the version held
+  uint64_t step_line_reports = 0;    // heartbeats sent at once for a step past its line
 };
 
 class Client {
@@ -140,6 +142,21 @@ class Client {
   // data it already holds and reports it (StepTimer), so the controller sees it recover and
   // re-includes it. Flips only at heartbeat replies; read it once per step.
   bool excluded() const { return (exclusion_.load(std::memory_order_acquire) & 1) != 0; }
+  // The step line (HeartbeatResponse.step_line_s; options().honors_exclusion only): compute
+  // seconds past which this worker's running step is a burst's under pacerd's burst rule, from
+  // the newest heartbeat reply; 0: none now. StepTimer::PastStepLine compares the running step
+  // with it.
+  double step_line_s() const { return step_line_s_.load(std::memory_order_acquire); }
+  // The running step passed the step line: sends a heartbeat now -- it carries the running
+  // step's compute so far, and pacerd's burst rule decides inside it -- and blocks until its
+  // reply arrives or `timeout_ms` passes (DEADLINE_EXCEEDED; the heartbeat goes on). Returns
+  // excluded() after that reply: true, the trainer abandons the step (weight 0 in the
+  // all-reduce, its records handed back uncounted: ShardReader::ReleaseAll's `trained_through`);
+  // false, it finishes the step. A worker past the line whom the rule leaves in (its cap is
+  // full) would otherwise send a heartbeat every step: within one heartbeat interval of a
+  // report that did not exclude it, this returns excluded() at once without sending one.
+  // Training thread; the one blocking call of a step, about one round trip to pacerd.
+  absl::StatusOr<bool> ReportStepPastLine(int64_t timeout_ms);
   // The version (audit id) of the newest ExclusionCommand held; 0: none.
   uint64_t exclusion_version() const { return exclusion_.load(std::memory_order_acquire) >> 1; }
 
@@ -199,6 +216,7 @@ class Client {
   std::atomic<uint64_t> regroup_generation_{0};
   std::atomic<uint64_t> exclusion_{0};  // version << 1 | excluded (reporter thread writes)
   std::atomic<bool> monitor_enabled_{true};
+  std::atomic<double> step_line_s_{0};
 
   // Guards everything below until listeners_mu_. The reporter and Flush wait on it
   // (absl::Mutex::Await: conditions are re-evaluated whenever it is released).
@@ -222,6 +240,12 @@ class Client {
   bool newest_step_sent_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reports taken by the reporter, not yet answered
   bool urgent_ ABSL_GUARDED_BY(mu_) = false;
+  // Heartbeats built (their request taken) and ended (answered or failed): a heartbeat built
+  // after a call is the next one begun (ReportStepPastLine).
+  uint64_t heartbeats_begun_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t heartbeats_ended_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the last ReportStepPastLine's heartbeat ended without excluding this worker.
+  std::chrono::steady_clock::time_point line_report_kept_in_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_reason_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);

@@ -335,7 +335,7 @@ uint64_t ShardReader::records_held() const {
   return n;
 }
 
-absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
+absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms, uint64_t trained_through) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   {
     // No new lease from now on; a fetch in flight lands in ready_ and is released below.
@@ -349,7 +349,7 @@ absl::StatusOr<int> ShardReader::ReleaseAll(int64_t timeout_ms) {
   // would take the release's prefix, and the later report would find the lease ended). Holding
   // off, these completions lease nothing; the Flush also waits for earlier ones that do, whose
   // next leases land in ready_ before it returns.
-  MarkConsumed();
+  MarkConsumedThrough(std::min(trained_through, records_read_));
   const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               deadline - std::chrono::steady_clock::now()).count();
   if (absl::Status s = client_->Flush(std::max<int64_t>(left_ms, 1)); !s.ok()) return s;

@@ -120,7 +120,12 @@ class ShardReader : public ReportListener {
   // the front of the queue for other workers). Idempotent; returns how many leases it released.
   // On an error (pacerd unreachable past `timeout_ms`) the leases not yet released stay held
   // and leasing stays stopped: call it again at the next step.
-  absl::StatusOr<int> ReleaseAll(int64_t timeout_ms = 10'000);
+  // `trained_through`: only the records handed out at positions below it were trained (as
+  // MarkConsumedThrough); those handed out from there on -- a step abandoned at the step line
+  // (Client::ReportStepPastLine), a loader's read-ahead -- go back uncounted with the rest.
+  // The default: every record handed out so far.
+  static constexpr uint64_t kAllHandedOut = ~uint64_t{0};
+  absl::StatusOr<int> ReleaseAll(int64_t timeout_ms = 10'000, uint64_t trained_through = kAllHandedOut);
   // Leasing goes on (after ReleaseAll).
   void Resume();
   // After the service said WAIT: the next Next() asks it again at once instead of after the

@@ -43,4 +43,15 @@ StepReport StepTimer::EndStep(uint32_t local_batch, uint64_t samples) {
   return r;
 }
 
+double StepTimer::ComputeSoFarS() const {
+  const int64_t ns = clock_->MonotonicNs() - begin_ns_ - phase_ns_[0] - phase_ns_[1];
+  return static_cast<double>(std::max<int64_t>(0, ns)) / 1e9;
+}
+
+bool StepTimer::PastStepLine() const {
+  if (client_ == nullptr) return false;
+  const double line = client_->step_line_s();
+  return line > 0 && ComputeSoFarS() > line;
+}
+
 }  // namespace pacer

@@ -60,6 +60,16 @@ class StepTimer {
   // actually processed (micro batches x accumulation). Queues the report on the client.
   StepReport EndStep(uint32_t local_batch, uint64_t samples);
 
+  // Compute seconds of the running step so far: its wall time since BeginStep less its timed
+  // phases. Call it between phases, not inside a Time() scope.
+  double ComputeSoFarS() const;
+  // Whether the running step has computed past the step line pacerd handed this worker
+  // (Client::step_line_s; false without a client or a line): the step is a burst's. Cheap (one
+  // clock read and an atomic): a trainer asks between micro-batches, or between slices of one,
+  // and on true calls Client::ReportStepPastLine once for the step (worker_sdk/README.md, "The
+  // step line").
+  bool PastStepLine() const;
+
  private:
   // The running step's phases, for the client's heartbeat (no-ops without a client).
   void PhaseOpened(int64_t open_ns);

@@ -11,6 +11,7 @@ void WorkerSessionService::Heartbeat(const HeartbeatRequest& req, HeartbeatRespo
   if (applied.ok()) {
     const bool in_run = reconciler_->OnHeartbeat(req);
     sessions_->OnHeartbeat(req, resp, reconciler_->NowMs(), /*hold_plan=*/!in_run);
+    if (req.honors_exclusion()) resp->set_step_line_s(reconciler_->StepLineS(req.worker_id()));
     rendezvous_->OnHeartbeat(req, resp);
   }
   sharding_->AnswerWhenDurable(std::move(applied), std::move(done));

@@ -14,7 +14,12 @@
 //
 // It honors EXCLUDE_WORKERS (Client::excluded()): while excluded it hands its leases back, joins
 // each all-reduce with weight 0 and times half a batch of discarded gradients every --probe-ms,
-// so the controller sees it recover.
+// so the controller sees it recover. It keeps the step line pacerd hands it (Client::
+// step_line_s): it computes a micro-batch in slices and, between them, once its step has
+// computed past the line, reports at once (Client::ReportStepPastLine); excluded by the reply
+// (or by any reply meanwhile), it abandons the step -- weight 0 in the all-reduce, the step's
+// records handed back uncounted with its leases -- so the others' step does not wait for the
+// rest of a burst's step.
 //
 // --collective none trains each worker alone (no all-reduce): the mode the crash tests use to
 // kill and restart a worker mid-shard. --ledger keeps the exactly-once ledger of
@@ -159,8 +164,16 @@ int main(int argc, char** argv) {
   uint64_t updates = 0, short_steps = 0;
   double last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
-  uint64_t excluded_steps = 0;
+  uint64_t excluded_steps = 0, abandoned_steps = 0;
   bool handed_back = false;  // the leases went back at this exclusion
+  // A step abandoned at the step line: the position of its first record. Its records (and any
+  // read after them) are not trained: they go back uncounted when the leases are handed back,
+  // which the next step does before anything else. kAllHandedOut: none.
+  uint64_t untrained_from = ShardReader::kAllHandedOut;
+  // Slices a micro-batch is computed in while a step line is in force (the line is checked
+  // between them), and how long the report of a step past the line may wait for its reply.
+  constexpr uint32_t kLineSlices = 4;
+  constexpr int64_t kLineReplyMs = 2'000;
   auto last_probe = std::chrono::steady_clock::time_point();  // excluded: the last probe
   for (;;) {
     if (max_steps > 0 && step >= max_steps) break;
@@ -168,7 +181,7 @@ int main(int argc, char** argv) {
     client.SetStep(step);
     const uint64_t planned = uint64_t{plan.micro_batch} * plan.accumulation_steps;
     timer.BeginStep(step, planned);
-    if (lockstep && client.excluded()) {
+    if (lockstep && (client.excluded() || untrained_from != ShardReader::kAllHandedOut)) {
       // EXCLUDE_WORKERS: the others do not wait for this worker's gradient. It hands its
       // leases back (every record it was given is trained and reported by now), trains on
       // nothing and joins each all-reduce with weight 0. So that the controller sees when it
@@ -178,13 +191,18 @@ int main(int argc, char** argv) {
       // the quota's carried-over slack and would hide the slowdown; and not on every step: a
       // slowed probe holds that one step back, and a worker computing between all-reduces
       // would spend the quota its all-reduces need.
+      // (Or let back in before an abandoned step's records went back: they go back first, and
+      // this step is a weight-0 one too.)
       if (!handed_back) {
-        auto released = reader.ReleaseAll(10'000);
+        auto released = reader.ReleaseAll(10'000, untrained_from);
         handed_back = released.ok();
         if (!released.ok()) {
           PACER_LOG(WARNING) << "excluded, leases not handed back yet (next step): " << released.status();
         } else {
-          PACER_LOG(INFO) << "excluded from the job's steps: handed back " << *released << " lease(s)";
+          PACER_LOG(INFO) << "excluded from the job's steps: handed back " << *released << " lease(s)"
+                          << (untrained_from != ShardReader::kAllHandedOut
+                                  ? ", the abandoned step's records uncounted" : "");
+          untrained_from = ShardReader::kAllHandedOut;
         }
         timer.BeginStep(step, planned);  // the release is not this step's compute
       }
@@ -235,7 +253,26 @@ int main(int argc, char** argv) {
     uint64_t samples = 0;
     bool ended = false;
     double loss_sum = 0;
-    for (uint32_t k = 0; k < plan.accumulation_steps && !ended; ++k) {
+    // The step line: between slices, whether to abandon the step (see the file comment).
+    const uint64_t step_from = reader.records_read();
+    const bool keeps_line = lockstep && client.step_line_s() > 0;
+    bool line_reported = false, abandon = false;
+    auto stop_here = [&] {
+      if (!lockstep) return false;
+      if (client.excluded()) return true;  // a heartbeat reply excluded it during the step
+      if (!keeps_line || line_reported || !timer.PastStepLine()) return false;
+      line_reported = true;
+      absl::StatusOr<bool> out = false;
+      {
+        auto scope = timer.Time(StepTimer::Phase::kCommunication);  // not this step's compute
+        out = client.ReportStepPastLine(kLineReplyMs);
+      }
+      if (!out.ok()) {
+        PACER_LOG(WARNING) << "step line: " << out.status();
+      }
+      return out.ok() && *out;
+    };
+    for (uint32_t k = 0; k < plan.accumulation_steps && !ended && !abandon; ++k) {
       ids.clear();
       absl::StatusOr<ShardReader::Outcome> got;
       {
@@ -250,16 +287,35 @@ int main(int argc, char** argv) {
       x.resize(ids.size() * dims);
       labels.resize(ids.size());
       for (size_t i = 0; i < ids.size(); ++i) labels[i] = task.Sample(ids[i], &x[i * dims]);
-      loss_sum += model.Gradient(x.data(), labels.data(), ids.size(), &grad) * ids.size();
-      for (size_t i = 0; i < grad.size(); ++i) step_grad[i] += grad[i] * static_cast<float>(ids.size());
-      samples += ids.size();
+      const size_t slice = keeps_line ? (ids.size() + kLineSlices - 1) / kLineSlices : ids.size();
+      for (size_t from = 0; from < ids.size() && !abandon; from += slice) {
+        const size_t n = std::min(slice, ids.size() - from);
+        loss_sum += model.Gradient(&x[from * dims], &labels[from], n, &grad) * n;
+        for (size_t i = 0; i < grad.size(); ++i) step_grad[i] += grad[i] * static_cast<float>(n);
+        samples += n;
+        abandon = stop_here();
+      }
     }
+    if (!abandon && step_ms > 0) {  // simulated extra compute (demos), not synchronisation
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(step_ms * 1000)));
+      abandon = stop_here();
+    }
+    if (abandon) {
+      // Weight 0 in the all-reduce, nothing trained: the records read for this step go back
+      // uncounted at the next step (ShardReader::ReleaseAll), to be trained by another worker.
+      PACER_LOG(INFO) << "step " << step << " abandoned at the step line after " << samples << " of "
+                      << planned << " samples (" << timer.ComputeSoFarS()
+                      << " s of compute): its records go back uncounted";
+      step_grad.assign(model.num_params(), 0.0f);
+      untrained_from = step_from;
+      ended = false;  // its records are not done
+      ++abandoned_steps;
+    }
+    const uint64_t computed = samples;
+    if (abandon) samples = 0;
     if (samples > 0) {
       for (float& v : step_grad) v /= static_cast<float>(samples);
       last_loss = loss_sum / static_cast<double>(samples);
-    }
-    if (step_ms > 0) {  // simulated extra compute (demos), not synchronisation
-      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(step_ms * 1000)));
     }
     double total = 0;
     {
@@ -269,11 +325,12 @@ int main(int argc, char** argv) {
     }
     // Step decay: the final iterate, not a lucky one, is evaluated.
     if (total > 0) model.Step(step_grad, lr / (1.0f + static_cast<float>(step) / 200.0f));
-    reader.MarkConsumed();
+    if (!abandon) reader.MarkConsumed();
     if (total > 0) ++updates;
-    if (samples < planned && !ended && total > 0) ++short_steps;
+    if (samples < planned && !ended && !abandon && total > 0) ++short_steps;
     samples_total += samples;
-    if (samples > 0) timer.EndStep(plan.micro_batch, samples);
+    // An abandoned step is reported too, with what it computed: the burst's pace.
+    if (computed > 0) timer.EndStep(plan.micro_batch, computed);
     ++step;
     if (total == 0) {
       // Nobody had data this step: either every worker has ended, or the rest of the epoch is
@@ -310,13 +367,15 @@ int main(int argc, char** argv) {
   std::snprintf(line, sizeof line,
                 "{\"worker\":\"%s\",\"rank\":%u,\"accuracy\":%.4f,\"steps\":%llu,"
                 "\"updates\":%llu,\"short_steps\":%llu,\"samples\":%llu,"
-                "\"final_batch\":%u,\"plans_received\":%llu,\"excluded_steps\":%llu,\"seconds\":%.2f,"
+                "\"final_batch\":%u,\"plans_received\":%llu,\"excluded_steps\":%llu,\"abandoned_steps\":%llu,"
+                "\"seconds\":%.2f,"
                 "\"checksum\":\"%016llx\"}",
                 client.worker_id().c_str(), rank, accuracy, static_cast<unsigned long long>(step),
                 static_cast<unsigned long long>(updates), static_cast<unsigned long long>(short_steps),
                 static_cast<unsigned long long>(samples_total), client.batch_plan().current().micro_batch,
                 static_cast<unsigned long long>(stats.plans_received),
-                static_cast<unsigned long long>(excluded_steps), secs,
+                static_cast<unsigned long long>(excluded_steps),
+                static_cast<unsigned long long>(abandoned_steps), secs,
                 static_cast<unsigned long long>(Checksum(model.params())));
   std::cout << line << std::endl;
   if (!result_file.empty()) {

@@ -8,7 +8,9 @@
 //    gets the exclusion in the reply to that very heartbeat; the same heartbeat without the
 //    timing gets none;
 //  - the SDK (Client + StepTimer, a step begun and not ended) reports its running step in its
-//    heartbeats by itself, and is excluded from the reply to one of them.
+//    heartbeats by itself, and is excluded from the reply to one of them;
+//  - the replies hand the step line (HeartbeatResponse.step_line_s); an SDK worker whose step
+//    passes it reports at once (Client::ReportStepPastLine) and that report's reply excludes it.
 // Leases and records: the exclusion is the same EXCLUDE_WORKERS command as before (an excluded
 // trainer hands its leases back: ShardReader::ReleaseAll, tests/sdk/client_test.cc,
 // sdk_exclusion_e2e_test).
@@ -76,6 +78,8 @@ TEST(HeartbeatExclusionTest, TheReplyToTheHeartbeatCarryingAStalledStepExcludesT
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(FindExclusion(*plain), nullptr)
       << "a heartbeat without the running step brings no evidence: " << plain->ShortDebugString();
+  // The reply hands the step line: step_factor 2 x the median step of 0.1 s.
+  EXPECT_NEAR(plain->step_line_s(), 0.2, 0.02) << plain->ShortDebugString();
 
   HeartbeatStepTiming running;
   running.set_step(w3.step() + 1);
@@ -90,6 +94,7 @@ TEST(HeartbeatExclusionTest, TheReplyToTheHeartbeatCarryingAStalledStepExcludesT
                          << r->ShortDebugString();
   EXPECT_TRUE(ex->excluded());
   EXPECT_TRUE(w3.excluded());
+  EXPECT_EQ(r->step_line_s(), 0) << "no line for an excluded worker";
   const auto [version, who] = h->reconciler()->Exclusion();
   EXPECT_EQ(who, std::vector<std::string>{"w3"});
   EXPECT_EQ(ex->version(), version) << "the command's version is the decision's audit id";
@@ -153,6 +158,65 @@ TEST(HeartbeatExclusionTest, AnSdkWorkerStalledMidStepIsExcludedFromItsOwnHeartb
   const auto [version, who] = h->reconciler()->Exclusion();
   EXPECT_EQ(who, std::vector<std::string>{"sdk"});
   EXPECT_EQ((*client)->exclusion_version(), version);
+  (*client)->Close(5'000);
+}
+
+// The step line end to end through the SDK: the heartbeat replies hand it (Client::
+// step_line_s), StepTimer::PastStepLine tells the trainer its running step passed it, and
+// Client::ReportStepPastLine sends a heartbeat at once whose reply -- decided inside that
+// heartbeat -- excludes the worker before the call returns. The SDK's own heartbeats are too
+// far apart (60 s) to carry the stall first: only the line report can decide here.
+TEST(HeartbeatExclusionTest, AWorkerPastTheStepLineIsExcludedByTheReplyToItsOwnReport) {
+  PacerdHarness h(Options());
+  ASSERT_TRUE(h.ok());
+  ScriptedJob job(h, JobOptions(3));
+  ASSERT_TRUE(job.Connect().ok());
+  ClientOptions o;
+  o.address = h.address();
+  o.token = h.job_token();
+  o.worker_id = "sdk";
+  o.node = "n-sdk";
+  o.connect_budget_ms = 20'000;
+  o.heartbeat_interval_ms = 60'000;
+  o.honors_exclusion = true;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  StepTimer timer(client->get(), &h.sim_clock());
+  uint64_t step = 0;
+  for (int tick = 0; tick < 60; ++tick) {
+    const uint64_t sent = (*client)->stats().steps_sent;
+    timer.BeginStep(step, 64);
+    ASSERT_TRUE(job.Run(100).ok());
+    timer.EndStep(64, 64);
+    ++step;
+    // A round now (a Flush wakes the reporter): its heartbeat reply brings the line, and the
+    // step report reaches the monitor before the job goes on.
+    ASSERT_TRUE((*client)->Flush(10'000).ok());
+    ASSERT_TRUE(testing::WaitFor([&] { return (*client)->stats().steps_sent > sent; },
+                                 std::chrono::seconds(30)));
+  }
+  ASSERT_TRUE(Exclusions(h).empty()) << "nobody is excluded at equal speeds";
+  ASSERT_NEAR((*client)->step_line_s(), 0.2, 0.02) << "the line: 2 x the median step of 0.1 s";
+
+  timer.BeginStep(step, 64);
+  h.sim_clock().AdvanceMs(150);
+  EXPECT_FALSE(timer.PastStepLine()) << "0.15 s of compute is within the line";
+  h.sim_clock().AdvanceMs(100);
+  ASSERT_TRUE(timer.PastStepLine()) << "0.25 s is past it";
+  const uint64_t heartbeats = (*client)->stats().heartbeats_ok;
+  absl::StatusOr<bool> out = (*client)->ReportStepPastLine(30'000);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(*out) << "the reply to the line's report excludes the worker";
+  EXPECT_TRUE((*client)->excluded());
+  EXPECT_EQ((*client)->stats().heartbeats_ok, heartbeats + 1) << "one heartbeat: the report";
+  EXPECT_EQ((*client)->stats().step_line_reports, 1u);
+  const auto [version, who] = h->reconciler()->Exclusion();
+  EXPECT_EQ(who, std::vector<std::string>{"sdk"});
+  EXPECT_EQ((*client)->exclusion_version(), version);
+  const std::vector<ActionRecord> decided = Exclusions(h);
+  ASSERT_EQ(decided.size(), 1u);
+  EXPECT_EQ(decided[0].target(), "sdk");
+  EXPECT_EQ((*client)->step_line_s(), 0) << "an excluded worker keeps no line";
   (*client)->Close(5'000);
 }
 

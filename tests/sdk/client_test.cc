@@ -505,5 +505,84 @@ TEST(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCount
   b->Close();
 }
 
+// ShardReader::ReleaseAll(timeout, trained_through): a worker excluded in the middle of a step
+// abandons it (the step line, Client::ReportStepPastLine) -- the step's records were handed out
+// but not trained. They go back uncounted, across a lease boundary, and the other worker trains
+// them: every record trained exactly once, the service's count agreeing.
+TEST(ShardReaderReleaseTest, AnAbandonedStepsRecordsGoBackUncountedAndTheOtherWorkerTrainsThem) {
+  using namespace std::chrono_literals;
+  testing::HarnessOptions ho;
+  ho.real_clock = true;
+  ho.adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; };
+  testing::PacerdHarness d(ho);
+  ASSERT_TRUE(d.ok());
+  auto connect = [&](const std::string& id) {
+    ClientOptions co;
+    co.address = d.address();
+    co.token = d.job_token();
+    co.worker_id = id;
+    co.heartbeat_interval_ms = 50;
+    co.honors_exclusion = true;
+    auto c = Client::Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  auto a = connect("a");
+  auto b = connect("b");
+  ASSERT_TRUE(a && b);
+  constexpr uint64_t kRecords = 1000;
+  DatasetSpec spec;
+  spec.set_name("train");
+  spec.set_num_records(kRecords);
+  spec.set_shard_size(100);
+  spec.set_num_epochs(1);
+  ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
+  auto ra = ShardReader::Create(a.get(), ShardReaderOptions());
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  auto read = [&](size_t n, std::vector<uint64_t>* ids) {
+    ASSERT_TRUE(WaitFor([&] {
+      std::vector<uint64_t> more;
+      auto r = (*ra)->Next(n - ids->size(), &more);
+      ids->insert(ids->end(), more.begin(), more.end());
+      return r.ok() && ids->size() >= n;
+    }, 10s));
+  };
+  std::vector<uint64_t> trained, abandoned;
+  read(60, &trained);  // a step trained
+  (*ra)->MarkConsumed();
+  const uint64_t step_from = (*ra)->records_read();
+  ASSERT_EQ(step_from, 60u);
+  read(60, &abandoned);  // the next step's records: the rest of the first lease and 20 of the next
+  auto released = (*ra)->ReleaseAll(10'000, step_from);
+  ASSERT_TRUE(released.ok()) << released.status();
+  auto counted = [&] {
+    auto ds = a->sharding().ListDatasets();
+    return ds.ok() && ds->datasets_size() == 1 ? ds->datasets(0).records_done_total() : ~uint64_t{0};
+  };
+  EXPECT_EQ(counted(), 60u) << "only the trained step is counted";
+
+  auto rb = ShardReader::Create(b.get(), ShardReaderOptions());
+  ASSERT_TRUE(rb.ok());
+  std::multiset<uint64_t> by_b;
+  for (;;) {
+    std::vector<uint64_t> got;
+    auto r = (*rb)->Next(64, &got, ShardReader::Blocking::kUntilData);
+    ASSERT_TRUE(r.ok()) << r.status();
+    by_b.insert(got.begin(), got.end());
+    (*rb)->MarkConsumed();
+    if (*r == ShardReader::Outcome::kEndOfData) break;
+  }
+  ASSERT_TRUE(b->Flush(10'000).ok());
+  for (uint64_t id : abandoned) EXPECT_EQ(by_b.count(id), 1u) << "abandoned record " << id << " trained by b once";
+  for (uint64_t id : trained) EXPECT_EQ(by_b.count(id), 0u) << "record " << id << " trained twice";
+  std::set<uint64_t> all(by_b.begin(), by_b.end());
+  all.insert(trained.begin(), trained.end());
+  EXPECT_EQ(all.size(), kRecords) << "every record trained";
+  EXPECT_EQ(by_b.size() + trained.size(), kRecords) << "none twice";
+  EXPECT_EQ(counted(), kRecords) << "each record counted once";
+  a->Close();
+  b->Close();
+}
+
 }  // namespace
 }  // namespace pacer

@@ -103,10 +103,12 @@ TEST(ExactlyOnce, NoRecordLostOrCountedTwiceUnderEveryPolicy) {
   }
 }
 
-// sim.trainer_deadline is a model variant for comparison (docs/simulator.md "Scale"), off by
-// default because pacerd and its SDK do not carry it out: with it on, no step waits past the
-// burst rule's line, the job is no slower, and every record is still counted exactly once.
-TEST(ExactlyOnce, TheTrainerDeadlineVariantKeepsEveryRecordOnce) {
+// sim.trainer_deadline: the job's trainers keep the step line pacerd hands them (as
+// pacer-train-mlp does; off by default, a trainer that does not -- pacer.torch's loader --
+// loses nothing by it). With it on, a worker the rule excludes at the line stops there and its
+// step's records go back uncounted: the job is no slower, and every record is still counted
+// exactly once.
+TEST(ExactlyOnce, TrainersKeepingTheStepLineKeepEveryRecordOnce) {
   Scenario sc = Small(SimJobMode::kSync);
   ASSERT_FALSE(sc.sim.trainer_deadline);
   auto nd = ResolvePolicy("non-dedicated", PACER_SOURCE_DIR "/policies");

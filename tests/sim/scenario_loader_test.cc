@@ -91,7 +91,7 @@ speeds: {median: 100}
     EXPECT_EQ(sc->noise_dist, NoiseDist::kExponential);
     EXPECT_EQ(sc->sim.decision_heartbeats, 1);
     EXPECT_FALSE(sc->sim.step_deadline);
-    EXPECT_FALSE(sc->sim.trainer_deadline);  // the default: what pacerd does
+    EXPECT_FALSE(sc->sim.trainer_deadline);  // the default: trainers that do not keep the step line
     // The defaults model what pacerd does: the decision in the reply to the heartbeat that
     // carried the step timings, and the running step's time so far in the heartbeat.
     absl::StatusOr<Scenario> plain = ParseScenario(kGood, "good.yaml");
