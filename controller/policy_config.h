@@ -20,6 +20,9 @@ struct DetectionConfig {
   int64_t persistent_windows = 3;    // K: flagged in K of the last W windows → persistent
   int64_t history_windows = 5;       // W
   double min_confidence = 0.5;       // ignore classifications less sure than this
+  // A window without a finished step of a worker whose running step (its heartbeat's) has run
+  // longer than its last speed allows gets that bound as its speed (MonitorOptions).
+  bool running_step_bound = false;
 };
 
 struct AdjustBatchConfig {

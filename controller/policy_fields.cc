@@ -44,6 +44,7 @@ std::vector<PolicyField> BuildFields() {
       PF_INT("detection.persistent_windows", detection.persistent_windows, 1, 1000),
       PF_INT("detection.history_windows", detection.history_windows, 1, 1000),
       PF_REAL("detection.min_confidence", detection.min_confidence, 0, 1),
+      PF_BOOL("detection.running_step_bound", detection.running_step_bound),
 
       PF_BOOL("actions.adjust_batch.enabled", adjust_batch.enabled),
       PF_BOOL("actions.adjust_batch.accumulation", adjust_batch.accumulation),

@@ -30,6 +30,7 @@ MonitorOptions MonitorOptionsFromPolicy(const PolicyConfig& policy, MonitorOptio
   base.window_ms = static_cast<int64_t>(std::llround(d.window_s * 1000));
   base.persistent_k = static_cast<uint32_t>(d.persistent_windows);
   base.persistent_w = static_cast<uint32_t>(d.history_windows);
+  base.running_step_bound = d.running_step_bound;
   // The server rule acts on a *persistent* hot server, and persistence is the monitor's
   // classification: it must call a server hot at the policy's threshold, not only at its own
   // default (2×), or servers between the two are never acted on.

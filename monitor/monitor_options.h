@@ -42,6 +42,12 @@ struct MonitorOptions {
   double hysteresis = 0.03;           // a flagged worker clears only past threshold +- this
   uint32_t persistent_k = 3;          // flagged in K ...
   uint32_t persistent_w = 5;          // ... of the last W windows: persistent
+  // A window in which a worker finishes no step, while the step it is computing (its newest
+  // heartbeat's running step, MonitorState::NoteRunningStep) has run longer than its last
+  // window's speed allows, gets that step's bound -- samples / compute so far -- as its speed:
+  // a worker that slowed down in the middle of a long step is flagged before the step ends.
+  // Off by default (policy: detection.running_step_bound).
+  bool running_step_bound = false;
 
   // ---- cause: deterministic (hardware) vs contention ----
   double steal_threshold = 0.05;          // CPU steal fraction

@@ -76,6 +76,16 @@ void MonitorServiceImpl::ForgetWorkerHistories() {
   state_->ForgetWorkerHistories();
 }
 
+void MonitorServiceImpl::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!state_->options().running_step_bound) return;
+    AdvanceLocked();
+    state_->NoteRunningStep(worker_id, samples, compute_s);
+  }
+  DeliverEvents();
+}
+
 absl::Status MonitorServiceImpl::ReportSteps(const ReportStepsRequest& req, ReportStepsResponse* resp) {
   std::vector<StepReport> accepted_steps;
   {

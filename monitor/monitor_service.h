@@ -71,6 +71,10 @@ class MonitorServiceImpl {
   // Every accepted step report from now on goes to `observer` too (null: none). Set before
   // serving; `observer` must outlive the service's RPCs.
   void SetStepObserver(StepObserver* observer) { step_observer_.store(observer); }
+  // The running step a worker's heartbeat carries (MonitorState::NoteRunningStep; pacerd's
+  // heartbeat handler). Closes the windows due first, so a note counts in the window it
+  // arrived in. A no-op unless the detection settings bound running steps.
+  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s);
   // Hot reload of the detection settings (MonitorState::UpdateDetection).
   absl::Status UpdateDetection(const MonitorOptions& options);
   MonitorOptions Options() const;  // in force now

@@ -1,5 +1,7 @@
 #include "monitor/monitor_state.h"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,15 @@ MonitorState::MonitorState(const MonitorOptions& options, const Clock* clock)
       worker_classifier_(options, ENTITY_WORKER),
       server_classifier_(options, ENTITY_SERVER) {}
 
+void MonitorState::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s) {
+  if (!options_.running_step_bound || samples == 0 || samples > options_.max_samples_per_step ||
+      !std::isfinite(compute_s) || !(compute_s > 0) || compute_s > options_.max_step_s)
+    return;
+  auto it = worker_index_.find(worker_id);
+  if (it == worker_index_.end()) return;
+  speed_.NoteRunning(it->second, samples, compute_s);
+}
+
 absl::Status MonitorState::UpdateDetection(const MonitorOptions& o) {
   if (absl::Status s = o.Validate(); !s.ok()) return s;
   MonitorOptions next = options_;  // input limits and estimator settings stay as started
@@ -65,6 +76,7 @@ absl::Status MonitorState::UpdateDetection(const MonitorOptions& o) {
   next.hysteresis = o.hysteresis;
   next.persistent_k = o.persistent_k;
   next.persistent_w = o.persistent_w;
+  next.running_step_bound = o.running_step_bound;
   next.stale_after_windows = o.stale_after_windows;
   next.smoothed_windows = o.smoothed_windows;
   next.stable_smoothed_windows = o.stable_smoothed_windows;
@@ -364,7 +376,8 @@ int MonitorState::AdvanceWindows(std::vector<ClassificationEvent>* events) {
 
 void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>* events) {
   const int64_t end_ms = (window + 1) * options_.window_ms;
-  SpeedEstimator::Closed closed = speed_.CloseWindow(window);
+  SpeedEstimator::Closed closed =
+      speed_.CloseWindow(window, options_.running_step_bound, reference_speed_);
   median_speed_ = closed.median_speed;
   reference_speed_ = closed.reference_speed;
   last_closed_ = window;

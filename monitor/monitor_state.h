@@ -88,6 +88,11 @@ class MonitorState {
   // Counts refusals decided outside (e.g. a request over max_reports_per_request).
   void CountIssue(ReportIssue issue, uint64_t n = 1) { issues_.Add(issue, n); }
 
+  // The step a worker is computing, as its heartbeat says (HeartbeatRequest.step_timings'
+  // running step: samples, compute seconds so far); read only with
+  // options().running_step_bound (MonitorOptions). Unknown workers and implausible values
+  // (the step-report limits) are ignored.
+  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s);
   // Closes every window that ended by now, classifies, appends the events to `events` (may be
   // null) and keeps them in the ring. Returns the number of windows closed.
   int AdvanceWindows(std::vector<ClassificationEvent>* events);

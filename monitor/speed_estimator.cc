@@ -122,12 +122,38 @@ void SpeedEstimator::Demote(uint32_t worker, const WindowSummary& s) {
   m = Merge();
 }
 
-SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window) {
+SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window, bool bound_running,
+                                                   double last_reference) {
   Closed closed;
   closed.window = window;
   medians_scratch_.clear();
+  auto keep = [&](uint32_t w, const WindowSummary& s) {
+    Tier& t = recent_[w];
+    WindowSummary& slot = recent_entries_[static_cast<size_t>(w) * recent_windows_ + t.head];
+    if (t.size == recent_windows_) Demote(w, slot);  // the oldest full window moves down
+    slot = s;
+    t.head = t.head + 1 == recent_windows_ ? 0 : t.head + 1;
+    t.size = std::min(t.size + 1, recent_windows_);
+    closed.estimated.push_back(w);
+    medians_scratch_.push_back(s.speed);
+  };
+  size_t bounds = 0;  // estimates that are running steps' bounds
   for (uint32_t w = 0; w < open_.size(); ++w) {
     Open& o = open_[w];
+    if (bound_running && o.reports == 0 && o.running_compute > 0 && o.running_samples > 0) {
+      const WindowSummary* last = Last(w);
+      const double bound = o.running_samples / o.running_compute;
+      if (last != nullptr && last->window >= 0 && last->speed > 0 && bound < last->speed) {
+        WindowSummary s;
+        s.window = window;
+        s.speed = static_cast<float>(bound);
+        s.compute_s = static_cast<float>(o.running_compute);
+        s.reports = 0;
+        keep(w, s);
+        ++bounds;
+      }
+    }
+    o.running_samples = o.running_compute = 0;
     if (o.reports >= options_.min_reports_per_window && o.reports > 0) {
       WindowSummary s;
       s.window = window;
@@ -144,14 +170,7 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window) {
       s.data_wait_s = static_cast<float>(o.data_wait / n);
       s.wall_s = static_cast<float>(o.wall / n);
       s.reports = static_cast<uint16_t>(std::min<uint32_t>(o.reports, 65535));
-      Tier& t = recent_[w];
-      WindowSummary& slot = recent_entries_[static_cast<size_t>(w) * recent_windows_ + t.head];
-      if (t.size == recent_windows_) Demote(w, slot);  // the oldest full window moves down
-      slot = s;
-      t.head = t.head + 1 == recent_windows_ ? 0 : t.head + 1;
-      t.size = std::min(t.size + 1, recent_windows_);
-      closed.estimated.push_back(w);
-      medians_scratch_.push_back(s.speed);
+      keep(w, s);
     }
     o.reports = 0;
     o.next_slot = 0;
@@ -169,6 +188,10 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window) {
       closed.reference_speed = closed.median_speed;
       closed.rule = Closed::Rule::kMedian;
     }
+  }
+  if (!(closed.reference_speed > 0) && bounds > 0 && bounds == n && last_reference > 0) {
+    closed.reference_speed = last_reference;
+    closed.rule = Closed::Rule::kLast;
   }
   if (!(closed.reference_speed > 0)) {
     closed.reference_speed = 0;

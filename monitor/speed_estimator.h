@@ -82,15 +82,30 @@ class SpeedEstimator {
   // Result of closing one window.
   struct Closed {
     int64_t window = -1;
-    enum class Rule { kNone, kPair, kMedian };
+    // kLast: every estimate of the window was a running step's bound (a sync job's others wait
+    // in the all-reduce and finish no step either); they are compared with the reference of
+    // the last window that had one (CloseWindow's `last_reference`).
+    enum class Rule { kNone, kPair, kMedian, kLast };
     double median_speed = 0;          // 0 when fewer than min_workers had an estimate
     double reference_speed = 0;       // r_i = v_i / this; 0 when nobody can be compared
     Rule rule = Rule::kNone;
     std::vector<uint32_t> estimated;  // workers with an estimate this window
   };
+  // The step the worker is computing, as its newest heartbeat said (samples it computes,
+  // compute seconds so far); the newest note of the open window counts.
+  void NoteRunning(uint32_t worker, uint64_t samples, double compute_s) {
+    open_[worker].running_samples = static_cast<double>(samples);
+    open_[worker].running_compute = compute_s;
+  }
   // Summarises the open window as `window`, appends each estimated worker's summary to its
   // history and starts a new open window. Workers without an estimate get no history entry.
-  Closed CloseWindow(int64_t window);
+  // `bound_running` (MonitorOptions::running_step_bound): a worker that finished no step in
+  // the window but was computing one for longer than its newest window's speed allows gets
+  // that bound, samples / compute so far, as the window's speed (reports 0): an upper bound on
+  // its speed, already below what it was.
+  // A window whose only estimates are such bounds is compared with `last_reference` (the last
+  // window's reference speed; 0: not compared).
+  Closed CloseWindow(int64_t window, bool bound_running = false, double last_reference = 0);
 
   // Latest closed summary of `worker` (window == -1 when none); mutable so the classifier's
   // verdict can be stored with it.
@@ -116,6 +131,7 @@ class SpeedEstimator {
     uint32_t next_slot = 0;
     uint32_t kept = 0;  // speeds held in the worker's slots of speeds_
     double samples = 0, compute = 0, comm = 0, data_wait = 0, wall = 0;
+    double running_samples = 0, running_compute = 0;  // NoteRunning
   };
   // A ring over a fixed slice of one of the flat arrays below.
   struct Tier {

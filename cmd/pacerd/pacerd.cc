@@ -378,7 +378,7 @@ absl::Status Pacerd::RecordIdentityAndLosses(DataDir* dir) {
 void Pacerd::WireWorkerSessions() {
   Reconciler* reconciler = reconciler_.get();
   worker_sessions_ = std::make_unique<WorkerSessionService>(sharding_.get(), reconciler, sessions_.get(),
-                                                            rendezvous_.get());
+                                                            rendezvous_.get(), monitor_.get());
   sharding_grpc_ = std::make_unique<GrpcShardingService>(worker_sessions_.get(), auth_.get(), directory_.get());
   // Accepted step reports feed the controller's per-step burst rule.
   steps_to_reconciler_ = std::make_unique<StepsToReconciler>(reconciler);

@@ -10,7 +10,8 @@
 //                      old plan is withdrawn before any command is assembled -- and the step
 //                      timings the heartbeat carries go to the burst rule, which may decide now
 //                      (Reconciler::OnHeartbeat); it says whether the worker's process is known
-//                      to be of the current run (controller/run_tracker.h);
+//                      to be of the current run (controller/run_tracker.h); the running step
+//                      goes to the monitor too (MonitorServiceImpl::NoteRunningStep);
 //                   3. the controller's commands from the worker's session
 //                      (controller/worker_sessions.h): the batch plan (held back from a process
 //                      not known to be of the run) and the exclusion it does not hold yet;
@@ -26,6 +27,7 @@
 
 #include "controller/reconciler.h"
 #include "controller/worker_sessions.h"
+#include "monitor/monitor_service.h"
 #include "rendezvous/rendezvous_service.h"
 #include "sharding_service/sharding_api.h"
 #include "sharding_service/sharding_service.h"
@@ -34,10 +36,15 @@ namespace pacer {
 
 class WorkerSessionService final : public ShardingApi {
  public:
-  // All must outlive this service.
+  // All must outlive this service; `monitor` may be null (running steps are not noted).
   WorkerSessionService(ShardingServiceImpl* sharding, Reconciler* reconciler,
-                       WorkerSessions* sessions, RendezvousServiceImpl* rendezvous)
-      : sharding_(sharding), reconciler_(reconciler), sessions_(sessions), rendezvous_(rendezvous) {}
+                       WorkerSessions* sessions, RendezvousServiceImpl* rendezvous,
+                       MonitorServiceImpl* monitor = nullptr)
+      : sharding_(sharding),
+        reconciler_(reconciler),
+        sessions_(sessions),
+        rendezvous_(rendezvous),
+        monitor_(monitor) {}
 
   void Heartbeat(const HeartbeatRequest& req, HeartbeatResponse* resp, Done done) override;
   void RegisterWorker(const RegisterWorkerRequest& req, RegisterWorkerResponse* resp,
@@ -70,6 +77,7 @@ class WorkerSessionService final : public ShardingApi {
   Reconciler* reconciler_;
   WorkerSessions* sessions_;
   RendezvousServiceImpl* rendezvous_;
+  MonitorServiceImpl* monitor_;
 };
 
 }  // namespace pacer

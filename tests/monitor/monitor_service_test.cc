@@ -265,5 +265,85 @@ TEST_F(MonitorServiceTest, GrpcAdapterRequiresTheJobToken) {
   server->Shutdown();
 }
 
+// MonitorOptions::running_step_bound: a worker that slows down in the middle of a long step
+// finishes no step for a while; its heartbeat's running step (NoteRunningStep: samples,
+// compute so far) bounds its speed. With the option, the windows in which it finishes nothing
+// carry that bound, and it is a persistent straggler after K of them -- before its slow step
+// ends -- also in a synchronous job, where the others finish no step while they wait for it (its
+// bound is compared with the last window's median). Without it those windows have no estimate
+// for it, and nobody is flagged. A step that has only just begun (its bound above the worker's
+// speed) adds nothing.
+class RunningStepBoundTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
+  const bool bound = GetParam();
+  SimulatedClock clock(kStart);
+  MetricsRegistry metrics;
+  MonitorOptions o;
+  o.window_ms = 1'000;
+  o.persistent_k = 2;
+  o.persistent_w = 5;
+  o.running_step_bound = bound;
+  auto svc = std::move(MonitorServiceImpl::Create(o, &clock, &metrics).value());
+  const std::vector<std::string> ids = {"w0", "w1", "w2", "w3"};
+  for (const auto& id : ids) {
+    MonitorRegisterRequest req;
+    req.set_worker_id(id);
+    req.set_node("n-" + id);
+    MonitorRegisterResponse resp;
+    ASSERT_TRUE(svc->RegisterWorker(req, &resp).ok());
+  }
+  uint64_t step = 0;
+  // Each 0.5 s: every worker ends a step of 400 samples in 0.5 s (800/s), or none (`quiet`).
+  auto half_second = [&](bool quiet) {
+    clock.AdvanceMs(500);
+    ReportStepsRequest req;
+    ++step;
+    for (const auto& id : ids) {
+      if (quiet) break;
+      StepReport* r = req.add_steps();
+      r->set_worker_id(id);
+      r->set_step(step);
+      r->set_local_batch(400);
+      r->set_samples(400);
+      r->set_compute_s(0.5);
+      r->set_wall_s(0.5);
+      r->set_time_ms(clock.NowMs() - 1);
+    }
+    ReportStepsResponse resp;
+    ASSERT_TRUE(svc->ReportSteps(req, &resp).ok());
+    svc->Tick();
+  };
+  for (int i = 0; i < 12; ++i) half_second(false);
+  ASSERT_EQ(svc->Worker("w1")->classification().worker_class(), WORKER_CLASS_NORMAL);
+
+  // w1's step began at the last report and has slowed down: its heartbeats say it has computed
+  // 0.5, 1.0, ... 2.5 s of a 0.5 s step. A synchronous job: the others wait for it in the
+  // all-reduce and finish no step either, so w1's bounds are compared with the last window's
+  // median. A note made right after it began is above its speed,
+  // and so is the first window's (0.5 s: 800/s), which bound nothing; the next two windows'
+  // notes (1.5 s, 2.5 s) are below the threshold.
+  svc->NoteRunningStep("w1", 400, 0.1);
+  for (int i = 1; i <= 5; ++i) {
+    half_second(true);
+    svc->NoteRunningStep("w1", 400, 0.5 * i);
+  }
+  half_second(true);
+  const WorkerStatus w1 = svc->Worker("w1").value();
+  if (bound) {
+    EXPECT_EQ(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
+    EXPECT_EQ(w1.classification().persistence(), PERSISTENCE_PERSISTENT) << w1.ShortDebugString();
+    EXPECT_LE(w1.speed(), 400 / 2.5 + 1) << "the bound of the window's newest note: 400 samples, 2.5 s so far";
+    EXPECT_EQ(w1.windows_flagged(), 2u);
+  } else {
+    EXPECT_NE(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
+  }
+  for (const std::string id : {"w0", "w2", "w3"})
+    EXPECT_EQ(svc->Worker(id)->classification().worker_class(), WORKER_CLASS_NORMAL) << id;
+}
+
+INSTANTIATE_TEST_SUITE_P(Option, RunningStepBoundTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "On" : "Off"; });
+
 }  // namespace
 }  // namespace pacer
