@@ -195,7 +195,8 @@ bool Controller::RanLongEnough(const AuditRecord& r, const ClusterView& view) co
 // The measured gain of an action. In a sync job, with evaluate_after_steps > 0: the job's step
 // rate over the steps run under the action (at least evaluate_after_steps, and
 // evaluate_after_s) against the rate just before its decision (over at least
-// evaluate_after_steps steps) — a mean over many steps, whatever their length,
+// evaluate_after_steps steps and the step running at the decision) — a mean over many steps,
+// whatever their length,
 // where the last window's throughput holds one step of a job with 46 s steps, or none. Both
 // spans run between step transitions seen by the reconciles (the first sample showing a new
 // step), so a span is only as uncertain as one reconcile interval, not one step. nullopt: not
@@ -250,8 +251,15 @@ std::optional<double> Controller::MeasuredGain(const AuditRecord& r, const Clust
   const StepSample& s0 = step_samples_[*b0];
   if (!(after_ms > 0) || s1.ms <= s0.ms) return fallback;
   const double after_rate = static_cast<double>(sz.step - first) / after_ms;
-  const double before_rate =
-      static_cast<double>(s1.step - s0.step) / static_cast<double>(s1.ms - s0.ms);
+  // The step running at the decision (begun at s1) counts as one more step, as long as the
+  // mean of those before it or as long as it had run by then, whichever is longer: a plan
+  // made in the middle of the first slow step after a sudden slowdown (the monitor bounds a
+  // running step: detection.running_step_bound) is measured against the slowdown, not against
+  // the fast steps before it.
+  const double k = static_cast<double>(s1.step - s0.step);
+  const double span_ms = static_cast<double>(s1.ms - s0.ms);
+  const double running_ms = std::max(static_cast<double>(r.time_ms - s1.ms), span_ms / k);
+  const double before_rate = (k + 1) / (span_ms + running_ms);
   return after_rate / before_rate - 1;
 }
 

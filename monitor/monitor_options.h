@@ -44,8 +44,9 @@ struct MonitorOptions {
   uint32_t persistent_w = 5;          // ... of the last W windows: persistent
   // A window in which a worker finishes no step, while the step it is computing (its newest
   // heartbeat's running step, MonitorState::NoteRunningStep) has run longer than its last
-  // window's speed allows, gets that step's bound -- samples / compute so far -- as its speed:
-  // a worker that slowed down in the middle of a long step is flagged before the step ends.
+  // window's speed allows -- or than the straggler line allows -- gets that step's bound,
+  // samples / compute so far, as its speed: a worker that slowed down in the middle of a long
+  // step is flagged before the step ends, and in every window of its slow steps after that.
   // Off by default (policy: detection.running_step_bound).
   bool running_step_bound = false;
 

@@ -377,7 +377,8 @@ int MonitorState::AdvanceWindows(std::vector<ClassificationEvent>* events) {
 void MonitorState::CloseWindow(int64_t window, std::vector<ClassificationEvent>* events) {
   const int64_t end_ms = (window + 1) * options_.window_ms;
   SpeedEstimator::Closed closed =
-      speed_.CloseWindow(window, options_.running_step_bound, reference_speed_);
+      speed_.CloseWindow(window, options_.running_step_bound, reference_speed_,
+                         options_.straggler_threshold * reference_speed_);
   median_speed_ = closed.median_speed;
   reference_speed_ = closed.reference_speed;
   last_closed_ = window;

@@ -123,7 +123,7 @@ void SpeedEstimator::Demote(uint32_t worker, const WindowSummary& s) {
 }
 
 SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window, bool bound_running,
-                                                   double last_reference) {
+                                                   double last_reference, double straggler_line) {
   Closed closed;
   closed.window = window;
   medians_scratch_.clear();
@@ -143,7 +143,8 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window, bool bound_ru
     if (bound_running && o.reports == 0 && o.running_compute > 0 && o.running_samples > 0) {
       const WindowSummary* last = Last(w);
       const double bound = o.running_samples / o.running_compute;
-      if (last != nullptr && last->window >= 0 && last->speed > 0 && bound < last->speed) {
+      if (last != nullptr && last->window >= 0 && last->speed > 0 &&
+          bound < std::max<double>(last->speed, straggler_line)) {
         WindowSummary s;
         s.window = window;
         s.speed = static_cast<float>(bound);

@@ -100,12 +100,15 @@ class SpeedEstimator {
   // Summarises the open window as `window`, appends each estimated worker's summary to its
   // history and starts a new open window. Workers without an estimate get no history entry.
   // `bound_running` (MonitorOptions::running_step_bound): a worker that finished no step in
-  // the window but was computing one for longer than its newest window's speed allows gets
-  // that bound, samples / compute so far, as the window's speed (reports 0): an upper bound on
-  // its speed, already below what it was.
+  // the window but was computing one gets that step's bound, samples / compute so far, as the
+  // window's speed (reports 0) when the bound says something: it is below the worker's newest
+  // window's speed (it slowed down further), or below `straggler_line` (the straggler
+  // threshold × the last reference: it is still a straggler). An upper bound on its speed, so
+  // it flags nobody who is not slow.
   // A window whose only estimates are such bounds is compared with `last_reference` (the last
   // window's reference speed; 0: not compared).
-  Closed CloseWindow(int64_t window, bool bound_running = false, double last_reference = 0);
+  Closed CloseWindow(int64_t window, bool bound_running = false, double last_reference = 0,
+                     double straggler_line = 0);
 
   // Latest closed summary of `worker` (window == -1 when none); mutable so the classifier's
   // verdict can be stored with it.
