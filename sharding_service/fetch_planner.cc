@@ -45,7 +45,7 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   // backup's records are its primary's.
   auto left = [&](const LeaseRec& l) -> uint64_t {
     if (l.dataset != name || l.epoch != epoch || l.backup) return 0;
-    return l.end - std::min(l.end, l.done_pos());
+    return l.unconsumed();
   };
   uint64_t held = 0;  // what `w` holds already (the lease it reads, the ones it leased ahead)
   for (uint64_t id : w.leases) held = SaturatingAdd(held, left(leases_.at(id)));
@@ -61,38 +61,18 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
   if (static_cast<double>(unleased) * least_share >= static_cast<double>(whole)) return size;
   // The dataset's consumers: the fetcher, and the live workers that hold a lease of it or whose
   // newest ended lease was of it (a job's other workers may read other datasets). The records
-  // left: the unleased ones and what the consumers hold unconsumed.
-  double live = 0, live_rate = 0;
-  int consumers = 0;
-  bool all_rated = own_rate > 0;
+  // left: the unleased ones and what the consumers hold unconsumed -- every lease of the epoch
+  // is a consumer's (a lost worker holds none), so that is the epoch's count of what its leases
+  // hold. Both are kept as the state changes, not gathered here: this runs at every fetch of an
+  // epoch's last rounds, and a visit of every worker and lease was most of a fetch's cost at
+  // thousands of workers.
+  const ConsumerSums sums = ConsumerSumsFor(w, name, rates);
+  const double live = sums.weight, live_rate = sums.rate;
+  const int consumers = sums.consumers;
+  const bool all_rated = own_rate > 0 && sums.all_rated;
   uint64_t remaining = unleased;
-  // The rates are read in step with workers_ (both maps ordered by worker id): this loop runs
-  // at every fetch of an epoch's last rounds, over every worker, and a lookup per worker was
-  // most of its cost at thousands of workers.
-  const std::map<std::string, double>* by_id = rates != nullptr ? &rates->per_worker() : nullptr;
-  auto rate_it = by_id != nullptr ? by_id->begin() : std::map<std::string, double>::const_iterator();
-  for (const auto& [id, o] : workers_) {
-    if (o.lost) continue;
-    bool reads = &o == &w;
-    uint64_t o_left = 0;
-    for (uint64_t lid : o.leases) {
-      const LeaseRec& l = leases_.at(lid);
-      reads = reads || l.dataset == name;
-      o_left = SaturatingAdd(o_left, left(l));
-    }
-    reads = reads || (!o.ended.empty() && o.ended.rbegin()->second.dataset() == name);
-    if (!reads) continue;
-    remaining = SaturatingAdd(remaining, o_left);
-    live += o.weight;
-    ++consumers;
-    double r = 0.0;
-    for (; by_id != nullptr && rate_it != by_id->end(); ++rate_it) {
-      const int order = rate_it->first.compare(id);
-      if (order == 0) r = rate_it->second;
-      if (order >= 0) break;
-    }
-    live_rate += r;
-    all_rated = all_rated && r > 0;
+  for (const Epoch& ep : ds.open) {
+    if (ep.epoch == epoch) remaining = SaturatingAdd(remaining, ep.unconsumed_held);
   }
   // By the batch plan when it names every consumer (ranks of a synchronous job consume their
   // local batches a step), else by weight.
@@ -125,6 +105,57 @@ uint64_t ShardingState::EvenEndSize(const WorkerRec& w, const Dataset& ds, uint3
         limit, std::ceil(static_cast<double>(size) * own_rate * consumers / live_rate)));
   }
   return target >= static_cast<double>(cap) ? cap : static_cast<uint64_t>(target);
+}
+
+bool ShardingState::Consumes(const WorkerRec& o, const std::string& dataset) const {
+  if (o.lost) return false;
+  if (!o.ended.empty() && o.ended.rbegin()->second.dataset() == dataset) return true;
+  for (uint64_t lid : o.leases) {
+    if (leases_.at(lid).dataset == dataset) return true;
+  }
+  return false;
+}
+
+ShardingState::ConsumerSums ShardingState::SumConsumers(const std::string& dataset,
+                                                        const WorkerRec* extra,
+                                                        const FetchRates* rates) const {
+  ConsumerSums sums;
+  sums.rates_stamp = rates != nullptr ? rates->stamp() : 0;
+  // The rates are read in step with workers_ (both maps ordered by worker id) instead of
+  // looked up one by one.
+  const std::map<std::string, double>* by_id = rates != nullptr ? &rates->per_worker() : nullptr;
+  auto rate_it = by_id != nullptr ? by_id->begin() : std::map<std::string, double>::const_iterator();
+  for (const auto& [id, o] : workers_) {
+    if (o.lost || !(&o == extra || Consumes(o, dataset))) continue;
+    sums.weight += o.weight;
+    ++sums.consumers;
+    double r = 0.0;
+    for (; by_id != nullptr && rate_it != by_id->end(); ++rate_it) {
+      const int order = rate_it->first.compare(id);
+      if (order == 0) r = rate_it->second;
+      if (order >= 0) break;
+    }
+    sums.rate += r;
+    sums.all_rated = sums.all_rated && r > 0;
+  }
+  return sums;
+}
+
+ShardingState::ConsumerSums ShardingState::ConsumerSumsFor(const WorkerRec& w,
+                                                           const std::string& dataset,
+                                                           const FetchRates* rates) const {
+  // A fetcher that reads nothing of the dataset yet counts among its consumers in its place in
+  // worker order: summed for this fetch alone (its first leases of the dataset; rare near an
+  // epoch's end).
+  if (!w.lost && !Consumes(w, dataset)) return SumConsumers(dataset, &w, rates);
+  const uint64_t stamp = rates != nullptr ? rates->stamp() : 0;
+  auto it = consumer_sums_.find(dataset);
+  if (it == consumer_sums_.end()) {
+    it = consumer_sums_.emplace(dataset, SumConsumers(dataset, nullptr, rates)).first;
+  } else if (it->second.rates_stamp != stamp) {
+    it->second = SumConsumers(dataset, nullptr, rates);
+  }
+  return it->second;
 }
 
 // Records of `ep` not leased yet: its partitions' fresh positions and requeued ranges.

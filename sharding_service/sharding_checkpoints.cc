@@ -139,6 +139,7 @@ void ShardingState::ApplyRestoreCheckpoint(const RestoreCheckpointUpdate& u, int
       ds.open.push_back(std::move(ep));
     }
   }
+  ForgetConsumerSums();  // every lease ended: summed again at the next fetch
 }
 
 }  // namespace pacer

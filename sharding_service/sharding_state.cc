@@ -256,6 +256,7 @@ void ShardingState::ApplyRegisterWorker(const RegisterWorkerUpdate& u, int64_t t
   }
   w.node = u.node();
   w.incarnation = next_incarnation_++;
+  if (w.lost) ForgetConsumerSums();  // live again: a consumer of what it last read
   w.lost = false;
 }
 
@@ -319,6 +320,8 @@ void ShardingState::ApplyCreateLease(const CreateLeaseUpdate& in, int64_t t) {
     primary.partner = lease.id;
   }
   ep->active_leases++;
+  if (!lease.backup) ep->unconsumed_held += lease.unconsumed();
+  if (!Consumes(w, lease.dataset)) ForgetConsumerSums();  // it is one of them now (unless lost)
   w.leases.insert(lease.id);
   leases_.emplace(lease.id, std::move(lease));
 }
@@ -334,13 +337,17 @@ void ShardingState::AdvanceDone(LeaseRec& lease, uint64_t new_done, int64_t t) {
   if (new_done <= lease.done) return;
   uint64_t counted = lease.done_pos();
   if (lease.partner != 0) counted = std::max(counted, leases_.at(lease.partner).done_pos());
+  const uint64_t unconsumed = lease.unconsumed();
   lease.done = new_done;
   lease.progress_ms = t;
-  if (lease.done_pos() > counted) {
+  const bool counts = lease.done_pos() > counted;
+  if (!counts && lease.backup) return;
+  Dataset& ds = datasets_.at(lease.dataset);
+  Epoch* ep = FindEpoch(ds, lease.epoch);
+  PACER_CHECK(ep != nullptr) << "lease " << lease.id << " in a closed epoch";
+  if (!lease.backup) ep->unconsumed_held -= unconsumed - lease.unconsumed();
+  if (counts) {
     const uint64_t delta = lease.done_pos() - counted;
-    Dataset& ds = datasets_.at(lease.dataset);
-    Epoch* ep = FindEpoch(ds, lease.epoch);
-    PACER_CHECK(ep != nullptr) << "lease " << lease.id << " in a closed epoch";
     ep->partitions[lease.partition].done += delta;
     ds.records_done_total += delta;
   }
@@ -397,6 +404,7 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
   Epoch* ep = FindEpoch(ds, lease.epoch);
   PACER_CHECK(ep != nullptr) << "lease " << lease_id << " in a closed epoch";
   Partition& dom = ep->partitions[lease.partition];
+  if (!lease.backup) ep->unconsumed_held -= lease.unconsumed();
 
   bool partner_lives = false;
   uint64_t fence_partner = 0;
@@ -408,7 +416,11 @@ void ShardingState::EndLease(uint64_t lease_id, LeaseEndReason reason, const std
       fence_partner = partner.id;
     } else {
       // The survivor goes on; it must not count again what this one counted.
-      if (lease.done_pos() > partner.done_pos()) partner.done = lease.done_pos() - partner.begin;
+      if (lease.done_pos() > partner.done_pos()) {
+        const uint64_t unconsumed = partner.unconsumed();
+        partner.done = lease.done_pos() - partner.begin;
+        if (!partner.backup) ep->unconsumed_held -= unconsumed - partner.unconsumed();
+      }
       partner_lives = true;
     }
   }
@@ -463,6 +475,8 @@ void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) 
   auto wit = workers_.find(lease.worker);
   if (wit == workers_.end()) return;
   WorkerRec& w = wit->second;
+  // Holding `lease`, a live `w` consumed its dataset; below, whether it still does.
+  const bool consumed = !w.lost;
   w.leases.erase(lease.id);
   EndedLease e;
   e.set_lease_id(lease.id);
@@ -478,6 +492,7 @@ void ShardingState::RememberEnded(const LeaseRec& lease, LeaseEndReason reason) 
   // Bounded (a stream's epoch never closes, and one epoch of a huge dataset holds millions of
   // leases): see "Memory" in the header.
   TrimEnded(w);
+  if (consumed != Consumes(w, lease.dataset)) ForgetConsumerSums();
 }
 
 namespace {
@@ -493,6 +508,12 @@ void ShardingState::AddEnded(WorkerRec& w, EndedLease e) {
   const size_t floor = EndedFloor(w);
   const size_t before = Beyond(w.ended.size(), floor);
   const uint64_t id = e.lease_id();
+  // A newest ended lease of another dataset moves `w` from one dataset's consumers to the
+  // other's (or to the first one's).
+  if (w.ended.empty() ||
+      (id >= w.ended.rbegin()->first && w.ended.rbegin()->second.dataset() != e.dataset())) {
+    ForgetConsumerSums();
+  }
   if (!w.ended.insert_or_assign(id, std::move(e)).second) return;  // replaced: same count
   ++ended_total_;
   ended_beyond_floor_ += Beyond(w.ended.size(), floor) - before;
@@ -502,6 +523,12 @@ std::map<uint64_t, EndedLease>::iterator ShardingState::EraseEnded(
     WorkerRec& w, std::map<uint64_t, EndedLease>::iterator it) {
   const size_t floor = EndedFloor(w);
   const size_t before = Beyond(w.ended.size(), floor);
+  // The newest going, the one before it (if any) is the newest: another dataset's, maybe.
+  // (Today only the oldest beyond a worker's floor go; this keeps the sums right regardless.)
+  if (std::next(it) == w.ended.end() &&
+      (it == w.ended.begin() || std::prev(it)->second.dataset() != it->second.dataset())) {
+    ForgetConsumerSums();
+  }
   it = w.ended.erase(it);
   --ended_total_;
   ended_beyond_floor_ -= before - Beyond(w.ended.size(), floor);
@@ -570,6 +597,7 @@ void ShardingState::ApplyWorkerLost(const WorkerLostUpdate& u, int64_t t) {
   WorkerRec& w = workers_.at(u.worker_id());
   const std::vector<uint64_t> held(w.leases.begin(), w.leases.end());
   for (uint64_t id : held) EndLease(id, LEASE_WORKER_LOST, "worker lost", t, /*requeue=*/true);
+  if (!w.lost) ForgetConsumerSums();  // no longer a consumer of anything
   w.lost = true;
 }
 
@@ -597,6 +625,7 @@ uint64_t ShardingState::DropDatasetProgress(const std::string& dataset) {
 void ShardingState::ApplyDeleteDataset(const DeleteDatasetUpdate& u) {
   DropDatasetProgress(u.dataset());
   datasets_.erase(u.dataset());
+  ForgetConsumerSums();  // its sums among them
 }
 
 void ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
@@ -613,11 +642,14 @@ void ShardingState::ApplyResetDataset(const ResetDatasetUpdate& u) {
     fresh.next_epoch = 1;
   }
   it->second = std::move(fresh);
+  ForgetConsumerSums();  // its consumers ended their leases: summed again at the next fetch
 }
 
 void ShardingState::ApplySetAllocation(const SetAllocationUpdate& u) {
   WorkerRec& w = workers_.at(u.worker_id());
-  w.weight = u.weight() > 0 ? u.weight() : 1.0;
+  const double weight = u.weight() > 0 ? u.weight() : 1.0;
+  if (weight != w.weight) ForgetConsumerSums();
+  w.weight = weight;
   w.shard_size = u.shard_size();
   // max_leases moves the worker's ended-lease floor: recount what lies beyond it, then trim.
   const size_t before = Beyond(w.ended.size(), EndedFloor(w));

@@ -54,9 +54,12 @@
 //    journal in tests/sharding/golden/ pins that. Whoever changes PlanFetch so that the golden
 //    replay changes must keep a frozen copy of the v2 planner for `decided == false` updates.
 //
-// Thread-compatible: the service layer guards it with its mutex.
+// Thread-compatible: the service layer guards it with its mutex. Fetch planning (PlanFetch,
+// DecideFetch) is const but fills a cache of the consumers' sums (see EvenEndSize), so even
+// those reads must not run concurrently on one state.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -187,6 +190,10 @@ class ShardingState {
     uint32_t epoch = 0;
     std::vector<Partition> partitions;
     uint32_t active_leases = 0;
+    // Records the epoch's active leases hold past their done prefix, backups left out (a
+    // backup's records are its primary's): kept by every update that creates, advances or
+    // ends a lease, so that a fetch near the epoch's end need not visit every lease.
+    uint64_t unconsumed_held = 0;
   };
   struct Dataset {
     // Normalised (defaults filled in) and immutable once registered: shared, never copied — by
@@ -219,6 +226,8 @@ class ShardingState {
     uint64_t incarnation = 0;  // of the holder, when granted
     uint64_t request_id = 0;   // the FetchShard request that created it (0: none)
     uint64_t done_pos() const { return begin + done; }
+    // What it holds past its done prefix (Epoch::unconsumed_held sums it).
+    uint64_t unconsumed() const { return end - std::min(end, done_pos()); }
   };
   struct WorkerRec {
     std::string id, node;
@@ -398,6 +407,30 @@ class ShardingState {
   // it); never below one batch (see PlanFetch).
   uint64_t EvenEndSize(const WorkerRec& w, const Dataset& ds, uint32_t epoch, uint64_t unleased,
                        uint64_t size, const FetchRates* rates) const;
+  // What EvenEndSize shares by, over a dataset's consumers in worker-id order: how many, their
+  // weights' sum, their planned rates' sum and whether each has a rate (the sums are of
+  // doubles, so always added in that order: any other gives other leases).
+  struct ConsumerSums {
+    int consumers = 0;
+    double weight = 0, rate = 0;
+    bool all_rated = true;
+    uint64_t rates_stamp = 0;  // FetchRates::stamp() of the rates summed
+  };
+  // Whether `o` is live and reads `dataset`: holds a lease of it, or its newest ended lease
+  // was of it.
+  bool Consumes(const WorkerRec& o, const std::string& dataset) const;
+  // The sums over every worker that Consumes(`dataset`), and `extra` too when it is live
+  // (nullptr: none); visits every worker.
+  ConsumerSums SumConsumers(const std::string& dataset, const WorkerRec* extra,
+                            const FetchRates* rates) const;
+  // The sums over `dataset`'s consumers and the live fetcher `w` (one of them or not): the
+  // cached ones while no consumer came, went or changed weight and the rates are the same,
+  // else summed again (and kept, when `w` is one of them).
+  ConsumerSums ConsumerSumsFor(const WorkerRec& w, const std::string& dataset,
+                               const FetchRates* rates) const;
+  // Drops the cached consumer sums: called by every update that may add a consumer to a
+  // dataset, take one away or change one's weight (before or after it, as each needs).
+  void ForgetConsumerSums() { consumer_sums_.clear(); }
   Checkpoint CapturePosition(const std::string& tag, int64_t time_ms) const;
 
   std::map<std::string, Dataset> datasets_;
@@ -412,6 +445,10 @@ class ShardingState {
   size_t ended_beyond_floor_ = 0;  // sum of max(0, ended.size() - EndedFloor(w))
   // Not part of the state: the leases the update being applied cancels (Apply returns them).
   std::vector<std::pair<std::string, uint64_t>> cancelled_;
+  // Not part of the state either: each dataset's ConsumerSums, by dataset name, as long as
+  // they hold (ForgetConsumerSums). Filled by the const fetch planner; copied with the state,
+  // which is right, since a copy has the same consumers until it changes.
+  mutable std::map<std::string, ConsumerSums> consumer_sums_;
 };
 
 const char* LeaseEndReasonName(LeaseEndReason reason);

@@ -235,6 +235,7 @@ absl::StatusOr<ShardingState> ShardingState::FromSnapshot(const ShardingSnapshot
       return absl::DataLossError(absl::StrCat("snapshot: lease ", l.id, " in a closed epoch"));
     }
     ep->active_leases++;
+    if (!l.backup) ep->unconsumed_held += l.unconsumed();
     if (l.incarnation == 0) l.incarnation = wit->second.incarnation;  // a v2 snapshot
     wit->second.leases.insert(l.id);
     st.leases_.emplace(l.id, std::move(l));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -359,6 +360,119 @@ TEST(EvenEpochEndTest, APlanThatLeavesOutAConsumerSharesByWeight) {
     }
   }
   EXPECT_EQ(with.state().FindDataset("train")->records_done_total, 30000u);
+}
+
+// One run of `ops` random updates and fetches from `seed`; counts the fetches compared and the
+// leases that shrank.
+void DecideAsAfresh(uint32_t seed, int ops, int* fetches, int* shrunk) {
+  StateDriver d;
+  for (const auto& [name, records] : {std::pair<const char*, uint64_t>{"a", 2000}, {"b", 1500}}) {
+    DatasetSpec spec = StateDriver::Records(name, records, 100, /*epochs=*/3);
+    spec.set_batch_size(10);
+    spec.set_max_attempts(100);
+    ASSERT_TRUE(d.AddDataset(spec).ok());
+  }
+  ASSERT_TRUE(d.SetTailBackup("a", true).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    ids.push_back("w" + std::to_string(i));
+    d.AddWorker(ids.back());
+  }
+  FetchRates rates;
+  for (int i = 0; i < 6; ++i) rates.Set(ids[i], 10.0 * (1 + i % 3));
+  std::mt19937 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto active = [&]() {
+    std::vector<ShardingState::LeaseRec> out;
+    for (const auto& [id, l] : d.state().leases()) out.push_back(l);
+    return out;
+  };
+  bool saved = false;
+  for (int op = 0; op < ops; ++op) {
+    const size_t r = pick(100);
+    if (r < 50) {
+      const std::string& w = ids[pick(ids.size())];
+      if (d.state().FindWorker(w)->lost) continue;
+      const std::string dataset = pick(3) == 0 ? "b" : "a";
+      const FetchRates* with = pick(4) == 0 ? nullptr : &rates;
+      absl::StatusOr<ShardingState> fresh = ShardingState::FromSnapshot(d.state().ToSnapshot());
+      ASSERT_TRUE(fresh.ok()) << fresh.status();
+      absl::StatusOr<FetchPlan> kept = d.state().PlanFetch(w, dataset, false, with);
+      absl::StatusOr<FetchPlan> anew = fresh->PlanFetch(w, dataset, false, with);
+      ASSERT_EQ(kept.status(), anew.status()) << "op " << op;
+      if (!kept.ok()) continue;
+      ASSERT_EQ(kept->kind, anew->kind) << "op " << op;
+      ASSERT_EQ(kept->epoch_index, anew->epoch_index) << "op " << op;
+      ASSERT_EQ(kept->partition, anew->partition) << "op " << op;
+      ASSERT_EQ(kept->begin, anew->begin) << "op " << op;
+      ASSERT_EQ(kept->end, anew->end) << "op " << op;
+      ASSERT_EQ(kept->backup_of, anew->backup_of) << "op " << op;
+      ++*fetches;
+      if (kept->kind == FetchPlan::kLease && kept->end - kept->begin < 100 &&
+          kept->end - kept->begin > 10) {
+        ++*shrunk;
+      }
+      absl::StatusOr<FetchDecision> decision = d.state().DecideFetch(w, dataset, 0, with);
+      ASSERT_TRUE(decision.ok());
+      if (decision->update) ASSERT_TRUE(d.Apply(*decision->update).ok());
+      if (decision->kind == FetchPlan::kEndOfData) ASSERT_TRUE(d.ResetDataset(dataset).ok());
+    } else if (r < 94) {
+      const std::vector<ShardingState::LeaseRec> leases = active();
+      if (leases.empty()) continue;
+      const ShardingState::LeaseRec& l = leases[pick(leases.size())];
+      const uint64_t len = l.end - l.begin;
+      const uint64_t done = std::max<uint64_t>(l.done, std::min<uint64_t>(len, l.done + pick(60)));
+      if (r < 75) {
+        ASSERT_TRUE(d.Progress(l.id, done).ok());
+      } else {
+        const LeaseEndReason reasons[] = {LEASE_COMPLETED, LEASE_COMPLETED, LEASE_RELEASED,
+                                          LEASE_FAILED, LEASE_EXPIRED};
+        ASSERT_TRUE(d.End(l.id, reasons[pick(5)], done).ok());
+      }
+    } else if (r < 95) {
+      ASSERT_TRUE(d.WorkerLost(ids[pick(ids.size())]).ok());
+    } else if (r < 96) {
+      d.AddWorker(ids[pick(ids.size())]);  // registered again: live, its leases ended
+    } else if (r < 97) {
+      const double weights[] = {1.0, 0.5, 2.0, 1.5};
+      ASSERT_TRUE(d.SetAllocation(ids[pick(ids.size())], weights[pick(4)], 0).ok());
+    } else if (r < 99) {
+      const double per_step[] = {0.0, 10.0, 20.0, 35.0};
+      rates.Set(ids[pick(ids.size())], per_step[pick(4)]);
+    } else if (!saved || pick(2) == 0) {
+      ASSERT_TRUE(d.Save("cp").ok());
+      saved = true;
+    } else {
+      ASSERT_TRUE(d.Restore("cp").ok());
+    }
+    // Each open epoch's kept count is what its leases hold.
+    for (const auto& [name, ds] : d.state().datasets()) {
+      for (const ShardingState::Epoch& ep : ds.open) {
+        uint64_t held = 0;
+        for (const auto& [id, l] : d.state().leases()) {
+          if (l.dataset == name && l.epoch == ep.epoch && !l.backup) held += l.unconsumed();
+        }
+        ASSERT_EQ(ep.unconsumed_held, held) << name << " epoch " << ep.epoch << " op " << op;
+      }
+    }
+  }
+}
+
+// The fetch planner keeps what it shares by as the state changes (each epoch's unconsumed
+// records, each dataset's consumer sums) instead of visiting every worker and lease at each
+// fetch. Random updates of every kind that moves them -- leases created, advanced, ended and
+// backed up, workers lost and registered again, weights and rates changed, a dataset reset, a
+// checkpoint restored -- and at every fetch the state decides as one loaded afresh from its
+// snapshot, which has nothing kept.
+TEST(EvenEpochEndTest, KeptSumsDecideAsAStateLoadedAfresh) {
+  int fetches = 0, shrunk = 0;
+  for (uint32_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE(seed);
+    DecideAsAfresh(seed, 3000, &fetches, &shrunk);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  std::cout << fetches << " fetches compared, " << shrunk << " leases shrunk" << std::endl;
+  EXPECT_GT(shrunk, 500);
 }
 
 }  // namespace
