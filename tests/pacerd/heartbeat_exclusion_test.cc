@@ -56,6 +56,19 @@ std::vector<ActionRecord> Exclusions(PacerdHarness& h) {
   return out;
 }
 
+// The SDK worker "sdk" of these tests: it honours exclusion.
+ClientOptions SdkWorker(PacerdHarness& h, int64_t heartbeat_interval_ms) {
+  ClientOptions o;
+  o.address = h.address();
+  o.token = h.job_token();
+  o.worker_id = "sdk";
+  o.node = "n-sdk";
+  o.connect_budget_ms = 20'000;
+  o.heartbeat_interval_ms = heartbeat_interval_ms;
+  o.honors_exclusion = true;
+  return o;
+}
+
 const ExclusionCommand* FindExclusion(const HeartbeatResponse& r) {
   for (const WorkerCommand& c : r.commands())
     if (c.has_exclusion()) return &c.exclusion();
@@ -119,15 +132,8 @@ TEST(HeartbeatExclusionTest, AnSdkWorkerStalledMidStepIsExcludedFromItsOwnHeartb
   ASSERT_TRUE(h.ok());
   ScriptedJob job(h, JobOptions(3));
   ASSERT_TRUE(job.Connect().ok());
-  ClientOptions o;
-  o.address = h.address();
-  o.token = h.job_token();
-  o.worker_id = "sdk";
-  o.node = "n-sdk";
-  o.connect_budget_ms = 20'000;
-  o.heartbeat_interval_ms = 20;  // real time: rounds while the simulated job goes on
-  o.honors_exclusion = true;
-  auto client = Client::Connect(o);
+  // Real time: heartbeat rounds while the simulated job goes on.
+  auto client = Client::Connect(SdkWorker(h, /*heartbeat_interval_ms=*/20));
   ASSERT_TRUE(client.ok()) << client.status();
   // The trainer's StepTimer reads pacerd's simulated clock: a step lasts what the job's do.
   StepTimer timer(client->get(), &h.sim_clock());
@@ -171,15 +177,7 @@ TEST(HeartbeatExclusionTest, AWorkerPastTheStepLineIsExcludedByTheReplyToItsOwnR
   ASSERT_TRUE(h.ok());
   ScriptedJob job(h, JobOptions(3));
   ASSERT_TRUE(job.Connect().ok());
-  ClientOptions o;
-  o.address = h.address();
-  o.token = h.job_token();
-  o.worker_id = "sdk";
-  o.node = "n-sdk";
-  o.connect_budget_ms = 20'000;
-  o.heartbeat_interval_ms = 60'000;
-  o.honors_exclusion = true;
-  auto client = Client::Connect(o);
+  auto client = Client::Connect(SdkWorker(h, /*heartbeat_interval_ms=*/60'000));
   ASSERT_TRUE(client.ok()) << client.status();
   StepTimer timer(client->get(), &h.sim_clock());
   uint64_t step = 0;

@@ -425,34 +425,43 @@ TEST_F(SdkClientTest, AWorkerUnderTorchrunRegistersAsWRank) {
 // ShardReader::ReleaseAll: an excluded worker hands back its current lease (part read) and its
 // prefetched one; the other worker reads the rest of the epoch. Every record is delivered to
 // exactly one of them and counted once; the released worker leases nothing until Resume().
-TEST(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCountsOnce) {
-  using namespace std::chrono_literals;
-  testing::HarnessOptions ho;
-  ho.real_clock = true;
-  ho.adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; };
-  testing::PacerdHarness d(ho);
-  ASSERT_TRUE(d.ok());
-  auto connect = [&](const std::string& id) {
+// Two workers that honour exclusion ("a" and "b", 50 ms heartbeats) on a pacerd of the test
+// on the real clock, and a dataset of kRecords records in shards of 100 (one epoch).
+class ShardReaderReleaseTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kRecords = 1000;
+  void SetUp() override {
+    ASSERT_TRUE(d_.ok());
+    a = Connect("a");
+    b = Connect("b");
+    ASSERT_TRUE(a && b);
+    DatasetSpec spec;
+    spec.set_name("train");
+    spec.set_num_records(kRecords);
+    spec.set_shard_size(100);
+    spec.set_num_epochs(1);
+    ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
+  }
+  std::unique_ptr<Client> Connect(const std::string& id) {
     ClientOptions co;
-    co.address = d.address();
-    co.token = d.job_token();
+    co.address = d_.address();
+    co.token = d_.job_token();
     co.worker_id = id;
     co.heartbeat_interval_ms = 50;
     co.honors_exclusion = true;
     auto c = Client::Connect(co);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
-  };
-  auto a = connect("a");
-  auto b = connect("b");
-  ASSERT_TRUE(a && b);
-  constexpr uint64_t kRecords = 1000;
-  DatasetSpec spec;
-  spec.set_name("train");
-  spec.set_num_records(kRecords);
-  spec.set_shard_size(100);
-  spec.set_num_epochs(1);
-  ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
+  }
+
+  testing::PacerdHarness d_{{.real_clock = true, .adjust = [](PacerdOptions& o) {
+                               o.sharding.heartbeat_interval_ms = 50;
+                             }}};
+  std::unique_ptr<Client> a, b;
+};
+
+TEST_F(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCountsOnce) {
+  using namespace std::chrono_literals;
   ShardReaderOptions ro;
   ro.prefetch_leases = 2;
   auto ra = ShardReader::Create(a.get(), ro);
@@ -509,34 +518,8 @@ TEST(ShardReaderReleaseTest, ReleasedLeasesGoToTheOtherWorkerAndEveryRecordCount
 // abandons it (the step line, Client::ReportStepPastLine) -- the step's records were handed out
 // but not trained. They go back uncounted, across a lease boundary, and the other worker trains
 // them: every record trained exactly once, the service's count agreeing.
-TEST(ShardReaderReleaseTest, AnAbandonedStepsRecordsGoBackUncountedAndTheOtherWorkerTrainsThem) {
+TEST_F(ShardReaderReleaseTest, AnAbandonedStepsRecordsGoBackUncountedAndTheOtherWorkerTrainsThem) {
   using namespace std::chrono_literals;
-  testing::HarnessOptions ho;
-  ho.real_clock = true;
-  ho.adjust = [](PacerdOptions& o) { o.sharding.heartbeat_interval_ms = 50; };
-  testing::PacerdHarness d(ho);
-  ASSERT_TRUE(d.ok());
-  auto connect = [&](const std::string& id) {
-    ClientOptions co;
-    co.address = d.address();
-    co.token = d.job_token();
-    co.worker_id = id;
-    co.heartbeat_interval_ms = 50;
-    co.honors_exclusion = true;
-    auto c = Client::Connect(co);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  };
-  auto a = connect("a");
-  auto b = connect("b");
-  ASSERT_TRUE(a && b);
-  constexpr uint64_t kRecords = 1000;
-  DatasetSpec spec;
-  spec.set_name("train");
-  spec.set_num_records(kRecords);
-  spec.set_shard_size(100);
-  spec.set_num_epochs(1);
-  ASSERT_TRUE(a->sharding().RegisterDataset(spec).ok());
   auto ra = ShardReader::Create(a.get(), ShardReaderOptions());
   ASSERT_TRUE(ra.ok()) << ra.status();
   auto read = [&](size_t n, std::vector<uint64_t>* ids) {
