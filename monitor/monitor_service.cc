@@ -21,7 +21,9 @@ MetricsRegistry* OrOwn(MetricsRegistry* given, std::unique_ptr<MetricsRegistry>&
 }  // namespace
 
 MonitorServiceImpl::MonitorServiceImpl(std::unique_ptr<MonitorState> state, MetricsRegistry* metrics)
-    : state_(std::move(state)), metrics_(OrOwn(metrics, own_metrics_)) {}
+    : bound_running_(state->options().running_step_bound),
+      state_(std::move(state)),
+      metrics_(OrOwn(metrics, own_metrics_)) {}
 
 void MonitorServiceImpl::AdvanceLocked() {
   const size_t before = pending_.size();
@@ -57,7 +59,9 @@ MonitorOptions MonitorServiceImpl::Options() const {
 
 absl::Status MonitorServiceImpl::UpdateDetection(const MonitorOptions& options) {
   absl::MutexLock l(&mu_);
-  return state_->UpdateDetection(options);
+  absl::Status s = state_->UpdateDetection(options);
+  bound_running_.store(state_->options().running_step_bound, std::memory_order_relaxed);
+  return s;
 }
 
 void MonitorServiceImpl::SetEventListener(EventListener listener) {
@@ -77,6 +81,8 @@ void MonitorServiceImpl::ForgetWorkerHistories() {
 }
 
 void MonitorServiceImpl::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s) {
+  // Every heartbeat of every worker comes here: without the setting, not even the lock.
+  if (!bound_running_.load(std::memory_order_relaxed)) return;
   {
     absl::MutexLock lock(&mu_);
     if (!state_->options().running_step_bound) return;

@@ -91,6 +91,8 @@ class MonitorServiceImpl {
 
   std::unique_ptr<MetricsRegistry> own_metrics_;
   std::atomic<StepObserver*> step_observer_{nullptr};
+  // MonitorOptions::running_step_bound in force (NoteRunningStep skips the lock without it).
+  std::atomic<bool> bound_running_{false};
 
   mutable absl::Mutex mu_;
   std::unique_ptr<MonitorState> state_ ABSL_GUARDED_BY(mu_);
