@@ -494,7 +494,11 @@ void MonitorState::StatusInto(uint32_t w, bool with_evidence, WorkerStatus* out)
     st.set_comm_s(s->comm_s);
     st.set_data_wait_s(s->data_wait_s);
     st.set_wall_s(s->wall_s);
-    st.set_smoothed_speed(speed_.SmoothedSpeed(w, SmoothingWindows(w)));
+    const Classification& c = worker_classifier_.Current(w);
+    const bool persistent = c.worker_class() == WORKER_CLASS_STRAGGLER &&
+                            c.persistence() == PERSISTENCE_PERSISTENT;
+    st.set_smoothed_speed(persistent ? speed_.StragglerSpeed(w, SmoothingWindows(w))
+                                     : speed_.SmoothedSpeed(w, SmoothingWindows(w)));
   }
   st.set_windows_flagged(worker_classifier_.WindowsFlagged(w));
   st.set_local_batch(rec.last_batch);

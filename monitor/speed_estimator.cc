@@ -238,6 +238,14 @@ double SpeedEstimator::SmoothedSpeed(uint32_t worker, uint32_t n) const {
   return 0.5 * (*std::max_element(v.begin(), v.begin() + static_cast<long>(mid)) + v[mid]);
 }
 
+double SpeedEstimator::StragglerSpeed(uint32_t worker, uint32_t n) const {
+  const double smoothed = SmoothedSpeed(worker, n);
+  const WindowSummary* last = Last(worker);
+  if (last == nullptr || last->window < 0 || last->reports != 0 || !(last->speed > 0))
+    return smoothed;
+  return std::min(smoothed, static_cast<double>(last->speed));
+}
+
 size_t SpeedEstimator::MemoryBytes() const {
   return open_.capacity() * sizeof(Open) + (recent_.capacity() + coarse_.capacity()) * sizeof(Tier) +
          speeds_.capacity() * sizeof(float) +

@@ -124,6 +124,11 @@ class SpeedEstimator {
   uint32_t coarse_span() const { return coarse_span_; }
   // Median of the worker's last `n` window speeds (a steadier v_i for planners); 0 when none.
   double SmoothedSpeed(uint32_t worker, uint32_t n) const;
+  // SmoothedSpeed of a persistent straggler, at most its newest window's speed when that window
+  // is a running step's bound (CloseWindow's bound_running): the step it is computing has
+  // already run longer than that speed allows, so a batch plan made now plans it no faster --
+  // not at the median of its last windows, one of which may be from before its slowdown.
+  double StragglerSpeed(uint32_t worker, uint32_t n) const;
 
   // Bytes held (capacity of every buffer), for the memory budget.
   size_t MemoryBytes() const;

@@ -335,6 +335,10 @@ TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
     EXPECT_EQ(w1.classification().persistence(), PERSISTENCE_PERSISTENT) << w1.ShortDebugString();
     EXPECT_LE(w1.speed(), 400 / 2.5 + 1) << "the bound of the window's newest note: 400 samples, 2.5 s so far";
     EXPECT_EQ(w1.windows_flagged(), 2u);
+    // The speed a batch plan is made at: the newest bound of the running step, the tightest --
+    // not the median of the last three windows, one of them from before the slowdown (800/s)
+    // and one the same step's looser bound (400 / 1.5 s).
+    EXPECT_NEAR(w1.smoothed_speed(), 400 / 2.5, 1) << w1.ShortDebugString();
   } else {
     EXPECT_NE(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
   }

@@ -100,6 +100,39 @@ TEST(SpeedEstimatorTest, HistoryIsABoundedRingOldestFirst) {
   EXPECT_NEAR(est.SmoothedSpeed(1, 3), 20, 1e-6);
 }
 
+// A persistent straggler's planning speed: the median of its last windows, but no more than the
+// bound of the step it is still computing (the newest window's, when that is a bound).
+TEST(SpeedEstimatorTest, StragglerSpeedIsAtMostItsRunningStepsBound) {
+  MonitorOptions o;
+  o.window_ms = 1000;
+  o.history_ms = 10'000;
+  SpeedEstimator est(o);
+  for (int i = 0; i < 3; ++i) est.AddWorker();
+  // Worker 1's window: a finished step at `speed`, or (`bound`) a step still running, which has
+  // computed long enough that its bound is `speed`.
+  auto window = [&](int64_t w, double speed, bool bound) {
+    est.Add(0, 100, 1, 0, 0, 1);
+    est.Add(2, 100, 1, 0, 0, 1);
+    if (bound) est.NoteRunning(1, 100, 100 / speed);
+    else est.Add(1, speed, 1, 0, 0, 1);
+    est.CloseWindow(w, /*bound_running=*/true, /*last_reference=*/100, /*straggler_line=*/85);
+  };
+  window(0, 100, false);
+  window(1, 100, false);
+  window(2, 60, true);  // its slow step began: the bound so far
+  window(3, 40, true);  // the same step, longer: a tighter bound
+  ASSERT_EQ(est.Last(1)->reports, 0);
+  EXPECT_NEAR(est.SmoothedSpeed(1, 3), 60, 1e-4) << "the median of 100, 60, 40";
+  EXPECT_NEAR(est.StragglerSpeed(1, 3), 40, 1e-4) << "the running step's newest bound";
+  window(4, 30, false);  // the step ended: 30 samples/s
+  EXPECT_NEAR(est.StragglerSpeed(1, 3), 40, 1e-4) << "no step running: the median of 60, 40, 30";
+  window(5, 32, false);
+  EXPECT_NEAR(est.StragglerSpeed(1, 3), 32, 1e-4) << "40, 30, 32";
+  window(6, 50, true);  // a bound above the median says nothing more
+  EXPECT_NEAR(est.StragglerSpeed(1, 3), 32, 1e-4) << "the median of 30, 32, 50";
+  EXPECT_NEAR(est.StragglerSpeed(0, 3), 100, 1e-4) << "finished steps only: the median";
+}
+
 // Memory is windows in two tiers, sized when a worker is added: flat over time, whatever the
 // report rate, and (R + K + 1) summaries per worker (docs/design.md §3, "Memory").
 TEST(SpeedEstimatorTest, MemoryIsBoundedByWindowTiersNotByTime) {
