@@ -182,7 +182,10 @@ class Run:
             a.bin + "/pacerd", "--data-dir", self.data, "--listen", "127.0.0.1:0",
             "--metrics-listen", "127.0.0.1:0", "--port-file", port_file,
             "--policy", self.policy_file, "--job-mode", "async" if a.mode == "ps" else "sync",
-            "--heartbeat-interval-ms", "500", "--reconcile-interval-ms", "1000",
+            # The sync demo's workers heartbeat every 0.25 s: the straggler's running step (its
+            # compute so far) reaches the monitor's 0.5 s windows fresh (docs/demo.md, item 7).
+            "--heartbeat-interval-ms", "500" if a.mode == "ps" else "250",
+            "--reconcile-interval-ms", "1000",
         ], os.path.join(self.dir, "pacerd.log"))
         wait_for(lambda: os.path.exists(port_file), 30, "pacerd to listen")
         with open(port_file) as f:

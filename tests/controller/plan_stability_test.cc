@@ -1,5 +1,5 @@
 // The control loop on a straggler that does not go away: the real MonitorState and Controller
-// (policy policies/demo-dedicated.yaml, 1 s windows) on a modelled synchronous job, step by
+// (policy policies/demo-dedicated.yaml, 0.5 s windows) on a modelled synchronous job, step by
 // step on a SimulatedClock. Each step every worker computes fixed + per_sample × b_i (± noise),
 // the step's wall time is the slowest compute plus the all-reduce, and every worker reports
 // compute = wall − its wait (what the SDK reports); a window closed → one reconcile, the view

@@ -5,7 +5,7 @@
     live_monitoring_test.py SOURCE_DIR prometheus   a real Prometheus server scrapes it
 
 Both start the same job on loopback: a real pacerd (gRPC and /metrics on ports the OS picks)
-with the demo-dedicated policy (1 s windows) and three pacer-train-mlp workers, w2 four times
+with the demo-dedicated policy (0.5 s windows) and three pacer-train-mlp workers, w2 four times
 slower than the others, so the monitor flags a straggler and the controller plans for it.
 
 `metrics`: once the monitor has closed windows, /metrics must pass `promtool check metrics`
