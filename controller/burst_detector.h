@@ -26,6 +26,7 @@
 // owns one and calls it under the same lock as Reconcile.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -109,11 +110,40 @@ class BurstDetector {
     int64_t running_step = -1;
     double running_per_sample_s = 0;
   };
-  bool Fresh(const Worker& w, int64_t now_ms) const;
+  // Whether the worker's newest timing still counts at `now_ms` (see kMinFreshS). Here, to
+  // be inlined into Decide's pass over every worker.
+  bool Fresh(const Worker& w, int64_t now_ms) const {
+    const double step_s = w.per_sample_s * static_cast<double>(w.batch);
+    const double fresh_s = std::max(kMinFreshS, kFreshSteps * step_s);
+    return static_cast<double>(now_ms - w.time_ms) <= fresh_s * 1000;
+  }
+  // A fresh worker's step as Decide() weighs it (those it may exclude).
+  struct Step {
+    const std::string* id;
+    const Worker* record;
+    double s;      // seconds for a step at its training batch, at its newest timing's pace
+    double batch;  // its training batch
+    bool was;      // excluded now (set for the steps above the rejoin line only)
+  };
+  // Decide's one pass over the fresh workers (burst_detector.cc): their number and batch, the
+  // steps in [lo, hi] (in select_) and the number below it, the steps above `line` (in steps_)
+  // and the slowest of the others.
+  struct Gathered {
+    size_t n = 0, below = 0, in = 0;
+    double batch_sum = 0, rest_slowest = 0;
+  };
+  Gathered Gather(int64_t now_ms, double lo, double hi, double line) const;
   // By worker id, dense (worker_slots.h: a heartbeat of a 4 096-worker job is 4 096 timings,
   // found by StepTiming::worker_index when the caller gives it). Nothing depends on the slots'
   // order: Decide sorts what it reads (ties by id) and sums integers.
   WorkerSlots<Worker> w_;
+  // Decide()'s working buffers, kept for their capacity (at 4 096 workers a decision, one
+  // every heartbeat and at every step line, allocated ~200 KB), and the last median, around
+  // which the next one is looked for first (burst_detector.cc). Neither changes a decision:
+  // Decide is a function of the timings, the exclusion in force and the clock.
+  mutable std::vector<Step> steps_;
+  mutable std::vector<double> select_;
+  mutable double median_guess_ = 0;
 };
 
 }  // namespace pacer

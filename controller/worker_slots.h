@@ -29,7 +29,7 @@ class WorkerSlots {
   T& At(const std::string& id, uint32_t hint = 0) {
     if (hint > 0 && hint <= by_hint_.size()) {
       const uint32_t s = by_hint_[hint - 1];
-      if (s > 0 && SameId(slots_[s - 1].id, id)) return slots_[s - 1].value;
+      if (s > 0 && SameId(ids_[s - 1], id)) return values_[s - 1];
     }
     uint32_t slot;
     if (auto it = index_.find(id); it != index_.end()) {
@@ -39,40 +39,44 @@ class WorkerSlots {
         slot = free_.back();
         free_.pop_back();
       } else {
-        slot = static_cast<uint32_t>(slots_.size());
-        slots_.emplace_back();
+        slot = static_cast<uint32_t>(values_.size());
+        ids_.emplace_back();
+        live_.push_back(false);
+        values_.emplace_back();
       }
-      slots_[slot].id = id;
-      slots_[slot].live = true;
-      slots_[slot].value = T();
+      ids_[slot] = id;
+      live_[slot] = true;
+      values_[slot] = T();
       index_.emplace(id, slot);
     }
     if (hint > 0) {
       if (by_hint_.size() < hint) by_hint_.resize(hint, 0);
       by_hint_[hint - 1] = slot + 1;
     }
-    return slots_[slot].value;
+    return values_[slot];
   }
   const T* Find(const std::string& id) const {
     auto it = index_.find(id);
-    return it == index_.end() ? nullptr : &slots_[it->second].value;
+    return it == index_.end() ? nullptr : &values_[it->second];
   }
   T* Find(const std::string& id) {
     auto it = index_.find(id);
-    return it == index_.end() ? nullptr : &slots_[it->second].value;
+    return it == index_.end() ? nullptr : &values_[it->second];
   }
   void Erase(const std::string& id) {
     auto it = index_.find(id);
     if (it == index_.end()) return;
-    Slot& s = slots_[it->second];
-    s.live = false;
-    s.id.clear();
-    s.value = T();
-    free_.push_back(it->second);
+    const uint32_t s = it->second;
+    live_[s] = false;
+    ids_[s].clear();
+    values_[s] = T();
+    free_.push_back(s);
     index_.erase(it);
   }
   void Clear() {
-    slots_.clear();
+    ids_.clear();
+    live_.clear();
+    values_.clear();
     free_.clear();
     by_hint_.clear();
     index_.clear();
@@ -82,21 +86,23 @@ class WorkerSlots {
   // f(id, record) for every worker, in slot order (which nothing may depend on).
   template <typename F>
   void ForEach(F&& f) const {
-    for (const Slot& s : slots_)
-      if (s.live) f(s.id, s.value);
+    for (size_t s = 0; s < values_.size(); ++s)
+      if (live_[s]) f(ids_[s], values_[s]);
   }
   template <typename F>
   void ForEach(F&& f) {
-    for (Slot& s : slots_)
-      if (s.live) f(s.id, s.value);
+    for (size_t s = 0; s < values_.size(); ++s)
+      if (live_[s]) f(ids_[s], values_[s]);
+  }
+  // Whether p(id, record) holds for some worker (stops at the first that does).
+  template <typename P>
+  bool Any(P&& p) const {
+    for (size_t s = 0; s < values_.size(); ++s)
+      if (live_[s] && p(ids_[s], values_[s])) return true;
+    return false;
   }
 
  private:
-  struct Slot {
-    std::string id;
-    bool live = false;
-    T value{};
-  };
   // Ids are short ("w1234"): a loop the compiler keeps inline, not a memcmp call.
   static bool SameId(const std::string& a, const std::string& b) {
     if (a.size() != b.size()) return false;
@@ -106,7 +112,11 @@ class WorkerSlots {
       if (p[i] != q[i]) return false;
     return true;
   }
-  std::vector<Slot> slots_;
+  // A slot's id, whether it is in use, and its record, apart: a pass over every worker's
+  // record (Decide, Summaries) reads the records alone, not the ids between them.
+  std::vector<std::string> ids_;
+  std::vector<uint8_t> live_;
+  std::vector<T> values_;
   std::vector<uint32_t> free_;
   std::vector<uint32_t> by_hint_;  // hint − 1 → slot + 1 (0: unknown)
   absl::flat_hash_map<std::string, uint32_t> index_;

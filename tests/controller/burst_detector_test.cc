@@ -169,6 +169,39 @@ TEST(BurstDetector, OlderTimingsDoNotReplaceNewerOnesAndBadOnesAreIgnored) {
   EXPECT_TRUE(d.Decide({}, Rule(), 1500).excluded.empty());
 }
 
+// Decide looks for the median around the last decision's first (a job's steps move little from
+// one decision to the next) and keeps only the steps that may be out; what it decides must not
+// depend on that. After decisions on other medians -- a plan that doubled every step, one that
+// halved them, a shift within the band -- each decision is a fresh detector's on the same
+// timings, to the bit.
+TEST(BurstDetector, ADecisionDoesNotDependOnTheMediansBefore) {
+  BurstDetector seasoned;
+  int64_t ms = 1000;
+  for (double scale : {1.0, 1.005, 2.0, 0.5, 0.5, 1.0}) {
+    BurstDetector fresh;
+    for (BurstDetector* d : {&seasoned, &fresh}) {
+      for (int i = 0; i < 200; ++i) {
+        const double noise = 0.12 * (((i * 37) % 11) / 10.0 - 0.5);
+        d->Observe(Timing("w" + std::to_string(i), ms, scale * 0.16 * (1 + noise), 64, ms));
+      }
+      // A burst on three workers; w7 excluded before and back to its pace, w3 still slow.
+      for (const char* id : {"w3", "w40", "w41"})
+        d->Observe(Timing(id, ms + 1, scale * 0.64, 64, ms + 100));
+    }
+    const BurstDecision a = seasoned.Decide({"w3", "w7"}, Rule(), ms + 200);
+    const BurstDecision b = fresh.Decide({"w3", "w7"}, Rule(), ms + 200);
+    EXPECT_EQ(a.excluded, (std::vector<std::string>{"w3", "w40", "w41"})) << scale;
+    EXPECT_EQ(a.excluded, b.excluded) << scale;
+    EXPECT_EQ(a.added, b.added) << scale;
+    EXPECT_EQ(a.rejoined, b.rejoined) << scale;
+    EXPECT_EQ(a.median_step_s, b.median_step_s) << scale;
+    EXPECT_EQ(a.predicted_gain, b.predicted_gain) << scale;
+    EXPECT_EQ(a.add_reason, b.add_reason) << scale;
+    EXPECT_EQ(a.rejoin_reason, b.rejoin_reason) << scale;
+    ms += 1000;
+  }
+}
+
 TEST(BurstDetector, TooFewWorkersOrTheRuleOffDecideNothing) {
   BurstDetector d;
   Steady(d, 2, 10, 1000);
