@@ -1,8 +1,9 @@
 #include "controller/cluster_view.h"
 
 #include <cmath>
-#include <set>
+#include <string_view>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace pacer {
@@ -31,7 +32,9 @@ absl::Status ValidateClusterView(const ClusterView& view) {
   for (double v : {j.step_time_s, j.heartbeat_interval_s, j.throughput, j.restart_cost_s,
                    j.migrate_cost_s, j.lost_work_s, j.typical_shard_time_s, j.epoch_progress})
     if (Bad(v)) return absl::InvalidArgumentError("view: a job time/rate is negative or not finite");
-  std::set<std::string> ids;
+  // Views of the ids, hashed: a tree of copies was most of this check at 4 096 workers.
+  absl::flat_hash_set<std::string_view> ids;
+  ids.reserve(view.workers.size());
   for (const auto& w : view.workers) {
     if (w.id.empty()) return absl::InvalidArgumentError("view: a worker has an empty id");
     if (!ids.insert(w.id).second)

@@ -27,8 +27,7 @@ void StepStatistics::Observe(const StepTiming& t) {
   if (w.count < 1000) ++w.count;
 }
 
-std::map<std::string, StepStatistics::Summary> StepStatistics::Summaries(int64_t now_ms,
-                                                                        int64_t stale_ms) const {
+StepStatistics::SummaryMap StepStatistics::Summaries(int64_t now_ms, int64_t stale_ms) const {
   struct Row {
     const std::string* id;
     double rel_var;  // unbiased weighted variance / mean²; < 0: one step, none known
@@ -39,18 +38,11 @@ std::map<std::string, StepStatistics::Summary> StepStatistics::Summaries(int64_t
   rows.reserve(w_.size());
   std::vector<double> known;
   known.reserve(w_.size());
-  std::vector<std::pair<const std::string*, const Worker*>> by_id;
-  by_id.reserve(w_.size());
-  w_.ForEach([&](const std::string& id, const Worker& w) { by_id.emplace_back(&id, &w); });
-  std::sort(by_id.begin(), by_id.end(),
-            [](const auto& a, const auto& b) { return *a.first < *b.first; });
-  for (const auto& [id_ptr, w_ptr] : by_id) {
-    const std::string& id = *id_ptr;
-    const Worker& w = *w_ptr;
+  w_.ForEach([&](const std::string& id, const Worker& w) {
     const double step_ms = 1000 * w.mean * static_cast<double>(w.samples);
     if (w.count < 1 || !(w.mean > 0) ||
         static_cast<double>(now_ms - w.time_ms) > std::max(static_cast<double>(stale_ms), 3 * step_ms))
-      continue;
+      return;
     const double n = w.w * w.w / w.w2;
     // Reliability weights: the unbiased variance is m2 / (Σw − Σw²/Σw).
     const double denom = w.w - w.w2 / w.w;
@@ -60,8 +52,9 @@ std::map<std::string, StepStatistics::Summary> StepStatistics::Summaries(int64_t
       known.push_back(rel_var);
     }
     rows.push_back({&id, rel_var, n, w.mean});
-  }
-  std::map<std::string, Summary> out;
+  });
+  SummaryMap out;
+  out.reserve(rows.size());
   double job_rel_var = -1;
   if (!known.empty()) {
     std::nth_element(known.begin(), known.begin() + static_cast<long>(known.size() / 2), known.end());

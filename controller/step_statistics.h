@@ -36,9 +36,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "controller/burst_detector.h"
 #include "controller/worker_slots.h"
 
@@ -60,8 +60,9 @@ class StepStatistics {
     double steps = 0;   // effective number of steps behind it
   };
   // Workers with a counted step, the newest at most max(`stale_ms`, 3 of its steps) before
-  // `now_ms`.
-  std::map<std::string, Summary> Summaries(int64_t now_ms, int64_t stale_ms) const;
+  // `now_ms`, by id (hashed: the Controller looks up every worker of its view).
+  using SummaryMap = absl::flat_hash_map<std::string, Summary>;
+  SummaryMap Summaries(int64_t now_ms, int64_t stale_ms) const;
 
  private:
   struct Worker {
@@ -74,8 +75,8 @@ class StepStatistics {
     double m2 = 0;          // weighted Σ w (x − mean)²
   };
   // Dense, found by StepTiming::worker_index when the caller gives it: Observe runs for every
-  // step of every worker (a 4 096-worker job: thousands a second). Summaries reads it in id
-  // order (the sums it takes do not depend on the slots).
+  // step of every worker (a 4 096-worker job: thousands a second). Nothing Summaries takes
+  // depends on the slots' order (the job's variance is a median).
   WorkerSlots<Worker> w_;
 };
 
