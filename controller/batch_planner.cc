@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <string_view>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,19 +24,29 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+bool Usable(double speed) { return std::isfinite(speed) && speed > 0; }
+
 // Step 1: live workers sorted by id, each with a usable speed.
 std::vector<LiveWorker> LiveWorkers(const ClusterView& view, bool use_last_window) {
   std::vector<LiveWorker> live;
-  std::vector<double> known;
+  live.reserve(view.workers.size());
+  bool all_usable = true;
   for (const auto& w : view.workers) {
     if (!w.alive || w.restarting) continue;
     const double v = use_last_window ? w.last_window_speed : w.speed;
     live.push_back({&w, v});
-    if (std::isfinite(v) && v > 0) known.push_back(v);
+    all_usable = all_usable && Usable(v);
   }
-  const double prior = known.empty() ? 1.0 : Median(known);
-  for (auto& lw : live)
-    if (!std::isfinite(lw.speed) || lw.speed <= 0) lw.speed = prior;
+  // A worker without a usable speed is planned at the median of the known ones (sorted only
+  // when one needs it).
+  if (!all_usable) {
+    std::vector<double> known;
+    for (const auto& lw : live)
+      if (Usable(lw.speed)) known.push_back(lw.speed);
+    const double prior = known.empty() ? 1.0 : Median(known);
+    for (auto& lw : live)
+      if (!Usable(lw.speed)) lw.speed = prior;
+  }
   std::sort(live.begin(), live.end(),
             [](const LiveWorker& a, const LiveWorker& b) { return a.view->id < b.view->id; });
   return live;
@@ -68,7 +79,9 @@ BatchPlan BuildPlan(const std::vector<LiveWorker>& live, const std::vector<int64
     wb.predicted_step_s =
         WorkerStepSeconds(*live[i].view, live[i].speed, wb.samples, wb.accumulation);
     plan.predicted_step_s = std::max(plan.predicted_step_s, wb.predicted_step_s);
-    plan.basis_share[wb.worker_id] = live[i].speed / total_speed;
+    // In id order (`live` is sorted): appended at the end, not searched for.
+    plan.basis_share.insert_or_assign(plan.basis_share.end(), wb.worker_id,
+                                      live[i].speed / total_speed);
     plan.workers.push_back(std::move(wb));
   }
   return plan;
@@ -231,27 +244,33 @@ absl::StatusOr<BatchPlan> TargetOn(const std::vector<LiveWorker>& live, const Cl
     if (!free.ok()) return free.status();
     BatchPlan accum = BuildPlan(live, RoundKeepingSum(*free, lo_i, unbounded_i, B), B);
     // Strictly better only: equal times keep the plan without accumulation.
-    if (!best || accum.predicted_step_s < best->predicted_step_s * (1 - 1e-9)) best = accum;
+    if (!best || accum.predicted_step_s < best->predicted_step_s * (1 - 1e-9))
+      best = std::move(accum);
   }
   if (!best) return capped.status();
-  return *best;
+  return std::move(*best);  // moved, not copied: a plan names every worker twice
 }
 
 // PredictStepSeconds() on the live workers of the view (LiveWorkers, sorted by id): each planned
-// worker against the live entries of its id, found by binary search (comparing every planned
-// id with every live one was 4 096² string compares per prediction, half the time of a
-// 4 096-worker sync simulation). Ids are unique in a valid view; with a repeated id every live
-// entry of it still counts, in the live order.
+// worker against the live entries of its id (comparing every planned id with every live one was
+// 4 096² string compares per prediction, half the time of a 4 096-worker sync simulation). A
+// plan's workers are in id order too (batch_plan.h), so the entries are found by one walk along
+// `live`; a planned id out of that order is found by binary search. Ids are unique in a valid
+// view; with a repeated id every live entry of it still counts, in the live order.
 double PredictOnLive(const std::vector<LiveWorker>& live, const BatchPlan& plan) {
   struct ById {
     bool operator()(const LiveWorker& a, const std::string& b) const { return a.view->id < b; }
-    bool operator()(const std::string& a, const LiveWorker& b) const { return a < b.view->id; }
   };
   double worst = 0;
+  auto it = live.begin();  // the first live entry not below the planned ids so far
+  const std::string* prev = nullptr;
   for (const auto& wb : plan.workers) {
-    const auto [first, last] = std::equal_range(live.begin(), live.end(), wb.worker_id, ById());
-    for (auto it = first; it != last; ++it)
-      worst = std::max(worst, WorkerStepSeconds(*it->view, it->speed, wb.samples, wb.accumulation));
+    if (prev != nullptr && wb.worker_id < *prev)
+      it = std::lower_bound(live.begin(), live.end(), wb.worker_id, ById());
+    prev = &wb.worker_id;
+    while (it != live.end() && it->view->id < wb.worker_id) ++it;
+    for (auto e = it; e != live.end() && e->view->id == wb.worker_id; ++e)
+      worst = std::max(worst, WorkerStepSeconds(*e->view, e->speed, wb.samples, wb.accumulation));
   }
   return worst;
 }
@@ -305,9 +324,10 @@ BatchPlan BatchPlanner::InForce(const ClusterView& view, const AdjustBatchConfig
   }
   BatchPlan plan = BuildPlan(live, samples, B);
   plan.basis_share.clear();
-  for (const auto& wb : plan.workers)
-    plan.basis_share[wb.worker_id] =
-        B > 0 ? static_cast<double>(wb.samples) / static_cast<double>(B) : 0;
+  for (const auto& wb : plan.workers)  // in id order, as BuildPlan
+    plan.basis_share.insert_or_assign(
+        plan.basis_share.end(), wb.worker_id,
+        B > 0 ? static_cast<double>(wb.samples) / static_cast<double>(B) : 0);
   return plan;
 }
 
@@ -334,12 +354,13 @@ absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const Cluster
   if (!current) reported = InForce(view, cfg);
   const BatchPlan& baseline = current ? *current : *reported;
 
-  // The two plans' sets of worker ids (sorted, repeats dropped; views into the plans).
+  // The two plans' sets of worker ids (sorted, repeats dropped; views into the plans). A
+  // plan's workers are sorted by id already (batch_plan.h), checked rather than sorted again.
   auto ids_of = [](const BatchPlan& plan) {
     std::vector<std::string_view> ids;
     ids.reserve(plan.workers.size());
     for (const auto& wb : plan.workers) ids.push_back(wb.worker_id);
-    std::sort(ids.begin(), ids.end());
+    if (!std::is_sorted(ids.begin(), ids.end())) std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     return ids;
   };
@@ -363,9 +384,11 @@ absl::StatusOr<std::optional<BatchProposal>> BatchPlanner::Propose(const Cluster
   if (!p.membership_changed) {
     double drift = 0;
     std::string who;
+    // Both maps are in id order: one walk along the baseline's, not a search per worker.
+    auto it = baseline.basis_share.begin();
     for (const auto& [id, share] : p.plan.basis_share) {
-      auto it = baseline.basis_share.find(id);
-      if (it == baseline.basis_share.end() || it->second <= 0) continue;
+      while (it != baseline.basis_share.end() && it->first < id) ++it;
+      if (it == baseline.basis_share.end() || it->first != id || it->second <= 0) continue;
       const double d = std::fabs(share / it->second - 1);
       if (d > drift) {
         drift = d;

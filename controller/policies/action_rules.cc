@@ -4,8 +4,10 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -145,8 +147,9 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
       }
     }
     // The speeds the plan in force was built on, relative to their mean (the even split's when
-    // there is none): what a "shown" difference below is measured against.
-    std::map<std::string, double> assumed;
+    // there is none): what a "shown" difference below is measured against. Hashed: it is
+    // looked up for every worker of the view (4 096 of them), in the view's order.
+    absl::flat_hash_map<std::string, double> assumed;
     if (reference > 0) {
       std::optional<BatchPlan> reported;  // read in place when a plan is in force
       if (!current) reported = BatchPlanner::InForce(view, cfg);
@@ -159,8 +162,9 @@ std::optional<Action> ProposeBatchPlan(const ClusterView& view, const History& h
         std::nth_element(shares.begin(), shares.begin() + static_cast<long>(shares.size() / 2),
                          shares.end());
         const double mid = shares[shares.size() / 2];
-        for (const auto& [id, share] : in_force.basis_share)  // in order: appended at the end
-          if (share > 0) assumed.emplace_hint(assumed.end(), id, share / mid);
+        assumed.reserve(shares.size());
+        for (const auto& [id, share] : in_force.basis_share)
+          if (share > 0) assumed.emplace(id, share / mid);
       }
     }
     for (size_t i = 0; i < view.workers.size(); ++i) {
@@ -486,10 +490,10 @@ namespace {
 // A restart in place that did not cure is not judged so: the node may be the cause, and the
 // bad-node memory moves the worker after bad_node_threshold such restarts. A migration recorded
 // without the speed (an older journal) is not judged.
-bool MigrationDidNotCure(const WorkerView& w, const History& history, int64_t now_ms,
+// `last`: the newest executed MIGRATE of the worker (History::LastExecuted), or null.
+bool MigrationDidNotCure(const WorkerView& w, const AuditRecord* last, int64_t now_ms,
                          const RestartConfig& cfg) {
   constexpr double kCured = 1.1;
-  const AuditRecord* last = history.LastExecuted(ActionKind::kMigrate, w.id);
   if (last == nullptr || last->action.relative_speed_before <= 0) return false;
   if (static_cast<double>(now_ms - last->time_ms) > cfg.bad_node_ttl_s * 1000) return false;
   return w.relative_speed < kCured * last->action.relative_speed_before;
@@ -520,8 +524,20 @@ std::vector<Action> ProposeRelaunches(const ClusterView& view, const History& hi
   });
   const RelaunchBaseline baseline =
       candidates.empty() ? RelaunchBaseline{} : ComputeRelaunchBaseline(view, balanced);
+  // Each worker's newest executed MIGRATE (History::LastExecuted), from one walk of the audit,
+  // newest first: a job of 4 096 workers has hundreds of candidates (a slow hardware group), and
+  // the audit up to audit.max_records records.
+  absl::flat_hash_map<std::string_view, const AuditRecord*> migrated;
+  if (!candidates.empty()) {
+    for (auto it = history.audit().rbegin(); it != history.audit().rend(); ++it)
+      if (it->outcome == AuditRecord::Outcome::kExecuted && it->action.kind == ActionKind::kMigrate)
+        migrated.emplace(it->action.target, &*it);  // the first seen is the newest
+  }
   for (const WorkerView* w : candidates) {
-    if (MigrationDidNotCure(*w, history, view.now_ms, cfg.restart)) continue;
+    const auto m = migrated.find(w->id);
+    if (MigrationDidNotCure(*w, m == migrated.end() ? nullptr : m->second, view.now_ms,
+                            cfg.restart))
+      continue;
     const bool bad_node = history.IsBadNode(w->node, view.now_ms, cfg.restart);
     std::optional<RelaunchEstimate> best;
     if (!bad_node) {
