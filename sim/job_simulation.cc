@@ -130,9 +130,11 @@ class JobSimulation : public ActionSink {
   // controller; its decision reaches the workers in the next heartbeat's replies.
   absl::Status Heartbeat();
   void NoteStepTimings(const std::vector<double>& compute, int64_t k, double per_step_s);
-  // sim.trainer_deadline: the workers whose drawn step passes `line` report at t_ + line, the
-  // rule decides inside, and those it excludes stop at the line (stop_at_).
+  // sim.trainer_deadline: the workers whose drawn step passes `line` (over_line_: counted, not
+  // down) report at t_ + line, the rule decides inside, and those it excludes stop at the line
+  // (stop_at_).
   absl::Status DecideAtTheLine(const std::vector<double>& compute, double line);
+  std::vector<int64_t> over_line_;
   std::vector<StepTiming> heartbeat_timings_;  // Heartbeat()'s, kept for its capacity
   // ActionSink: the model carries the action out (Dispatch); the note is what it did.
   absl::StatusOr<std::string> Carry(const Action& a, const CarryContext&) override {
@@ -195,6 +197,15 @@ class JobSimulation : public ActionSink {
   std::vector<double> held_compute_;
   // Per worker, when the drawn step stopped past the step line (DecideAtTheLine; 0: it did not).
   std::vector<double> stop_at_;
+  // The workers excluded now (those with SimWorker::excluded), ascending: an exclusion names
+  // a few dozen of 4 096 workers, and what changes with it is found here, not by a pass over
+  // every worker (Dispatch, ProbeNewlyExcluded, ChunkSync's probe delay).
+  std::vector<int64_t> excluded_;
+  std::vector<int64_t> excluded_before_;  // excluded_ before the actions being carried out
+  std::vector<int64_t> newly_excluded_;   // ProbeNewlyExcluded's
+  // The workers excluded now that were not before (excluded_before_) go to newly_excluded_,
+  // their next probe due at `at`; then excluded_before_ = excluded_.
+  void ProbeNewlyExcluded(double at);
   uint64_t interval_samples_ = 0;
   double last_throughput_ = 0, last_step_wall_ = 0;
   // Step path (Heartbeat): per worker, the newest step timing due at the next heartbeat and
@@ -378,20 +389,6 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     ApplyPlan(*pending_plan_);
     pending_plan_.reset();
   }
-  static thread_local std::vector<double> compute;
-  const bool drawn = held_step_;  // the step held back for an early report (below)
-  if (held_step_) {
-    compute.swap(held_compute_);
-    held_step_ = false;
-  } else {
-    compute.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const SimWorker& w = w_[i];
-      compute[i] = 0;
-      if (w.batch <= 0) continue;
-      compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
-    }
-  }
   // sim.trainer_deadline (what pacer-train-mlp does): a counted worker whose step passes the
   // rule's line (pacerd hands it in heartbeat replies) reports at once; the rule decides inside
   // that report, and a worker it excludes stops at the line and joins the all-reduce with
@@ -400,6 +397,23 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
   // step held back for an early report keeps its decision). stop_at_[i]: when worker i stopped
   // (0: it did not).
   const double line = step_rule_ && sc_.sim.trainer_deadline ? cp_->BurstStepLineS() : 0;
+  static thread_local std::vector<double> compute;
+  const bool drawn = held_step_;  // the step held back for an early report (below)
+  if (held_step_) {
+    compute.swap(held_compute_);
+    held_step_ = false;
+  } else {
+    compute.resize(static_cast<size_t>(n));
+    over_line_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const SimWorker& w = w_[i];
+      compute[i] = 0;
+      if (w.batch <= 0) continue;
+      compute[i] = static_cast<double>(w.batch) / speed_.Speed(i) * Noise();
+      // A counted worker past the line (DecideAtTheLine), noted while its record is at hand.
+      if (line > 0 && compute[i] > line && !w.excluded && !w.down) over_line_.push_back(i);
+    }
+  }
   if (!drawn) {
     stop_at_.assign(static_cast<size_t>(n), 0);
     if (line > 0) {
@@ -416,8 +430,8 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
   // monitor keeps seeing its speed; that one step waits for the probe. Charged as an expected
   // delay per second of the chunk (deterministic).
   double probe_delay = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (w_[i].excluded && !(stop_at_[i] > 0) && w_[i].batch > 0)
+  for (const int64_t i : excluded_) {
+    if (!(stop_at_[i] > 0) && w_[i].batch > 0)
       probe_delay = std::max(probe_delay, 0.5 * compute[i] - slowest);
   }
   const double per_step_s = step_s * (1 + std::max(0.0, probe_delay) / kProbeIntervalS);
@@ -433,6 +447,7 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
   }
   int64_t k = std::max<int64_t>(1, static_cast<int64_t>((boundary - t_) / per_step_s));
   if (pending_plan_) k = std::max<int64_t>(1, std::min(k, pending_plan_->effective_step - step_));
+  uint64_t samples = 0;  // summed here, not in the member (as ChunkAsync)
   for (int64_t i = 0; i < n; ++i) {
     SimWorker& w = w_[i];
     if (w.batch <= 0) continue;
@@ -440,10 +455,17 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     w.rep_wall += static_cast<double>(k) * per_step_s;
     w.rep_steps += static_cast<double>(k);
     if (w.excluded) continue;  // its gradient is dropped (or it stopped at the line): no data
+    const uint64_t want = static_cast<uint64_t>(k * w.batch);
     uint64_t got = 0;
-    if (absl::Status s = Consume(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
-    interval_samples_ += got;
+    if (w.lease != 0 && want < (w.end - w.begin) - w.consumed) {
+      w.consumed += want;  // Consume()'s common case inline: within the lease, not its end
+      got = want;
+    } else if (absl::Status s = Consume(w, i, want, &got); !s.ok()) {
+      return s;
+    }
+    samples += got;
   }
+  interval_samples_ += samples;
   if (step_rule_) NoteStepTimings(compute, k, per_step_s);
   const double chunk_start = t_;
   t_ += static_cast<double>(k) * per_step_s;
@@ -458,9 +480,8 @@ absl::Status JobSimulation::DecideAtTheLine(const std::vector<double>& compute, 
   // slice past the line (never past the step's end). The reports arrive together (the model's
   // step begins at t_ for everyone).
   std::vector<StepTiming> crossed;
-  for (size_t i = 0; i < w_.size(); ++i) {
+  for (const int64_t i : over_line_) {  // in the workers' order
     const SimWorker& w = w_[i];
-    if (w.excluded || w.down || w.batch <= 0 || !(compute[i] > line)) continue;
     StepTiming t;
     t.worker_id = w.id;
     t.worker_index = static_cast<uint32_t>(i + 1);
@@ -477,18 +498,26 @@ absl::Status JobSimulation::DecideAtTheLine(const std::vector<double>& compute, 
   absl::StatusOr<std::vector<Action>> r = cp_->DecideBursts(
       crossed, crossed.front().time_ms, cp_->DecideBurstsReadsFacts() ? Facts() : ModelFacts());
   if (!r.ok()) return r.status();
-  std::vector<bool> was(w_.size());
-  for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
+  excluded_before_ = excluded_;
   for (const Action& a : *r)
     if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
-  for (size_t i = 0; i < w_.size(); ++i) {
-    if (!w_[i].excluded || was[i]) continue;
-    next_probe_[i] = t_ + line + kProbeIntervalS;
+  ProbeNewlyExcluded(t_ + line + kProbeIntervalS);
+  for (const int64_t i : newly_excluded_) {
     // Stopped at the line only when its step passed it; one excluded by the same decision for
     // another reason (the rule's view of it) is excluded from the next step, as at a heartbeat.
     if (compute[i] > line) stop_at_[i] = std::min(compute[i], line + compute[i] / (2 * kLineSlices));
   }
   return absl::OkStatus();
+}
+
+void JobSimulation::ProbeNewlyExcluded(double at) {
+  newly_excluded_.clear();
+  for (const int64_t i : excluded_) {
+    if (std::binary_search(excluded_before_.begin(), excluded_before_.end(), i)) continue;
+    next_probe_[i] = at;
+    newly_excluded_.push_back(i);
+  }
+  excluded_before_ = excluded_;
 }
 
 void JobSimulation::NoteStepTimings(const std::vector<double>& compute, int64_t k,
@@ -538,24 +567,25 @@ absl::Status JobSimulation::Heartbeat() {
   const double hb = std::floor(t_ / kHeartbeatS) * kHeartbeatS;
   next_heartbeat_ = hb + kHeartbeatS;
   // The replies of this heartbeat carry the previous one's decisions.
-  std::vector<bool> was(w_.size());
-  for (size_t i = 0; i < w_.size(); ++i) was[i] = w_[i].excluded;
+  excluded_before_ = excluded_;
   std::vector<Action> carry;
   carry.swap(in_flight_);
   for (const Action& a : carry)
     if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
-  for (size_t i = 0; i < w_.size(); ++i) {
-    if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
-    was[i] = w_[i].excluded;
-  }
-  // Reused: its entries are overwritten in place (the same workers report in the same order
-  // heartbeat after heartbeat, so an id is mostly assigned onto itself).
+  ProbeNewlyExcluded(t_ + kProbeIntervalS);
+  // Reused: its entries are overwritten in place. The same workers report in the same order
+  // heartbeat after heartbeat: an entry already the worker's keeps its id (every timing here
+  // carries its worker's index, set with the id in Run).
   std::vector<StepTiming>& timings = heartbeat_timings_;
   size_t n = 0;
   auto put = [&](const StepTiming& t) {
-    if (n < timings.size()) timings[n] = t;
-    else timings.push_back(t);
-    ++n;
+    if (n == timings.size()) timings.push_back(t);
+    StepTiming& e = timings[n++];
+    if (e.worker_index != t.worker_index) {
+      e.worker_id = t.worker_id;
+      e.worker_index = t.worker_index;
+    }
+    SetTiming(&e, t.step, t.compute_s, t.samples, t.time_ms, t.probe, t.in_progress, t.wall_s);
   };
   for (size_t i = 0; i < w_.size(); ++i) {
     if (running_[i].set) {
@@ -589,8 +619,7 @@ absl::Status JobSimulation::Heartbeat() {
     carry.swap(in_flight_);
     for (const Action& a : carry)
       if (absl::StatusOr<std::string> note = Carry(a, CarryContext()); !note.ok()) return note.status();
-    for (size_t i = 0; i < w_.size(); ++i)
-      if (w_[i].excluded && !was[i]) next_probe_[i] = t_ + kProbeIntervalS;
+    ProbeNewlyExcluded(t_ + kProbeIntervalS);
   }
   return absl::OkStatus();
 }
@@ -786,14 +815,20 @@ absl::Status JobSimulation::Dispatch(const Action& a) {
     }
     case ActionKind::kExcludeWorkers:
       ++run_.exclusions;
-      for (auto& w : w_) w.excluded = false;
+      // The action names the whole set out from now on.
+      for (const int64_t i : excluded_) w_[i].excluded = false;
+      excluded_.clear();
       for (const auto& id : a.excluded_workers)
-        if (auto it = index_.find(id); it != index_.end()) w_[it->second].excluded = true;
+        if (auto it = index_.find(id); it != index_.end()) excluded_.push_back(it->second);
+      std::sort(excluded_.begin(), excluded_.end());
+      excluded_.erase(std::unique(excluded_.begin(), excluded_.end()), excluded_.end());
+      for (const int64_t i : excluded_) w_[i].excluded = true;
       // An excluded worker's gradients are dropped, so it trains on no data: it hands back
-      // the unconsumed rest of its lease (acknowledging what it did) for others to take.
-      for (auto& w : w_) {
-        if (!w.excluded || w.lease == 0) continue;
-        if (absl::Status s = Release(w); !s.ok()) return s;
+      // the unconsumed rest of its lease (acknowledging what it did) for others to take, in
+      // the workers' order.
+      for (const int64_t i : excluded_) {
+        if (w_[i].lease == 0) continue;
+        if (absl::Status s = Release(w_[i]); !s.ok()) return s;
       }
       return absl::OkStatus();
     case ActionKind::kReallocate: {
