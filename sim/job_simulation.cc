@@ -467,7 +467,6 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
   }
   interval_samples_ += samples;
   if (step_rule_) NoteStepTimings(compute, k, per_step_s);
-  const double chunk_start = t_;
   t_ += static_cast<double>(k) * per_step_s;
   step_ += k;
   last_step_wall_ = per_step_s;
