@@ -74,7 +74,7 @@ def main():
                 ws = {w["id"]: w for w in json.loads(p.stdout)["workers"]} if p.returncode == 0 else {}
                 return ws.get("w1", {}).get("classification", {}).get("worker_class") == "WORKER_CLASS_STRAGGLER"
             wait_for(w1_flagged, 60, "the monitor to flag w1", period_s=0.2)
-            # Three samples at least (one per 1 s window): a report of the running job.
+            # Three samples at least (one per monitor window): a report of the running job.
             def report_with_samples(out=os.path.join(tmp, "running")):
                 p = subprocess.run([*ctl, "report", "--out", out, "-o", "json"], capture_output=True,
                                    text=True, timeout=30)

@@ -137,7 +137,7 @@ def run(c, procs, bin_dir, src, ctl, tmp):
     c.expect(st["workers"]["count"] == 2 and st["agents"]["count"] == 1 and "policy" in st and "plan" in st,
              f"status: workers, agents, policy and plan ({st.get('workers')}, {st.get('agents')})")
     pol = json.loads(pctl(*base, "policy", "show", "-o", "json").stdout)
-    c.expect(pol.get("name") == "demo-baseline-none" and pol["detection"]["window_s"] == 1,
+    c.expect(pol.get("name") == "demo-baseline-none" and pol["detection"]["window_s"] == 0.5,
              "policy show: the policy in force, fields typed and nested as in the file")
     legacy = json.loads(pctl(*base, "--json", "datasets").stdout)  # the demo's and scripts' flag
     c.expect(legacy.keys() == ds.keys() and isinstance(legacy["journal_seq"], int), "--json is -o json")
