@@ -117,6 +117,16 @@ class JobSimulation : public ActionSink {
   // agents (the workers' facts, the job's step).
   ModelFacts Facts() const;
   absl::Status Consume(SimWorker& w, int64_t w_index, uint64_t want, uint64_t* got);
+  // Consume() with its common case inline (the chunk loops call it for every worker of every
+  // chunk): the samples lie within the worker's lease, short of its end.
+  absl::Status Take(SimWorker& w, int64_t w_index, uint64_t want, uint64_t* got) {
+    if (w.lease != 0 && want < (w.end - w.begin) - w.consumed) {
+      w.consumed += want;
+      *got = want;
+      return absl::OkStatus();
+    }
+    return Consume(w, w_index, want, got);
+  }
   absl::Status Fetch(SimWorker& w);
   absl::Status Acknowledge(SimWorker& w, bool complete);
   absl::Status Release(SimWorker& w);
@@ -455,14 +465,8 @@ absl::Status JobSimulation::ChunkSync(double boundary) {
     w.rep_wall += static_cast<double>(k) * per_step_s;
     w.rep_steps += static_cast<double>(k);
     if (w.excluded) continue;  // its gradient is dropped (or it stopped at the line): no data
-    const uint64_t want = static_cast<uint64_t>(k * w.batch);
     uint64_t got = 0;
-    if (w.lease != 0 && want < (w.end - w.begin) - w.consumed) {
-      w.consumed += want;  // Consume()'s common case inline: within the lease, not its end
-      got = want;
-    } else if (absl::Status s = Consume(w, i, want, &got); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = Take(w, i, static_cast<uint64_t>(k * w.batch), &got); !s.ok()) return s;
     samples += got;
   }
   interval_samples_ += samples;
@@ -645,12 +649,7 @@ absl::Status JobSimulation::ChunkAsync(double boundary) {
     w.rep_steps += whole;
     uint64_t got = 0;
     const uint64_t want = static_cast<uint64_t>(whole) * static_cast<uint64_t>(w.batch);
-    if (w.lease != 0 && want < (w.end - w.begin) - w.consumed) {
-      w.consumed += want;  // Consume()'s common case inline: within the lease, not its end
-      got = want;
-    } else if (absl::Status s = Consume(w, i, want, &got); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = Take(w, i, want, &got); !s.ok()) return s;
     // Summed in locals (the same integer sums, the same last value): as members they were
     // loaded and stored for every worker, the compiler unable to tell them from w's fields.
     samples += got;
