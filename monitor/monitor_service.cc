@@ -80,14 +80,15 @@ void MonitorServiceImpl::ForgetWorkerHistories() {
   state_->ForgetWorkerHistories();
 }
 
-void MonitorServiceImpl::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s) {
+void MonitorServiceImpl::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s,
+                                         uint64_t samples_done, double done_compute_s) {
   // Every heartbeat of every worker comes here: without the setting, not even the lock.
   if (!bound_running_.load(std::memory_order_relaxed)) return;
   {
     absl::MutexLock lock(&mu_);
     if (!state_->options().running_step_bound) return;
     AdvanceLocked();
-    state_->NoteRunningStep(worker_id, samples, compute_s);
+    state_->NoteRunningStep(worker_id, samples, compute_s, samples_done, done_compute_s);
   }
   DeliverEvents();
 }

@@ -74,7 +74,8 @@ class MonitorServiceImpl {
   // The running step a worker's heartbeat carries (MonitorState::NoteRunningStep; pacerd's
   // heartbeat handler). Closes the windows due first, so a note counts in the window it
   // arrived in. A no-op unless the detection settings bound running steps.
-  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s);
+  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s,
+                       uint64_t samples_done = 0, double done_compute_s = 0);
   // Hot reload of the detection settings (MonitorState::UpdateDetection).
   absl::Status UpdateDetection(const MonitorOptions& options);
   MonitorOptions Options() const;  // in force now

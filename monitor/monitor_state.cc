@@ -59,13 +59,19 @@ MonitorState::MonitorState(const MonitorOptions& options, const Clock* clock)
       worker_classifier_(options, ENTITY_WORKER),
       server_classifier_(options, ENTITY_SERVER) {}
 
-void MonitorState::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s) {
+void MonitorState::NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s,
+                                   uint64_t samples_done, double done_compute_s) {
   if (!options_.running_step_bound || samples == 0 || samples > options_.max_samples_per_step ||
       !std::isfinite(compute_s) || !(compute_s > 0) || compute_s > options_.max_step_s)
     return;
   auto it = worker_index_.find(worker_id);
   if (it == worker_index_.end()) return;
-  speed_.NoteRunning(it->second, samples, compute_s);
+  if (samples_done > samples || !std::isfinite(done_compute_s) || !(done_compute_s > 0) ||
+      done_compute_s > compute_s) {
+    samples_done = 0;  // not this step's progress: the bound alone
+    done_compute_s = 0;
+  }
+  speed_.NoteRunning(it->second, samples, compute_s, samples_done, done_compute_s);
 }
 
 absl::Status MonitorState::UpdateDetection(const MonitorOptions& o) {

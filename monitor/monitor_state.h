@@ -89,10 +89,13 @@ class MonitorState {
   void CountIssue(ReportIssue issue, uint64_t n = 1) { issues_.Add(issue, n); }
 
   // The step a worker is computing, as its heartbeat says (HeartbeatRequest.step_timings'
-  // running step: samples, compute seconds so far); read only with
-  // options().running_step_bound (MonitorOptions). Unknown workers and implausible values
-  // (the step-report limits) are ignored.
-  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s);
+  // running step: samples, compute seconds so far, and its progress when said: samples_done of
+  // them in the first done_compute_s); read only with options().running_step_bound
+  // (MonitorOptions). Unknown workers and implausible values (the step-report limits) are
+  // ignored; a progress that does not fit the step (more samples done than it computes, or
+  // done later than its compute so far) is ignored and the step's bound alone counts.
+  void NoteRunningStep(absl::string_view worker_id, uint64_t samples, double compute_s,
+                       uint64_t samples_done = 0, double done_compute_s = 0);
   // Closes every window that ended by now, classifies, appends the events to `events` (may be
   // null) and keeps them in the ring. Returns the number of windows closed.
   int AdvanceWindows(std::vector<ClassificationEvent>* events);

@@ -140,9 +140,9 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window, bool bound_ru
   size_t bounds = 0;  // estimates that are running steps' bounds
   for (uint32_t w = 0; w < open_.size(); ++w) {
     Open& o = open_[w];
-    if (bound_running && o.reports == 0 && o.running_compute > 0 && o.running_samples > 0) {
+    if (bound_running && o.reports == 0 && o.running_compute > 0 && o.running_speed > 0) {
       const WindowSummary* last = Last(w);
-      const double bound = o.running_samples / o.running_compute;
+      const double bound = o.running_speed;
       if (last != nullptr && last->window >= 0 && last->speed > 0 &&
           bound < std::max<double>(last->speed, straggler_line)) {
         WindowSummary s;
@@ -154,7 +154,7 @@ SpeedEstimator::Closed SpeedEstimator::CloseWindow(int64_t window, bool bound_ru
         ++bounds;
       }
     }
-    o.running_samples = o.running_compute = 0;
+    o.running_speed = o.running_compute = 0;
     if (o.reports >= options_.min_reports_per_window && o.reports > 0) {
       WindowSummary s;
       s.window = window;

@@ -34,6 +34,7 @@
 // Thread-compatible.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -92,19 +93,27 @@ class SpeedEstimator {
     std::vector<uint32_t> estimated;  // workers with an estimate this window
   };
   // The step the worker is computing, as its newest heartbeat said (samples it computes,
-  // compute seconds so far); the newest note of the open window counts.
-  void NoteRunning(uint32_t worker, uint64_t samples, double compute_s) {
-    open_[worker].running_samples = static_cast<double>(samples);
+  // compute seconds so far; and its progress when the heartbeat carried one: `samples_done` of
+  // them in its first `done_compute_s`); the newest note of the open window counts. Its speed
+  // estimate is the lower of the step's bound, samples / compute_s, and the speed measured so
+  // far, samples_done / done_compute_s. The caller checks the values (MonitorState).
+  void NoteRunning(uint32_t worker, uint64_t samples, double compute_s, uint64_t samples_done = 0,
+                   double done_compute_s = 0) {
+    double speed = static_cast<double>(samples) / compute_s;
+    if (samples_done > 0 && done_compute_s > 0)
+      speed = std::min(speed, static_cast<double>(samples_done) / done_compute_s);
+    open_[worker].running_speed = speed;
     open_[worker].running_compute = compute_s;
   }
   // Summarises the open window as `window`, appends each estimated worker's summary to its
   // history and starts a new open window. Workers without an estimate get no history entry.
   // `bound_running` (MonitorOptions::running_step_bound): a worker that finished no step in
-  // the window but was computing one gets that step's bound, samples / compute so far, as the
-  // window's speed (reports 0) when the bound says something: it is below the worker's newest
-  // window's speed (it slowed down further), or below `straggler_line` (the straggler
-  // threshold × the last reference: it is still a straggler). An upper bound on its speed, so
-  // it flags nobody who is not slow.
+  // the window but was computing one gets that step's estimate (NoteRunning: its bound,
+  // samples / compute so far, or the speed measured over its progress if lower) as the
+  // window's speed (reports 0) when the estimate says something: it is below the worker's
+  // newest window's speed (it slowed down further), or below `straggler_line` (the straggler
+  // threshold × the last reference: it is still a straggler). The bound alone is an upper
+  // bound on its speed, so it flags nobody who is not slow; the progress measures it.
   // A window whose only estimates are such bounds is compared with `last_reference` (the last
   // window's reference speed; 0: not compared).
   Closed CloseWindow(int64_t window, bool bound_running = false, double last_reference = 0,
@@ -139,7 +148,7 @@ class SpeedEstimator {
     uint32_t next_slot = 0;
     uint32_t kept = 0;  // speeds held in the worker's slots of speeds_
     double samples = 0, compute = 0, comm = 0, data_wait = 0, wall = 0;
-    double running_samples = 0, running_compute = 0;  // NoteRunning
+    double running_speed = 0, running_compute = 0;  // NoteRunning
   };
   // A ring over a fixed slice of one of the flat arrays below.
   struct Tier {

@@ -173,6 +173,14 @@ void Client::NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, 
   running_.phase_ns = 0;
   running_.open_ns = 0;
   running_.samples = samples;
+  running_.samples_done = 0;
+  running_.done_compute_ns = 0;
+}
+
+void Client::NoteStepProgress(uint64_t samples_done, int64_t compute_ns) {
+  absl::MutexLock l(&mu_);
+  running_.samples_done = samples_done;
+  running_.done_compute_ns = compute_ns;
 }
 
 void Client::NoteStepPhase(int64_t phase_ns, int64_t open_ns) {
@@ -390,6 +398,10 @@ void Client::SendHeartbeat() {
         t->set_samples(running_.samples);
         t->set_wall_s(static_cast<double>(now - running_.begin_ns) / 1e9);
         t->set_in_progress(true);
+        if (running_.samples_done > 0 && running_.done_compute_ns > 0) {
+          t->set_samples_done(std::min(running_.samples_done, running_.samples));
+          t->set_done_compute_s(static_cast<double>(running_.done_compute_ns) / 1e9);
+        }
       }
     }
   }

@@ -124,6 +124,9 @@ class Client {
   void NoteStepBegun(const Clock* clock, uint64_t step, int64_t begin_ns, uint64_t samples);
   void NoteStepPhase(int64_t phase_ns, int64_t open_ns);
   void NoteStepEnded();
+  // The running step's progress (StepTimer::NoteProgress): `samples_done` of its samples were
+  // computed in its first `compute_ns` of compute (HeartbeatStepTiming.samples_done).
+  void NoteStepProgress(uint64_t samples_done, int64_t compute_ns);
   void SetStep(uint64_t step) { step_.store(step, std::memory_order_relaxed); }
   LocalBatchPlan& batch_plan() { return plan_; }
   // A stop command arrived (finish the current step and exit).
@@ -234,6 +237,8 @@ class Client {
     int64_t phase_ns = 0;  // data wait + communication so far
     int64_t open_ns = 0;   // a phase is open since (0: none)
     uint64_t samples = 0;
+    uint64_t samples_done = 0;   // NoteStepProgress (0: none yet)
+    int64_t done_compute_ns = 0;
   };
   RunningStep running_ ABSL_GUARDED_BY(mu_);
   StepReport newest_step_ ABSL_GUARDED_BY(mu_);

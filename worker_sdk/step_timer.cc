@@ -48,6 +48,12 @@ double StepTimer::ComputeSoFarS() const {
   return static_cast<double>(std::max<int64_t>(0, ns)) / 1e9;
 }
 
+void StepTimer::NoteProgress(uint64_t samples_done) {
+  if (client_ == nullptr) return;
+  const int64_t ns = clock_->MonotonicNs() - begin_ns_ - phase_ns_[0] - phase_ns_[1];
+  client_->NoteStepProgress(samples_done, std::max<int64_t>(0, ns));
+}
+
 bool StepTimer::PastStepLine() const {
   if (client_ == nullptr) return false;
   const double line = client_->step_line_s();

@@ -63,6 +63,13 @@ class StepTimer {
   // Compute seconds of the running step so far: its wall time since BeginStep less its timed
   // phases. Call it between phases, not inside a Time() scope.
   double ComputeSoFarS() const;
+  // The running step (begun with `samples` > 0) has computed `samples_done` of them so far:
+  // the heartbeats sent until the next call carry them with the compute time taken until now
+  // (HeartbeatStepTiming.samples_done / done_compute_s), so pacerd's monitor measures a slowed
+  // worker's speed within its slow step instead of only bounding it. A trainer calls it between
+  // micro-batches, or between slices of one (cheap: one clock read and an uncontended lock).
+  // Call it between phases, not inside a Time() scope.
+  void NoteProgress(uint64_t samples_done);
   // Whether the running step has computed past the step line pacerd handed this worker
   // (Client::step_line_s; false without a client or a line): the step is a burst's. Cheap (one
   // clock read and an atomic): a trainer asks between micro-batches, or between slices of one,

@@ -12,7 +12,9 @@ void WorkerSessionService::Heartbeat(const HeartbeatRequest& req, HeartbeatRespo
     const bool in_run = reconciler_->OnHeartbeat(req);
     if (monitor_ != nullptr) {
       for (const HeartbeatStepTiming& t : req.step_timings())
-        if (t.in_progress()) monitor_->NoteRunningStep(req.worker_id(), t.samples(), t.compute_s());
+        if (t.in_progress())
+          monitor_->NoteRunningStep(req.worker_id(), t.samples(), t.compute_s(), t.samples_done(),
+                                    t.done_compute_s());
     }
     sessions_->OnHeartbeat(req, resp, reconciler_->NowMs(), /*hold_plan=*/!in_run);
     if (req.honors_exclusion()) resp->set_step_line_s(reconciler_->StepLineS(req.worker_id()));

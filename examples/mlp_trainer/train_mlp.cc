@@ -15,7 +15,8 @@
 // It honors EXCLUDE_WORKERS (Client::excluded()): while excluded it hands its leases back, joins
 // each all-reduce with weight 0 and times half a batch of discarded gradients every --probe-ms,
 // so the controller sees it recover. It keeps the step line pacerd hands it (Client::
-// step_line_s): it computes a micro-batch in slices and, between them, once its step has
+// step_line_s): it computes a micro-batch in slices (noting the step's progress for the
+// heartbeat after each: StepTimer::NoteProgress) and, between them, once its step has
 // computed past the line, reports at once (Client::ReportStepPastLine); excluded by the reply
 // (or by any reply meanwhile), it abandons the step -- weight 0 in the all-reduce, the step's
 // records handed back uncounted with its leases -- so the others' step does not wait for the
@@ -170,8 +171,10 @@ int main(int argc, char** argv) {
   // read after them) are not trained: they go back uncounted when the leases are handed back,
   // which the next step does before anything else. kAllHandedOut: none.
   uint64_t untrained_from = ShardReader::kAllHandedOut;
-  // Slices a micro-batch is computed in while a step line is in force (the line is checked
-  // between them), and how long the report of a step past the line may wait for its reply.
+  // Slices a micro-batch is computed in when the job steps together: between them the step line
+  // is checked, when one is in force, and the step's progress is noted for the heartbeat
+  // (StepTimer::NoteProgress: pacerd measures a slowed worker's speed within its slow step);
+  // and how long the report of a step past the line may wait for its reply.
   constexpr uint32_t kLineSlices = 4;
   constexpr int64_t kLineReplyMs = 2'000;
   auto last_probe = std::chrono::steady_clock::time_point();  // excluded: the last probe
@@ -287,12 +290,13 @@ int main(int argc, char** argv) {
       x.resize(ids.size() * dims);
       labels.resize(ids.size());
       for (size_t i = 0; i < ids.size(); ++i) labels[i] = task.Sample(ids[i], &x[i * dims]);
-      const size_t slice = keeps_line ? (ids.size() + kLineSlices - 1) / kLineSlices : ids.size();
+      const size_t slice = lockstep ? (ids.size() + kLineSlices - 1) / kLineSlices : ids.size();
       for (size_t from = 0; from < ids.size() && !abandon; from += slice) {
         const size_t n = std::min(slice, ids.size() - from);
         loss_sum += model.Gradient(&x[from * dims], &labels[from], n, &grad) * n;
         for (size_t i = 0; i < grad.size(); ++i) step_grad[i] += grad[i] * static_cast<float>(n);
         samples += n;
+        if (lockstep) timer.NoteProgress(samples);
         abandon = stop_here();
       }
     }

@@ -3,6 +3,9 @@
 #include "monitor/monitor_service.h"
 
 #include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -273,48 +276,74 @@ TEST_F(MonitorServiceTest, GrpcAdapterRequiresTheJobToken) {
 // bound is compared with the last window's median). Without it those windows have no estimate
 // for it, and nobody is flagged. A step that has only just begun (its bound above the worker's
 // speed) adds nothing.
-class RunningStepBoundTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
-  const bool bound = GetParam();
-  SimulatedClock clock(kStart);
-  MetricsRegistry metrics;
-  MonitorOptions o;
-  o.window_ms = 1'000;
-  o.persistent_k = 2;
-  o.persistent_w = 5;
-  o.running_step_bound = bound;
-  auto svc = std::move(MonitorServiceImpl::Create(o, &clock, &metrics).value());
-  const std::vector<std::string> ids = {"w0", "w1", "w2", "w3"};
-  for (const auto& id : ids) {
-    MonitorRegisterRequest req;
-    req.set_worker_id(id);
-    req.set_node("n-" + id);
-    MonitorRegisterResponse resp;
-    ASSERT_TRUE(svc->RegisterWorker(req, &resp).ok());
+// A job of four workers (w0..w3) whose monitor bounds running steps (or not: `bound`), 1 s
+// windows, persistent after 2 of 5.
+class RunningStepJob {
+ public:
+  explicit RunningStepJob(bool bound) {
+    MonitorOptions o;
+    o.window_ms = 1'000;
+    o.persistent_k = 2;
+    o.persistent_w = 5;
+    o.running_step_bound = bound;
+    svc_ = std::move(MonitorServiceImpl::Create(o, &clock_, &metrics_).value());
+    for (const auto& id : ids_) {
+      MonitorRegisterRequest req;
+      req.set_worker_id(id);
+      req.set_node("n-" + id);
+      MonitorRegisterResponse resp;
+      EXPECT_TRUE(svc_->RegisterWorker(req, &resp).ok());
+    }
   }
-  uint64_t step = 0;
-  // Each 0.5 s: every worker ends a step of 400 samples in 0.5 s (800/s), or none (`quiet`).
-  auto half_second = [&](bool quiet) {
-    clock.AdvanceMs(500);
+  MonitorServiceImpl& svc() { return *svc_; }
+  // 0.5 s pass: every worker ends a step of 400 samples in 0.5 s (800/s), or none (`quiet`).
+  void HalfSecond(bool quiet) {
+    clock_.AdvanceMs(500);
     ReportStepsRequest req;
-    ++step;
-    for (const auto& id : ids) {
+    ++step_;
+    for (const auto& id : ids_) {
       if (quiet) break;
       StepReport* r = req.add_steps();
       r->set_worker_id(id);
-      r->set_step(step);
+      r->set_step(step_);
       r->set_local_batch(400);
       r->set_samples(400);
       r->set_compute_s(0.5);
       r->set_wall_s(0.5);
-      r->set_time_ms(clock.NowMs() - 1);
+      r->set_time_ms(clock_.NowMs() - 1);
     }
     ReportStepsResponse resp;
-    ASSERT_TRUE(svc->ReportSteps(req, &resp).ok());
-    svc->Tick();
-  };
-  for (int i = 0; i < 12; ++i) half_second(false);
+    EXPECT_TRUE(svc_->ReportSteps(req, &resp).ok());
+    svc_->Tick();
+  }
+  void ExpectOthersNormal() {
+    for (const std::string id : {"w0", "w2", "w3"})
+      EXPECT_EQ(svc_->Worker(id)->classification().worker_class(), WORKER_CLASS_NORMAL) << id;
+  }
+
+ private:
+  SimulatedClock clock_{kStart};
+  MetricsRegistry metrics_;
+  std::unique_ptr<MonitorServiceImpl> svc_;
+  const std::vector<std::string> ids_ = {"w0", "w1", "w2", "w3"};
+  uint64_t step_ = 0;
+};
+
+// MonitorOptions::running_step_bound: a worker that slows down in the middle of a long step
+// finishes no step for a while; its heartbeat's running step (NoteRunningStep: samples,
+// compute so far) bounds its speed. With the option, the windows in which it finishes nothing
+// carry that bound, and it is a persistent straggler after K of them -- before its slow step
+// ends -- also in a synchronous job, where the others finish no step while they wait for it (its
+// bound is compared with the last window's median). Without it those windows have no estimate
+// for it, and nobody is flagged. A step that has only just begun (its bound above the worker's
+// speed) adds nothing.
+class RunningStepBoundTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
+  const bool bound = GetParam();
+  RunningStepJob job(bound);
+  MonitorServiceImpl* svc = &job.svc();
+  for (int i = 0; i < 12; ++i) job.HalfSecond(false);
   ASSERT_EQ(svc->Worker("w1")->classification().worker_class(), WORKER_CLASS_NORMAL);
 
   // w1's step began at the last report and has slowed down: its heartbeats say it has computed
@@ -325,10 +354,10 @@ TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
   // notes (1.5 s, 2.5 s) are below the threshold.
   svc->NoteRunningStep("w1", 400, 0.1);
   for (int i = 1; i <= 5; ++i) {
-    half_second(true);
+    job.HalfSecond(true);
     svc->NoteRunningStep("w1", 400, 0.5 * i);
   }
-  half_second(true);
+  job.HalfSecond(true);
   const WorkerStatus w1 = svc->Worker("w1").value();
   if (bound) {
     EXPECT_EQ(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
@@ -342,12 +371,64 @@ TEST_P(RunningStepBoundTest, AWorkerSlowedMidStepIsFlaggedBeforeTheStepEnds) {
   } else {
     EXPECT_NE(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
   }
-  for (const std::string id : {"w0", "w2", "w3"})
-    EXPECT_EQ(svc->Worker(id)->classification().worker_class(), WORKER_CLASS_NORMAL) << id;
+  job.ExpectOthersNormal();
 }
 
 INSTANTIATE_TEST_SUITE_P(Option, RunningStepBoundTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "On" : "Off"; });
+
+// The running step's progress (HeartbeatStepTiming.samples_done / done_compute_s): a worker
+// slowed tenfold (800/s to 80/s) at the start of a step computes it in slices of 100 samples,
+// 1.25 s each. Its bound, 400 samples / compute so far, stays far above its speed for the
+// whole step (160/s after 2.5 s); its progress measures it: 200 samples in 2.5 s, 80/s. A
+// batch plan made before the step ends plans it at 80/s, not at twice that. A progress that
+// does not fit the step (more samples done than it computes; done after its compute so far)
+// is not used: the bound alone counts, as from an SDK that sends none.
+enum class Progress { kNone, kMeasured, kMoreThanTheStep, kLaterThanTheStep };
+
+class RunningStepProgressTest : public ::testing::TestWithParam<Progress> {};
+
+TEST_P(RunningStepProgressTest, ASlowedWorkerIsPlannedAtItsMeasuredSpeed) {
+  RunningStepJob job(/*bound=*/true);
+  MonitorServiceImpl* svc = &job.svc();
+  for (int i = 0; i < 12; ++i) job.HalfSecond(false);
+  for (int i = 1; i <= 5; ++i) {
+    job.HalfSecond(true);
+    const double compute = 0.5 * i;
+    const uint64_t slices = static_cast<uint64_t>(compute / 1.25);  // done by now
+    uint64_t done = slices * 100;
+    double done_at = static_cast<double>(slices) * 1.25;
+    switch (GetParam()) {
+      case Progress::kNone: done = 0, done_at = 0; break;
+      case Progress::kMeasured: break;
+      case Progress::kMoreThanTheStep: done = done > 0 ? 401 : 0; break;
+      case Progress::kLaterThanTheStep: done_at = done > 0 ? compute + 0.1 : 0; break;
+    }
+    svc->NoteRunningStep("w1", 400, compute, done, done_at);
+  }
+  job.HalfSecond(true);
+  const WorkerStatus w1 = svc->Worker("w1").value();
+  EXPECT_EQ(w1.classification().worker_class(), WORKER_CLASS_STRAGGLER) << w1.ShortDebugString();
+  EXPECT_EQ(w1.classification().persistence(), PERSISTENCE_PERSISTENT) << w1.ShortDebugString();
+  const double planned = GetParam() == Progress::kMeasured ? 200 / 2.5 : 400 / 2.5;
+  EXPECT_NEAR(w1.smoothed_speed(), planned, 1) << w1.ShortDebugString();
+  EXPECT_NEAR(w1.speed(), planned, 1) << w1.ShortDebugString();
+  job.ExpectOthersNormal();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heartbeat, RunningStepProgressTest,
+    ::testing::Values(Progress::kNone, Progress::kMeasured, Progress::kMoreThanTheStep,
+                      Progress::kLaterThanTheStep),
+    [](const ::testing::TestParamInfo<Progress>& p) {
+      switch (p.param) {
+        case Progress::kNone: return "None";
+        case Progress::kMeasured: return "Measured";
+        case Progress::kMoreThanTheStep: return "MoreThanTheStep";
+        case Progress::kLaterThanTheStep: return "LaterThanTheStep";
+      }
+      return "";
+    });
 
 }  // namespace
 }  // namespace pacer

@@ -133,6 +133,34 @@ TEST(SpeedEstimatorTest, StragglerSpeedIsAtMostItsRunningStepsBound) {
   EXPECT_NEAR(est.StragglerSpeed(0, 3), 100, 1e-4) << "finished steps only: the median";
 }
 
+// A running step's estimate: the lower of its bound (samples / compute so far) and the speed
+// measured over its progress (samples done / compute when they were done).
+TEST(SpeedEstimatorTest, ARunningStepsProgressMeasuresItsSpeed) {
+  MonitorOptions o;
+  o.window_ms = 1000;
+  o.history_ms = 10'000;
+  SpeedEstimator est(o);
+  for (int i = 0; i < 3; ++i) est.AddWorker();
+  auto window = [&](int64_t w, auto note_w1) {
+    est.Add(0, 100, 1, 0, 0, 1);
+    est.Add(2, 100, 1, 0, 0, 1);
+    note_w1();
+    est.CloseWindow(w, /*bound_running=*/true, /*last_reference=*/100, /*straggler_line=*/85);
+  };
+  window(0, [&] { est.Add(1, 100, 1, 0, 0, 1); });
+  // 400 samples, 2 s so far (bound 200/s: says nothing); 50 of them done in the first 1 s.
+  window(1, [&] { est.NoteRunning(1, 400, 2.0, 50, 1.0); });
+  ASSERT_EQ(est.Last(1)->window, 1);
+  EXPECT_NEAR(est.Last(1)->speed, 50, 1e-4);
+  EXPECT_EQ(est.Last(1)->reports, 0);
+  // Progress faster than the bound (the step slowed after it): the bound.
+  window(2, [&] { est.NoteRunning(1, 400, 8.0, 300, 2.0); });
+  EXPECT_NEAR(est.Last(1)->speed, 50, 1e-4);
+  // No progress said: the bound alone, which says nothing above the line.
+  window(3, [&] { est.NoteRunning(1, 400, 1.0); });
+  EXPECT_EQ(est.Last(1)->window, 2);
+}
+
 // Memory is windows in two tiers, sized when a worker is added: flat over time, whatever the
 // report rate, and (R + K + 1) summaries per worker (docs/design.md §3, "Memory").
 TEST(SpeedEstimatorTest, MemoryIsBoundedByWindowTiersNotByTime) {

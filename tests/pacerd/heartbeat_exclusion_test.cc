@@ -10,7 +10,9 @@
 //  - the SDK (Client + StepTimer, a step begun and not ended) reports its running step in its
 //    heartbeats by itself, and is excluded from the reply to one of them;
 //  - the replies hand the step line (HeartbeatResponse.step_line_s); an SDK worker whose step
-//    passes it reports at once (Client::ReportStepPastLine) and that report's reply excludes it.
+//    passes it reports at once (Client::ReportStepPastLine) and that report's reply excludes it;
+//  - the running step's progress (StepTimer::NoteProgress) reaches the monitor, which measures a
+//    slowed worker's speed within its step (detection.running_step_bound).
 // Leases and records: the exclusion is the same EXCLUDE_WORKERS command as before (an excluded
 // trainer hands its leases back: ShardReader::ReleaseAll, tests/sdk/client_test.cc,
 // sdk_exclusion_e2e_test).
@@ -216,6 +218,60 @@ TEST(HeartbeatExclusionTest, AWorkerPastTheStepLineIsExcludedByTheReplyToItsOwnR
   EXPECT_EQ(decided[0].target(), "sdk");
   EXPECT_EQ((*client)->step_line_s(), 0) << "an excluded worker keeps no line";
   (*client)->Close(5'000);
+}
+
+// The running step's progress end to end: StepTimer::NoteProgress, the SDK's heartbeat
+// (HeartbeatStepTiming.samples_done / done_compute_s), pacerd's monitor under
+// detection.running_step_bound. A worker slowed from 640 to 20 samples/s has computed 2 s of a
+// step of 64 samples and done 40 of them: the window in which it finishes nothing gets the
+// speed measured over its progress, 20/s, where the step's bound alone says 64 / 2 s = 32/s
+// (what it gets without a progress note).
+TEST(HeartbeatStepTimingTest, TheRunningStepsProgressMeasuresASlowedWorkersSpeed) {
+  for (const bool progress : {false, true}) {
+    SCOPED_TRACE(progress ? "progress noted" : "no progress noted");
+    HarnessOptions o;
+    o.policy = "running-step-bound-1s";
+    PacerdHarness h(o);
+    ASSERT_TRUE(h.ok());
+    ScriptedJob job(h, JobOptions(3));
+    ASSERT_TRUE(job.Connect().ok());
+    // Heartbeats only when the test flushes: each one's content is known.
+    auto client = Client::Connect(SdkWorker(h, /*heartbeat_interval_ms=*/60'000));
+    ASSERT_TRUE(client.ok()) << client.status();
+    StepTimer timer(client->get(), &h.sim_clock());
+    uint64_t step = 0;
+    for (int tick = 0; tick < 40; ++tick) {  // 64 samples in 0.1 s, as the scripted workers
+      const uint64_t sent = (*client)->stats().steps_sent;
+      timer.BeginStep(step, 64);
+      ASSERT_TRUE(job.Run(100).ok());
+      timer.EndStep(64, 64);
+      ++step;
+      ASSERT_TRUE((*client)->Flush(10'000).ok());
+      ASSERT_TRUE(testing::WaitFor([&] { return (*client)->stats().steps_sent > sent; },
+                                   std::chrono::seconds(30)));
+    }
+    const WorkerStatus before = h->monitor()->Worker("sdk").value();
+    ASSERT_NEAR(before.speed(), 640, 20) << before.ShortDebugString();
+
+    // The slow step: 2 s of compute so far (no other worker steps: they wait for it), 40 of its
+    // 64 samples done. The window holding the heartbeat begins after the last step report.
+    timer.BeginStep(step, 64);
+    h.sim_clock().AdvanceMs(2000);
+    if (progress) timer.NoteProgress(40);
+    // Two rounds now (Flush wakes the reporter; nothing is queued, so it returns at once): the
+    // reporter sends one heartbeat at a time, so the second was built after the note even if the
+    // first to end was already on its way.
+    for (int round = 0; round < 2; ++round) {
+      const uint64_t heartbeats = (*client)->stats().heartbeats_ok;
+      ASSERT_TRUE((*client)->Flush(10'000).ok());
+      ASSERT_TRUE(testing::WaitFor([&] { return (*client)->stats().heartbeats_ok > heartbeats; },
+                                   std::chrono::seconds(30)));
+    }
+    h.Advance(1000);  // that window closes
+    const WorkerStatus slow = h->monitor()->Worker("sdk").value();
+    EXPECT_NEAR(slow.speed(), progress ? 40 / 2.0 : 64 / 2.0, 0.5) << slow.ShortDebugString();
+    (*client)->Close(5'000);
+  }
 }
 
 }  // namespace

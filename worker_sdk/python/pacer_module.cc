@@ -619,6 +619,10 @@ PYBIND11_MODULE(_pacer, m) {
       .def("communication", [](StepTimer& t) { return std::make_unique<PhaseScope>(&t, StepTimer::Phase::kCommunication); },
            py::keep_alive<0, 1>(), "A with-block counted as communication.")
       .def("add", &StepTimer::Add, py::arg("phase"), py::arg("ns"))
+      .def("note_progress", &StepTimer::NoteProgress, py::arg("samples_done"),
+           "The running step (begun with samples > 0) has computed samples_done of them so far: "
+           "the heartbeats carry it, so that pacerd measures a slowed worker's speed within its "
+           "slow step. Call it between micro-batches, outside data_wait() / communication().")
       .def("end_step", [](StepTimer& t, uint32_t local_batch, uint64_t samples) {
              return ReportDict(t.EndStep(local_batch, samples));
            },
