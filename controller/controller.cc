@@ -203,8 +203,9 @@ bool Controller::RanLongEnough(const AuditRecord& r, const ClusterView& view) co
 // enough steps under it yet (measured later). Otherwise (async, steps unknown, too little
 // history before it or too few reconciles since): the last window's throughput against the
 // one at the decision.
-std::optional<double> Controller::MeasuredGain(const AuditRecord& r, const ClusterView& view) const {
-  const double fallback = view.job.throughput / r.baseline_throughput - 1;
+std::optional<Controller::Measured> Controller::MeasuredGain(const AuditRecord& r,
+                                                             const ClusterView& view) const {
+  const Measured fallback{view.job.throughput / r.baseline_throughput - 1};
   const int64_t n = config_.safety.rollback.evaluate_after_steps;
   const int64_t first = FirstStepUnder(r, decided_step_);
   if (view.job.mode != JobMode::kSync || n <= 0 || first < 0 || step_samples_.size() < 2)
@@ -252,16 +253,40 @@ std::optional<double> Controller::MeasuredGain(const AuditRecord& r, const Clust
   if (!(after_ms > 0) || s1.ms <= s0.ms) return fallback;
   const double after_rate = static_cast<double>(sz.step - first) / after_ms;
   // The step running at the decision (begun at s1) counts as one more step, as long as the
-  // mean of those before it or as long as it had run by then, whichever is longer: a plan
-  // made in the middle of the first slow step after a sudden slowdown (the monitor bounds a
-  // running step: detection.running_step_bound) is measured against the slowdown, not against
-  // the fast steps before it.
+  // mean of those before it or as long as it had run by then, whichever is longer. When it had
+  // run more than twice their mean, the job slowed down in it -- a plan made in the middle of
+  // the first slow step after a sudden slowdown (the monitor measures a running step:
+  // detection.running_step_bound) -- and it alone is the rate before (at most one step in the
+  // time it had run): the plan is measured against the slowdown it answers, not against the
+  // fast steps before it.
   const double k = static_cast<double>(s1.step - s0.step);
   const double span_ms = static_cast<double>(s1.ms - s0.ms);
-  const double running_ms = std::max(static_cast<double>(r.time_ms - s1.ms), span_ms / k);
-  const double before_rate = (k + 1) / (span_ms + running_ms);
-  return after_rate / before_rate - 1;
+  const double ran_ms = static_cast<double>(r.time_ms - s1.ms);
+  const double running_ms = std::max(ran_ms, span_ms / k);
+  const double before_rate =
+      ran_ms > 2 * span_ms / k ? 1 / ran_ms : (k + 1) / (span_ms + running_ms);
+  return Measured{after_rate / before_rate - 1, 1000 * before_rate, 1000 * after_rate};
 }
+
+namespace {
+
+// The gain an action predicted, as a gain over the step rate measured before it. A batch plan
+// predicts a step time; its gain is over the step time the planner predicted for the plan in
+// force at the speeds it saw. When the job ran faster than that before the decision -- the
+// span measured before it holds steps from before the slowdown the plan answers, as after a
+// sudden one, where the plan comes within the first slow step or two -- the plan's step time
+// over that measured rate is the gain it can show (less than predicted: 1.92 predicted, 0.56 at
+// best against three fast steps and one slow, where 0.3 x 1.92 was asked). Never more than
+// predicted: a job measured slower than the planner thought is judged as before.
+double PredictedOverMeasured(const AuditRecord& r, double before_steps_per_s) {
+  const double predicted = r.action.predicted_gain;
+  if (!(before_steps_per_s > 0) || r.action.kind != ActionKind::kAdjustBatch || !r.action.plan ||
+      !(r.action.plan->predicted_step_s > 0))
+    return predicted;
+  return std::min(predicted, 1 / (r.action.plan->predicted_step_s * before_steps_per_s) - 1);
+}
+
+}  // namespace
 
 bool UsesStepTimings(const PolicyConfig& config) {
   return BurstRuleIn(config) || StepStatisticsIn(config);
@@ -612,9 +637,9 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
       due.push_back(r.id);
   }
   for (uint64_t id : due) {
-    const std::optional<double> measured = MeasuredGain(*history_.FindRecord(id), view);
+    const std::optional<Measured> measured = MeasuredGain(*history_.FindRecord(id), view);
     if (!measured) continue;  // not enough steps under it yet
-    const double gain = *measured;
+    const double gain = measured->gain;
     history_.SetMeasuredGain(id, gain, view.now_ms);
     // Judged where it stands, copied only to be undone (below): a plan's record holds two plans
     // of every worker.
@@ -622,7 +647,8 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     if (!rb.enabled || !Reversible(held.action.kind) || held.action.rollback_of != 0 ||
         !JudgedByThroughput(held.action.kind) || held.action.mandatory ||
         held.action.predicted_gain <= 0 ||
-        gain >= rb.min_fraction_of_predicted * held.action.predicted_gain)
+        gain >= rb.min_fraction_of_predicted *
+                    PredictedOverMeasured(held, measured->before_steps_per_s))
       continue;
     // The step rule re-judges its exclusions at every heartbeat (a worker is waited for again
     // as soon as its probe is fast): a job throughput 60 s later says nothing about them.
@@ -640,6 +666,14 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
     undo.reason = absl::StrFormat(
         "rollback of #%d: measured gain %.3f < %.2f × predicted %.3f", rec.id, gain,
         rb.min_fraction_of_predicted, rec.action.predicted_gain);
+    if (measured->before_steps_per_s > 0) {
+      const double over = PredictedOverMeasured(rec, measured->before_steps_per_s);
+      absl::StrAppendFormat(&undo.reason, "%s (%.3f → %.3f steps/s)",
+                            over < rec.action.predicted_gain
+                                ? absl::StrFormat(" (%.3f over the rate measured before it)", over)
+                                : std::string(),
+                            measured->before_steps_per_s, measured->after_steps_per_s);
+    }
     if (rec.action.kind == ActionKind::kAdjustBatch) {
       // Only when the plan to restore still fits the job (same workers, same B) and the plan
       // being undone is still the one in force.

@@ -175,7 +175,13 @@ class Controller {
   std::deque<StepSample> step_samples_;
   std::map<uint64_t, int64_t> decided_step_;
   bool RanLongEnough(const AuditRecord& r, const ClusterView& view) const;
-  std::optional<double> MeasuredGain(const AuditRecord& r, const ClusterView& view) const;
+  // A measured gain; with the job's step rates (steps per second) it compares when measured by
+  // steps (0: measured by the last window's throughput).
+  struct Measured {
+    double gain = 0;
+    double before_steps_per_s = 0, after_steps_per_s = 0;
+  };
+  std::optional<Measured> MeasuredGain(const AuditRecord& r, const ClusterView& view) const;
   bool last_view_ = false;
   ClusterView burst_view_;  // job facts and workers (id, alive, restarting) only
   absl::flat_hash_map<std::string, size_t> burst_index_;  // burst_view_.workers by id

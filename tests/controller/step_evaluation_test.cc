@@ -4,6 +4,9 @@
 // window's throughput, which in a job with 46 s steps holds one step, or none.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+
 #include "common/clock.h"
 #include "controller/controller.h"
 #include "tests/controller/test_views.h"
@@ -100,6 +103,108 @@ TEST(StepEvaluation, JudgedBySecondsAloneTheRightPlanIsRolledBack) {
   const Outcome run = Drive(/*evaluate_after_steps=*/0, 400);
   EXPECT_EQ(run.plans, 1);
   EXPECT_EQ(run.rollbacks, 1);
+}
+
+// A sudden slowdown, the demo's shape: a sync job of 0.6 s steps in which one worker of four
+// slows to 0.353x, so that a step at the old batches takes 1.7 s; the monitor measures it
+// within its first slow step (detection.running_step_bound, the heartbeat's progress), and the
+// plan comes at 6.2 s. Reconciles every 0.1 s; judged 10 s and 3 steps after, at 0.3 of the
+// predicted gain. The plan's steps take its predicted step time / `delivered`.
+struct SuddenOutcome {
+  int plans = 0;
+  int rollbacks = 0;
+  std::optional<double> measured;
+  std::string rollback_reason;
+};
+
+SuddenOutcome DriveSuddenSlowdown(int64_t first_slow_step, double delivered) {
+  PolicyConfig c = Dedicated(/*evaluate_after_steps=*/3);
+  c.safety.rollback.evaluate_after_s = 10;
+  c.safety.rollback.min_fraction_of_predicted = 0.3;
+  c.safety.cooldown_s = 3;
+  c.safety.adjust_batch_cooldown_s = 1;
+  c.safety.window_s = 15;
+  auto ctl = Controller::Create(c);
+  EXPECT_TRUE(ctl.ok()) << ctl.status();
+  SimulatedClock clock;
+  constexpr double kFast = 0.6, kSlow = 1.7, kSpeed = 4096 / kFast;
+  ClusterView v = SyncView(4, 16384, kSpeed);
+  SuddenOutcome run;
+  int64_t step = 0;
+  double step_end = kFast;
+  int64_t effective = -1;  // the plan in force from this step (-1: none)
+  double plan_step_s = 0;
+  auto duration = [&](int64_t s) {
+    if (effective >= 0 && s >= effective) return plan_step_s / delivered;
+    return s >= first_slow_step ? kSlow : kFast;
+  };
+  for (int tick = 0; tick <= 250; ++tick) {
+    const double t = 0.1 * tick;
+    while (t >= step_end - 1e-9) {
+      ++step;
+      step_end += duration(step);
+    }
+    if (tick == 62) MakeStraggler(v, 3, kFast / kSlow, /*persistent=*/true, true, SlowLevel::kWorker, kSpeed);
+    v.now_ms = clock.NowMs();
+    v.job.current_step = step;
+    v.job.step_time_s = duration(step);
+    v.job.throughput = 16384 / v.job.step_time_s;
+    auto r = (*ctl)->Reconcile(v);
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (const Action& a : r->dispatch) {
+      if (a.kind != ActionKind::kAdjustBatch) continue;
+      if (a.rollback_of != 0) {
+        ++run.rollbacks;
+        run.rollback_reason = a.reason;
+        effective = -1;
+      } else {
+        ++run.plans;
+        EXPECT_EQ(tick, 62) << "planned when the straggler shows";
+        effective = a.plan->effective_step;
+        plan_step_s = a.plan->predicted_step_s;
+      }
+    }
+    clock.AdvanceMs(100);
+  }
+  for (const auto& rec : (*ctl)->history().audit())
+    if (rec.action.kind == ActionKind::kAdjustBatch && rec.action.rollback_of == 0 && rec.measured_gain)
+      run.measured = *rec.measured_gain;
+  return run;
+}
+
+// The slow step began at 4.8 s and had run 1.4 s at the decision. Measured against the three
+// fast steps before it and that step (the rate of the slowed job diluted by the steps before
+// the slowdown), a plan that delivered exactly what it predicted showed a gain of ~0.12 where
+// 0.3 x its predicted ~1.4 was asked, and was rolled back. The step it answers is the rate
+// before; a plan that delivers 90 % of its predicted speed is kept, one that changes nothing
+// is rolled back.
+TEST(StepEvaluation, APlanMadeInTheFirstSlowStepIsMeasuredAgainstTheSlowdown) {
+  for (const double delivered : {1.0, 0.9}) {
+    SCOPED_TRACE(delivered);
+    const SuddenOutcome run = DriveSuddenSlowdown(/*first_slow_step=*/8, delivered);
+    EXPECT_EQ(run.plans, 1);
+    EXPECT_EQ(run.rollbacks, 0) << run.rollback_reason;
+    ASSERT_TRUE(run.measured.has_value());
+    EXPECT_GT(*run.measured, 0.5) << "1.4 s (at least) → the plan's step";
+  }
+  const SuddenOutcome useless = DriveSuddenSlowdown(8, /*delivered=*/0.716 / 1.7);
+  EXPECT_EQ(useless.rollbacks, 1) << "a plan whose steps take as long as the slow ones is undone";
+  EXPECT_NE(useless.rollback_reason.find("steps/s)"), std::string::npos) << useless.rollback_reason;
+}
+
+// The first slow step (from 4.2 s) ended just before the decision: the span before it holds two
+// fast steps, that slow one and the next, 0.3 s old. Against that rate (1.03 steps/s) the plan
+// can show ~0.35, not 0.3 x its predicted ~1.4 (from 1.7 s steps): it is judged on the gain its
+// step time makes over the rate measured before it.
+TEST(StepEvaluation, APlanIsJudgedOnItsStepTimeOverTheRateMeasuredBeforeIt) {
+  const SuddenOutcome run = DriveSuddenSlowdown(/*first_slow_step=*/7, /*delivered=*/1.0);
+  EXPECT_EQ(run.plans, 1);
+  EXPECT_EQ(run.rollbacks, 0) << run.rollback_reason;
+  ASSERT_TRUE(run.measured.has_value());
+  EXPECT_GT(*run.measured, 0.2);
+  EXPECT_LT(*run.measured, 0.6);
+  const SuddenOutcome useless = DriveSuddenSlowdown(7, /*delivered=*/0.716 / 1.7);
+  EXPECT_EQ(useless.rollbacks, 1);
 }
 
 TEST(StepEvaluation, AnyActionOfASyncJobWaitsForStepsUnderIt) {
