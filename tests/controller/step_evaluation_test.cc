@@ -34,6 +34,17 @@ PolicyConfig Dedicated(int64_t evaluate_after_steps) {
   return c;
 }
 
+// Counts a dispatched batch plan (or its rollback); returns the step from which the plan in
+// force applies (-1: the one before the plans, after a rollback).
+int64_t Tally(const Action& a, int* plans, int* rollbacks) {
+  if (a.rollback_of != 0) {
+    ++*rollbacks;
+    return -1;
+  }
+  ++*plans;
+  return a.plan->effective_step;
+}
+
 // Reconciles every 10 s for `seconds`; the job runs 46 s steps before the plan in force
 // switches, 25.7 s steps after. The view's throughput is what a 10 s window shows of such a
 // job: the old plan's until a window holds a new step, then noisy — here it stays at the old
@@ -61,16 +72,8 @@ Outcome Drive(int64_t evaluate_after_steps, double seconds) {
     v.job.current_step = static_cast<int64_t>(step);
     auto r = (*ctl)->Reconcile(v);
     EXPECT_TRUE(r.ok()) << r.status();
-    for (const Action& a : r->dispatch) {
-      if (a.kind != ActionKind::kAdjustBatch) continue;
-      if (a.rollback_of != 0) {
-        ++run.rollbacks;
-        effective = -1;
-      } else {
-        ++run.plans;
-        effective = a.plan->effective_step;
-      }
-    }
+    for (const Action& a : r->dispatch)
+      if (a.kind == ActionKind::kAdjustBatch) effective = Tally(a, &run.plans, &run.rollbacks);
     step += 10 / (effective >= 0 && step >= static_cast<double>(effective) ? 25.7 : 45.8);
     clock.AdvanceMs(10'000);
   }
@@ -153,14 +156,11 @@ SuddenOutcome DriveSuddenSlowdown(int64_t first_slow_step, double delivered) {
     EXPECT_TRUE(r.ok()) << r.status();
     for (const Action& a : r->dispatch) {
       if (a.kind != ActionKind::kAdjustBatch) continue;
+      effective = Tally(a, &run.plans, &run.rollbacks);
       if (a.rollback_of != 0) {
-        ++run.rollbacks;
         run.rollback_reason = a.reason;
-        effective = -1;
       } else {
-        ++run.plans;
         EXPECT_EQ(tick, 62) << "planned when the straggler shows";
-        effective = a.plan->effective_step;
         plan_step_s = a.plan->predicted_step_s;
       }
     }

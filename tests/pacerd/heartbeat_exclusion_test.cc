@@ -77,6 +77,22 @@ const ExclusionCommand* FindExclusion(const HeartbeatResponse& r) {
   return nullptr;
 }
 
+// The SDK worker's steps beside the scripted job's: `ticks` steps of 64 samples in 0.1 s (as
+// the scripted workers), each followed by a round (a Flush wakes the reporter: its heartbeat
+// reply brings the step line) and its step report reaching the monitor before the job goes on.
+void FlushedSteps(ScriptedJob& job, Client& client, StepTimer& timer, uint64_t* step, int ticks) {
+  for (int tick = 0; tick < ticks; ++tick) {
+    const uint64_t sent = client.stats().steps_sent;
+    timer.BeginStep(*step, 64);
+    ASSERT_TRUE(job.Run(100).ok());
+    timer.EndStep(64, 64);
+    ++*step;
+    ASSERT_TRUE(client.Flush(10'000).ok());
+    ASSERT_TRUE(testing::WaitFor([&] { return client.stats().steps_sent > sent; },
+                                 std::chrono::seconds(30)));
+  }
+}
+
 TEST(HeartbeatExclusionTest, TheReplyToTheHeartbeatCarryingAStalledStepExcludesTheWorker) {
   PacerdHarness h(Options());
   ASSERT_TRUE(h.ok());
@@ -183,18 +199,7 @@ TEST(HeartbeatExclusionTest, AWorkerPastTheStepLineIsExcludedByTheReplyToItsOwnR
   ASSERT_TRUE(client.ok()) << client.status();
   StepTimer timer(client->get(), &h.sim_clock());
   uint64_t step = 0;
-  for (int tick = 0; tick < 60; ++tick) {
-    const uint64_t sent = (*client)->stats().steps_sent;
-    timer.BeginStep(step, 64);
-    ASSERT_TRUE(job.Run(100).ok());
-    timer.EndStep(64, 64);
-    ++step;
-    // A round now (a Flush wakes the reporter): its heartbeat reply brings the line, and the
-    // step report reaches the monitor before the job goes on.
-    ASSERT_TRUE((*client)->Flush(10'000).ok());
-    ASSERT_TRUE(testing::WaitFor([&] { return (*client)->stats().steps_sent > sent; },
-                                 std::chrono::seconds(30)));
-  }
+  ASSERT_NO_FATAL_FAILURE(FlushedSteps(job, **client, timer, &step, 60));
   ASSERT_TRUE(Exclusions(h).empty()) << "nobody is excluded at equal speeds";
   ASSERT_NEAR((*client)->step_line_s(), 0.2, 0.02) << "the line: 2 x the median step of 0.1 s";
 
@@ -240,16 +245,7 @@ TEST(HeartbeatStepTimingTest, TheRunningStepsProgressMeasuresASlowedWorkersSpeed
     ASSERT_TRUE(client.ok()) << client.status();
     StepTimer timer(client->get(), &h.sim_clock());
     uint64_t step = 0;
-    for (int tick = 0; tick < 40; ++tick) {  // 64 samples in 0.1 s, as the scripted workers
-      const uint64_t sent = (*client)->stats().steps_sent;
-      timer.BeginStep(step, 64);
-      ASSERT_TRUE(job.Run(100).ok());
-      timer.EndStep(64, 64);
-      ++step;
-      ASSERT_TRUE((*client)->Flush(10'000).ok());
-      ASSERT_TRUE(testing::WaitFor([&] { return (*client)->stats().steps_sent > sent; },
-                                   std::chrono::seconds(30)));
-    }
+    ASSERT_NO_FATAL_FAILURE(FlushedSteps(job, **client, timer, &step, 40));
     const WorkerStatus before = h->monitor()->Worker("sdk").value();
     ASSERT_NEAR(before.speed(), 640, 20) << before.ShortDebugString();
 
