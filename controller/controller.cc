@@ -668,9 +668,9 @@ void Controller::MeasureAndRollBack(const ClusterView& view, const std::string& 
         rb.min_fraction_of_predicted, rec.action.predicted_gain);
     if (measured->before_steps_per_s > 0) {
       const double over = PredictedOverMeasured(rec, measured->before_steps_per_s);
-      absl::StrAppendFormat(&undo.reason, "%s (%.3f → %.3f steps/s)",
+      absl::StrAppendFormat(&undo.reason, " (%s%.3f → %.3f steps/s)",
                             over < rec.action.predicted_gain
-                                ? absl::StrFormat(" (%.3f over the rate measured before it)", over)
+                                ? absl::StrFormat("%.3f over the rate measured before it; ", over)
                                 : std::string(),
                             measured->before_steps_per_s, measured->after_steps_per_s);
     }
