@@ -167,13 +167,14 @@ class ReadingTest(unittest.TestCase):
             seen = []
             step = 0
             while True:
-                timer.begin_step(step)
+                timer.begin_step(step, 64)
                 with timer.data_wait():
                     outcome, ids = r.next(64)
                 if not ids:
                     self.assertEqual(outcome, pacer.Outcome.END_OF_DATA)
                     break
                 seen.extend(ids)
+                timer.note_progress(len(ids))  # the running step's progress, for the heartbeat
                 r.mark_consumed()
                 report = timer.end_step(64, len(ids))
                 self.assertEqual(report["samples"], len(ids))
